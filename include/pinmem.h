@@ -1,0 +1,140 @@
+/*
+ * pinmem: page-locked host memory for GPU programs.
+ *
+ * One header, in sections. Functions that mirror the CUDA driver's host-memory
+ * API keep its shape and its answers (see the README); everything else is
+ * pinmem's own. Every function returns a pm_result; on failure,
+ * pm_last_error_detail() says why, for the calling thread.
+ */
+#ifndef PINMEM_H
+#define PINMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PINMEM_BUILDING) && defined(__GNUC__)
+#define PM_API __attribute__((visibility("default")))
+#else
+#define PM_API
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define PM_VERSION_MAJOR 0
+#define PM_VERSION_MINOR 1
+#define PM_VERSION_PATCH 0
+#define PM_VERSION_NUMBER (PM_VERSION_MAJOR * 10000 + PM_VERSION_MINOR * 100 + PM_VERSION_PATCH)
+
+/* PM_VERSION_NUMBER of the library actually loaded. */
+PM_API int pm_version(void);
+PM_API const char *pm_version_string(void);
+
+/* ---------------------------------------------------------------- results */
+
+/* Values equal CUDA's CUresult where the meaning is the same. The list only
+ * grows. X(name, value, sentence). */
+#define PM_RESULT_LIST(X)                                                                   \
+    X(PM_SUCCESS, 0, "no error")                                                            \
+    X(PM_ERROR_INVALID_VALUE, 1, "an argument is not valid for this call")                  \
+    X(PM_ERROR_OUT_OF_MEMORY, 2, "the memory could not be allocated or page-locked")        \
+    X(PM_ERROR_NOT_INITIALIZED, 3, "the library or its driver is not initialized")          \
+    X(PM_ERROR_DEINITIALIZED, 4, "the driver is shutting down")                             \
+    X(PM_ERROR_STUB_LIBRARY, 34, "the CUDA driver found is a stub library")                \
+    X(PM_ERROR_NO_DEVICE, 100, "no CUDA-capable device or driver was found")                \
+    X(PM_ERROR_INVALID_DEVICE, 101, "the device ordinal is not valid")                      \
+    X(PM_ERROR_INVALID_CONTEXT, 201, "there is no valid context for this call")             \
+    X(PM_ERROR_INVALID_HANDLE, 400, "the handle is not valid")                              \
+    X(PM_ERROR_NOT_FOUND, 500, "the address or name was not found")                         \
+    X(PM_ERROR_NOT_READY, 600, "the asynchronous work has not completed yet")               \
+    X(PM_ERROR_ILLEGAL_ADDRESS, 700, "the device touched an illegal address")               \
+    X(PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED, 712, "the range is already registered")      \
+    X(PM_ERROR_HOST_MEMORY_NOT_REGISTERED, 713, "the address is not a registered range")    \
+    X(PM_ERROR_NOT_PERMITTED, 800, "the operation is not permitted")                        \
+    X(PM_ERROR_NOT_SUPPORTED, 801, "the operation is not supported on this system")         \
+    X(PM_ERROR_UNKNOWN, 999, "an unexpected error occurred")
+
+typedef enum pm_result {
+#define PM_RESULT_ENUM_(name, value, text) name = value,
+    PM_RESULT_LIST(PM_RESULT_ENUM_)
+#undef PM_RESULT_ENUM_
+} pm_result;
+
+/* "PM_ERROR_INVALID_VALUE"; "PM_ERROR_UNRECOGNIZED" for a value not in the list. */
+PM_API const char *pm_result_name(pm_result r);
+/* A sentence describing r. */
+PM_API const char *pm_result_string(pm_result r);
+/* Per thread: why the last failing call of this thread failed ("" if none did). */
+PM_API const char *pm_last_error_detail(void);
+/* Per thread: the raw driver code behind the last failure, 0 if the failure did
+ * not come from the driver. */
+PM_API int pm_last_driver_error(void);
+
+/* ------------------------------------------------------ init, capabilities */
+
+/* Optional: every call initialises lazily. flags must be 0. Returns the result
+ * of backend selection, the same on every call. */
+PM_API pm_result pm_init(unsigned flags);
+/* "cuda" or "posix"; NULL when no backend could be initialised. */
+PM_API const char *pm_backend_name(void);
+
+typedef struct pm_capabilities {
+    size_t struct_size;                   /* set by the caller to sizeof(pm_capabilities) */
+    char backend[16];                     /* "cuda" or "posix" */
+    int driver_version;                   /* cuDriverGetVersion; 0 on posix */
+    int device_ordinal;                   /* device whose primary context is used; -1 on posix */
+    char device_name[128];
+    int can_map_host_memory;
+    int unified_addressing;
+    int can_use_host_pointer_for_registered_mem;
+    int read_only_host_register_supported;
+    int pageable_memory_access_uses_host_page_tables;
+    int pinning_limited_by_memlock_rlimit; /* posix: mlock obeys RLIMIT_MEMLOCK; cuda: 0 */
+    int host_numa_node;                   /* closest host NUMA node; -1 if unknown */
+    size_t page_size;
+    size_t huge_page_size;                /* 0 when transparent huge pages are unavailable */
+    char huge_page_mode[16];              /* "always", "madvise", "never" or "unavailable" */
+} pm_capabilities;
+
+/* Fills *caps (caps->struct_size must be set; a smaller older struct is filled
+ * as far as it goes). */
+PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
+
+/* ------------------------------------------- host allocation, registration */
+
+typedef unsigned long long pm_deviceptr;
+
+#define PM_MEMHOSTALLOC_PORTABLE 0x01u
+#define PM_MEMHOSTALLOC_DEVICEMAP 0x02u
+#define PM_MEMHOSTALLOC_WRITECOMBINED 0x04u
+
+#define PM_MEMHOSTREGISTER_PORTABLE 0x01u
+#define PM_MEMHOSTREGISTER_DEVICEMAP 0x02u
+#define PM_MEMHOSTREGISTER_IOMEMORY 0x04u
+#define PM_MEMHOSTREGISTER_READ_ONLY 0x08u
+
+/* cuMemAllocHost: bytesize bytes of page-locked, mapped memory; size 0 gives NULL. */
+PM_API pm_result pm_mem_alloc_host(void **pp, size_t bytesize);
+/* cuMemHostAlloc: as above with PM_MEMHOSTALLOC_* flags. */
+PM_API pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags);
+/* cuMemFreeHost: p must be the base of a host allocation; NULL is a no-op. */
+PM_API pm_result pm_mem_free_host(void *p);
+/* cuMemHostRegister: page-lock an existing range, any alignment. */
+PM_API pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags);
+/* cuMemHostUnregister: p must be the pointer that was registered. */
+PM_API pm_result pm_mem_host_unregister(void *p);
+/* cuMemHostGetDevicePointer: flags must be 0. */
+PM_API pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned flags);
+/* cuMemHostGetFlags: the allocation's flags, DEVICEMAP always included. */
+PM_API pm_result pm_mem_host_get_flags(unsigned *pflags, void *p);
+/* cuMemGetAddressRange: base and size as allocated or registered (not page-rounded). */
+PM_API pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PINMEM_H */

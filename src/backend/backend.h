@@ -1,0 +1,68 @@
+/* The one contract every backend implements.
+ *
+ * Generic code (host.c and above) never asks which backend it runs on; it
+ * calls through this table and reads pm__backend.caps.
+ *
+ * Invariants every backend keeps:
+ *  - Results are pm_result values; driver codes are translated here, at the
+ *    boundary, and the raw code recorded with pm__fail_driver.
+ *  - host_alloc returns page-aligned memory and its pinned extent
+ *    [*base, *base + *pin_len), pin_len a multiple of the page size; the
+ *    memory is page-locked and mapped for every device before it returns.
+ *  - host_register pins exactly the pages the byte range touches; the
+ *    generic layer has already checked flags, NULL, size 0 and overlaps with
+ *    pinmem's own ranges, and guarantees no two registrations share a page.
+ *  - Every function is thread-safe and leaves nothing pinned or mapped when
+ *    it fails.
+ *  - The foreign_* calls answer for memory pinmem does not track: memory the
+ *    user pinned through the driver directly. A backend without such memory
+ *    gives the driver's answer for ordinary pageable memory.
+ */
+#ifndef PINMEM_BACKEND_H
+#define PINMEM_BACKEND_H
+
+#include <stddef.h>
+
+#include "pinmem.h"
+
+typedef struct pm__backend {
+    const char *name;
+    pm_capabilities caps;
+
+    pm_result (*host_alloc)(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
+                            unsigned *tag);
+    pm_result (*host_free)(void *base, size_t pin_len, unsigned tag);
+    pm_result (*host_register)(void *p, size_t bytesize, unsigned flags);
+    pm_result (*host_unregister)(void *p, size_t bytesize);
+    /* p lies in a range pinmem pinned through this backend. */
+    pm_result (*device_pointer)(pm_deviceptr *out, void *p);
+
+    pm_result (*foreign_free_host)(void *p);
+    pm_result (*foreign_unregister)(void *p);
+    pm_result (*foreign_get_flags)(unsigned *pflags, void *p);
+    pm_result (*foreign_get_device_pointer)(pm_deviceptr *out, void *p);
+    pm_result (*foreign_get_address_range)(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr);
+
+    /* What benchmarks compare pinmem with: the plain way to pin memory on this
+     * backend (the driver's cuMemHostAlloc / cuMemFreeHost, or mmap + mlock). */
+    const char *baseline_name;
+    pm_result (*baseline_alloc)(void **p, size_t bytesize);
+    pm_result (*baseline_free)(void *p, size_t bytesize);
+} pm__backend;
+
+/* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */
+pm_result pm__backend_posix_open(pm__backend *out);
+pm_result pm__backend_cuda_open(pm__backend *out);
+
+/* System facts both backends report the same way. */
+void pm__system_fill_caps(pm_capabilities *caps);
+/* Touches every page of [p, p + len) with several threads, so the kernel
+ * faults them in (as huge pages where advised) in parallel. */
+void pm__prefault(void *p, size_t len);
+/* Below this size pm__prefault uses one thread. */
+#define pm__prefault_parallel_min ((size_t)64 << 20)
+/* mmap for a host allocation: page-rounded, huge-page advised when large.
+ * Returns NULL on failure (errno set). */
+void *pm__map_anonymous(size_t bytesize, size_t *map_len);
+
+#endif

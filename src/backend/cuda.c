@@ -1,0 +1,309 @@
+/* The CUDA backend: the real driver, through cuda_loader. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../errors.h"
+#include "backend.h"
+#include "cuda_loader.h"
+
+/* How a host allocation was pinned, kept in the range's backend_tag. */
+enum { TAG_DRIVER_ALLOC = 1, TAG_MAPPED_REGISTERED = 2 };
+
+/* One cuMemHostRegister call covers at most this much: R580 drivers refuse
+ * single registrations of 512 GiB and more. */
+static const size_t max_single_registration = (size_t)256 << 30;
+
+static const pm__cuda_api *cu;
+static CUdevice device;
+static CUcontext primary;
+
+/* Driver calls run in the caller's current context, or in the primary
+ * context of pinmem's device when the thread has none. */
+typedef struct ctx_scope {
+    int pushed;
+} ctx_scope;
+
+static pm_result ctx_enter(ctx_scope *s)
+{
+    CUcontext current = NULL;
+    s->pushed = 0;
+    CUresult rc = cu->ctx_get_current(&current);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuCtxGetCurrent");
+    if (current)
+        return PM_SUCCESS;
+    rc = cu->ctx_push(primary);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuCtxPushCurrent");
+    s->pushed = 1;
+    return PM_SUCCESS;
+}
+
+static void ctx_leave(ctx_scope *s)
+{
+    CUcontext popped;
+    if (s->pushed)
+        cu->ctx_pop(&popped);
+}
+
+/* Runs one driver call inside a context scope and translates its result. */
+#define DRIVER_CALL(name, expr)                                           \
+    do {                                                                  \
+        ctx_scope scope_;                                                 \
+        pm_result entered_ = ctx_enter(&scope_);                          \
+        if (entered_ != PM_SUCCESS)                                       \
+            return entered_;                                              \
+        CUresult rc_ = (expr);                                            \
+        ctx_leave(&scope_);                                               \
+        return rc_ == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc_, name); \
+    } while (0)
+
+static CUresult register_in_pieces(void *p, size_t len, unsigned flags)
+{
+    uint8_t *base = p;
+    size_t done = 0;
+    CUresult rc = CUDA_SUCCESS;
+    while (done < len && rc == CUDA_SUCCESS) {
+        size_t piece = len - done < max_single_registration ? len - done : max_single_registration;
+        rc = cu->mem_host_register(base + done, piece, flags);
+        if (rc == CUDA_SUCCESS)
+            done += piece;
+    }
+    if (rc != CUDA_SUCCESS)
+        for (size_t undone = 0; undone < done; undone += max_single_registration)
+            cu->mem_host_unregister(base + undone);
+    return rc;
+}
+
+static void unregister_in_pieces(void *p, size_t len)
+{
+    for (size_t off = 0; off < len; off += max_single_registration)
+        cu->mem_host_unregister((uint8_t *)p + off);
+}
+
+static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
+                                   unsigned *tag)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *p = NULL;
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = cu->mem_host_alloc(&p, bytesize, flags);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuMemHostAlloc");
+    *base = p;
+    *pin_len = (bytesize + page - 1) & ~(page - 1);
+    *tag = TAG_DRIVER_ALLOC;
+    return PM_SUCCESS;
+}
+
+/* The fast cold path: map, fault the pages in with several threads (huge
+ * pages where the kernel gives them), then one registration. The driver's
+ * own cuMemHostAlloc faults and pins page by page on one thread. */
+static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
+                                 unsigned *tag)
+{
+    if (flags & PM_MEMHOSTALLOC_WRITECOMBINED)
+        return driver_host_alloc(bytesize, flags, base, pin_len, tag);
+    size_t len = 0;
+    void *p = pm__map_anonymous(bytesize, &len);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of %zu bytes failed: %s", bytesize,
+                        strerror(errno));
+    pm__prefault(p, len);
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS) {
+        munmap(p, len);
+        return r;
+    }
+    CUresult rc = register_in_pieces(
+        p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS) {
+        munmap(p, len);
+        /* A stale registration the user never undid can sit at the address the
+         * kernel just handed out; the driver picks its own address instead. */
+        if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+            return driver_host_alloc(bytesize, flags, base, pin_len, tag);
+        return pm__cuda_fail(rc, "cuMemHostRegister");
+    }
+    *base = p;
+    *pin_len = len;
+    *tag = TAG_MAPPED_REGISTERED;
+    return PM_SUCCESS;
+}
+
+static pm_result cuda_host_free(void *base, size_t pin_len, unsigned tag)
+{
+    if (tag == TAG_DRIVER_ALLOC)
+        DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(base));
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    unregister_in_pieces(base, pin_len);
+    ctx_leave(&scope);
+    munmap(base, pin_len);
+    return PM_SUCCESS;
+}
+
+static pm_result cuda_host_register(void *p, size_t bytesize, unsigned flags)
+{
+    DRIVER_CALL("cuMemHostRegister", cu->mem_host_register(p, bytesize, flags));
+}
+
+static pm_result cuda_host_unregister(void *p, size_t bytesize)
+{
+    (void)bytesize;
+    DRIVER_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
+}
+
+static pm_result cuda_device_pointer(pm_deviceptr *out, void *p)
+{
+    CUdeviceptr d = 0;
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = cu->mem_host_get_device_pointer(&d, p, 0);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuMemHostGetDevicePointer");
+    *out = (pm_deviceptr)d;
+    return PM_SUCCESS;
+}
+
+static pm_result cuda_foreign_free_host(void *p)
+{
+    DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(p));
+}
+
+static pm_result cuda_foreign_unregister(void *p)
+{
+    DRIVER_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
+}
+
+static pm_result cuda_foreign_get_flags(unsigned *pflags, void *p)
+{
+    DRIVER_CALL("cuMemHostGetFlags", cu->mem_host_get_flags(pflags, p));
+}
+
+static pm_result cuda_foreign_get_address_range(pm_deviceptr *pbase, size_t *psize,
+                                                pm_deviceptr dptr)
+{
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = cu->mem_get_address_range(pbase ? &base : NULL, psize ? &size : NULL,
+                                            (CUdeviceptr)dptr);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuMemGetAddressRange");
+    if (pbase)
+        *pbase = (pm_deviceptr)base;
+    if (psize)
+        *psize = size;
+    return PM_SUCCESS;
+}
+
+static pm_result cuda_baseline_alloc(void **p, size_t bytesize)
+{
+    DRIVER_CALL("cuMemHostAlloc", cu->mem_host_alloc(p, bytesize, 0));
+}
+
+static pm_result cuda_baseline_free(void *p, size_t bytesize)
+{
+    (void)bytesize;
+    DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(p));
+}
+
+static int attribute(CUdevice_attribute a, int fallback)
+{
+    int v = 0;
+    return cu->device_get_attribute(&v, a, device) == CUDA_SUCCESS ? v : fallback;
+}
+
+static pm_result pick_device(void)
+{
+    int count = 0, ordinal = 0;
+    CUresult rc = cu->device_get_count(&count);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuDeviceGetCount");
+    if (count == 0)
+        return pm__fail(PM_ERROR_NO_DEVICE, "the CUDA driver reports no device");
+    const char *env = getenv("PINMEM_DEVICE");
+    if (env && *env) {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (*end != '\0' || v < 0 || v >= count)
+            return pm__fail(PM_ERROR_INVALID_DEVICE,
+                            "PINMEM_DEVICE=%s is not a device ordinal below %d", env, count);
+        ordinal = (int)v;
+    }
+    rc = cu->device_get(&device, ordinal);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuDeviceGet");
+    rc = cu->primary_ctx_retain(&primary, device);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuDevicePrimaryCtxRetain");
+    return PM_SUCCESS;
+}
+
+pm_result pm__backend_cuda_open(pm__backend *out)
+{
+    pm_result r = PM_SUCCESS;
+    cu = pm__cuda_api_load(&r);
+    if (!cu)
+        return r;
+    r = pick_device();
+    if (r != PM_SUCCESS)
+        return r;
+
+    memset(out, 0, sizeof *out);
+    out->name = "cuda";
+    pm_capabilities *c = &out->caps;
+    c->struct_size = sizeof *c;
+    snprintf(c->backend, sizeof c->backend, "cuda");
+    cu->driver_get_version(&c->driver_version);
+    c->device_ordinal = (int)device;
+    if (cu->device_get_name(c->device_name, (int)sizeof c->device_name, device) != CUDA_SUCCESS)
+        snprintf(c->device_name, sizeof c->device_name, "unknown");
+    pm__system_fill_caps(c);
+    c->can_map_host_memory = attribute(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0);
+    c->unified_addressing = attribute(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0);
+    c->can_use_host_pointer_for_registered_mem =
+        attribute(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0);
+    c->read_only_host_register_supported =
+        attribute(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 0);
+    c->pageable_memory_access_uses_host_page_tables =
+        attribute(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, 0);
+    c->pinning_limited_by_memlock_rlimit = 0;
+    c->host_numa_node = attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, c->host_numa_node);
+
+    out->host_alloc = cuda_host_alloc;
+    out->host_free = cuda_host_free;
+    out->host_register = cuda_host_register;
+    out->host_unregister = cuda_host_unregister;
+    out->device_pointer = cuda_device_pointer;
+    out->foreign_free_host = cuda_foreign_free_host;
+    out->foreign_unregister = cuda_foreign_unregister;
+    out->foreign_get_flags = cuda_foreign_get_flags;
+    out->foreign_get_device_pointer = cuda_device_pointer; /* the driver answers both */
+    out->foreign_get_address_range = cuda_foreign_get_address_range;
+    out->baseline_name = "cuMemHostAlloc";
+    out->baseline_alloc = cuda_baseline_alloc;
+    out->baseline_free = cuda_baseline_free;
+    return PM_SUCCESS;
+}

@@ -1,0 +1,45 @@
+/* The CUDA driver, loaded at run time: dlopen("libcuda.so.1"), then
+ * cuGetProcAddress for every symbol at the ABI version this code was written
+ * against. No link-time dependency on libcuda or libcudart. Loaded once
+ * (pthread_once) and never unloaded: other libraries may share the driver. */
+#ifndef PINMEM_CUDA_LOADER_H
+#define PINMEM_CUDA_LOADER_H
+
+#include <cuda.h>
+
+#include "pinmem.h"
+
+/* Member names avoid the driver's own names, which cuda.h turns into macros. */
+typedef struct pm__cuda_api {
+    CUresult (*init)(unsigned int);
+    CUresult (*driver_get_version)(int *);
+    CUresult (*get_error_name)(CUresult, const char **);
+    CUresult (*device_get_count)(int *);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*device_get_name)(char *, int, CUdevice);
+    CUresult (*device_get_attribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*primary_ctx_retain)(CUcontext *, CUdevice);
+    CUresult (*primary_ctx_release)(CUdevice);
+    CUresult (*ctx_get_current)(CUcontext *);
+    CUresult (*ctx_push)(CUcontext);
+    CUresult (*ctx_pop)(CUcontext *);
+    CUresult (*ctx_synchronize)(void);
+    CUresult (*mem_alloc_host)(void **, size_t);
+    CUresult (*mem_host_alloc)(void **, size_t, unsigned int);
+    CUresult (*mem_free_host)(void *);
+    CUresult (*mem_host_register)(void *, size_t, unsigned int);
+    CUresult (*mem_host_unregister)(void *);
+    CUresult (*mem_host_get_flags)(unsigned int *, void *);
+    CUresult (*mem_host_get_device_pointer)(CUdeviceptr *, void *, unsigned int);
+    CUresult (*mem_get_address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+} pm__cuda_api;
+
+/* The loaded driver, or NULL (and a detail, with the result in *why) when
+ * there is none or it is too old. */
+const pm__cuda_api *pm__cuda_api_load(pm_result *why);
+
+/* Translates a driver code at the boundary, recording the raw code and a
+ * detail naming the call. */
+pm_result pm__cuda_fail(CUresult rc, const char *call);
+
+#endif

@@ -1,0 +1,248 @@
+/* The POSIX backend: pinning is mmap + mlock, the device pointer is the host
+ * pointer, and the answers are the driver's (spec/driver-behavior.md). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "../errors.h"
+#include "backend.h"
+
+static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static unsigned long long locked_kib_now(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    unsigned long long kib = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmLck: %llu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* mlock failed: name the limit and how to raise it. */
+static pm_result memlock_failure(int err, size_t len, const char *what)
+{
+    struct rlimit rl;
+    char limit[64] = "unlimited";
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
+    return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                    "%s: mlock of %zu bytes failed (%s); RLIMIT_MEMLOCK is %s with %llu KiB "
+                    "already locked; raise it with 'ulimit -l' or memlock in "
+                    "/etc/security/limits.conf, or grant CAP_IPC_LOCK",
+                    what, len, strerror(err), limit, locked_kib_now());
+}
+
+static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
+                                  unsigned *tag)
+{
+    (void)flags; /* write-combining has no meaning for the CPU's own memory */
+    size_t len = 0;
+    void *p = pm__map_anonymous(bytesize, &len);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of %zu bytes failed: %s", bytesize,
+                        strerror(errno));
+    /* mlock faults pages in on one thread; for large ranges, touching them
+     * first with several threads is faster. Small ones go straight to mlock. */
+    if (len >= pm__prefault_parallel_min)
+        pm__prefault(p, len);
+    if (mlock(p, len) != 0) {
+        int err = errno;
+        munmap(p, len);
+        return memlock_failure(err, len, "pm_mem_host_alloc");
+    }
+    *base = p;
+    *pin_len = len;
+    *tag = 0;
+    return PM_SUCCESS;
+}
+
+static pm_result posix_host_free(void *base, size_t pin_len, unsigned tag)
+{
+    (void)tag;
+    if (munmap(base, pin_len) != 0)
+        return pm__fail(PM_ERROR_UNKNOWN, "munmap failed: %s", strerror(errno));
+    return PM_SUCCESS;
+}
+
+typedef struct mapping_check {
+    bool all_mapped, all_readable, all_writable, all_io;
+} mapping_check;
+
+/* Treats mappings of device files as I/O memory, the kind IOMEMORY is for. */
+static bool is_io_path(const char *path)
+{
+    return strncmp(path, "/dev/", 5) == 0 && strncmp(path, "/dev/zero", 9) != 0 &&
+           strncmp(path, "/dev/shm/", 9) != 0;
+}
+
+/* Walks /proc/self/maps over [lo, hi): is every page mapped, and how. */
+static mapping_check inspect_mappings(uintptr_t lo, uintptr_t hi)
+{
+    mapping_check c = {false, true, true, true};
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return c;
+    char line[4096];
+    uintptr_t covered = lo;
+    while (covered < hi && fgets(line, sizeof line, f)) {
+        uintptr_t start, end;
+        char perms[8] = "", path[4096] = "";
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s %*s %*s %*s %4095[^\n]", &start, &end,
+                   perms, path) < 3)
+            continue;
+        if (end <= covered)
+            continue;
+        if (start > covered)
+            break; /* a hole */
+        c.all_readable &= perms[0] == 'r';
+        c.all_writable &= perms[1] == 'w';
+        c.all_io &= is_io_path(path);
+        covered = end;
+    }
+    fclose(f);
+    c.all_mapped = covered >= hi;
+    return c;
+}
+
+static void page_extent(void *p, size_t bytesize, uintptr_t *lo, uintptr_t *hi)
+{
+    const uintptr_t mask = page_size() - 1;
+    *lo = (uintptr_t)p & ~mask;
+    *hi = ((uintptr_t)p + bytesize + mask) & ~mask;
+}
+
+static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
+{
+    uintptr_t lo, hi;
+    page_extent(p, bytesize, &lo, &hi);
+    mapping_check c = inspect_mappings(lo, hi);
+    if (!c.all_mapped)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: part of [%p, +%zu) is not mapped", p, bytesize);
+    if (!c.all_readable)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: part of the range is not readable");
+    if (!c.all_writable && !(flags & PM_MEMHOSTREGISTER_READ_ONLY))
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: the range is mapped read-only; pass "
+                        "PM_MEMHOSTREGISTER_READ_ONLY");
+    if ((flags & PM_MEMHOSTREGISTER_IOMEMORY) && !c.all_io)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: IOMEMORY given for ordinary memory");
+    if (c.all_io)
+        return PM_SUCCESS; /* device memory is never paged out; nothing to lock */
+    if (mlock((void *)lo, hi - lo) != 0)
+        return memlock_failure(errno, hi - lo, "pm_mem_host_register");
+    return PM_SUCCESS;
+}
+
+static pm_result posix_host_unregister(void *p, size_t bytesize)
+{
+    uintptr_t lo, hi;
+    page_extent(p, bytesize, &lo, &hi);
+    /* ENOMEM here means the user unmapped the memory first: nothing is left
+     * locked, so the registration is gone all the same. */
+    munlock((void *)lo, hi - lo);
+    return PM_SUCCESS;
+}
+
+static pm_result posix_device_pointer(pm_deviceptr *out, void *p)
+{
+    *out = (pm_deviceptr)(uintptr_t)p;
+    return PM_SUCCESS;
+}
+
+static pm_result posix_foreign_free_host(void *p)
+{
+    return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free_host: %p is not a host allocation", p);
+}
+
+static pm_result posix_foreign_unregister(void *p)
+{
+    return pm__fail(PM_ERROR_HOST_MEMORY_NOT_REGISTERED,
+                    "pm_mem_host_unregister: %p is not in a registered range", p);
+}
+
+static pm_result posix_foreign_get_flags(unsigned *pflags, void *p)
+{
+    (void)pflags;
+    return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_flags: %p is not pinned memory", p);
+}
+
+static pm_result posix_foreign_get_device_pointer(pm_deviceptr *out, void *p)
+{
+    (void)out;
+    return pm__fail(PM_ERROR_INVALID_VALUE,
+                    "pm_mem_host_get_device_pointer: %p is not pinned memory", p);
+}
+
+static pm_result posix_foreign_get_address_range(pm_deviceptr *pbase, size_t *psize,
+                                                 pm_deviceptr dptr)
+{
+    (void)pbase;
+    (void)psize;
+    return pm__fail(PM_ERROR_NOT_FOUND, "pm_mem_get_address_range: 0x%llx is not pinned memory",
+                    dptr);
+}
+
+static pm_result posix_baseline_alloc(void **p, size_t bytesize)
+{
+    void *m = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap: %s", strerror(errno));
+    if (mlock(m, bytesize) != 0) {
+        int err = errno;
+        munmap(m, bytesize);
+        return memlock_failure(err, bytesize, "baseline mmap + mlock");
+    }
+    *p = m;
+    return PM_SUCCESS;
+}
+
+static pm_result posix_baseline_free(void *p, size_t bytesize)
+{
+    munmap(p, bytesize);
+    return PM_SUCCESS;
+}
+
+pm_result pm__backend_posix_open(pm__backend *out)
+{
+    memset(out, 0, sizeof *out);
+    out->name = "posix";
+    pm_capabilities *c = &out->caps;
+    c->struct_size = sizeof *c;
+    snprintf(c->backend, sizeof c->backend, "posix");
+    snprintf(c->device_name, sizeof c->device_name, "none (host memory only)");
+    c->device_ordinal = -1;
+    c->can_map_host_memory = 1;
+    c->unified_addressing = 1;
+    c->can_use_host_pointer_for_registered_mem = 1;
+    c->read_only_host_register_supported = 1;
+    c->pinning_limited_by_memlock_rlimit = 1;
+    pm__system_fill_caps(c);
+
+    out->host_alloc = posix_host_alloc;
+    out->host_free = posix_host_free;
+    out->host_register = posix_host_register;
+    out->host_unregister = posix_host_unregister;
+    out->device_pointer = posix_device_pointer;
+    out->foreign_free_host = posix_foreign_free_host;
+    out->foreign_unregister = posix_foreign_unregister;
+    out->foreign_get_flags = posix_foreign_get_flags;
+    out->foreign_get_device_pointer = posix_foreign_get_device_pointer;
+    out->foreign_get_address_range = posix_foreign_get_address_range;
+    out->baseline_name = "mmap+mlock";
+    out->baseline_alloc = posix_baseline_alloc;
+    out->baseline_free = posix_baseline_free;
+    return PM_SUCCESS;
+}

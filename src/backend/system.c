@@ -1,0 +1,140 @@
+/* Facts about the host and the page-level helpers both backends share. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+static size_t read_huge_page_size(void)
+{
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+    unsigned long long v = 0;
+    if (f) {
+        if (fscanf(f, "%llu", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    return (size_t)v;
+}
+
+/* The bracketed word of the THP "enabled" file, e.g. "always [madvise] never". */
+static void read_huge_page_mode(char *out, size_t cap)
+{
+    snprintf(out, cap, "unavailable");
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return;
+    char line[128];
+    if (fgets(line, sizeof line, f)) {
+        char *open = strchr(line, '['), *close = open ? strchr(open, ']') : NULL;
+        if (open && close && (size_t)(close - open - 1) < cap) {
+            memcpy(out, open + 1, (size_t)(close - open - 1));
+            out[close - open - 1] = '\0';
+        }
+    }
+    fclose(f);
+}
+
+static int current_numa_node(void)
+{
+    unsigned cpu = 0, node = 0;
+    if (syscall(SYS_getcpu, &cpu, &node, NULL) != 0)
+        return -1;
+    return (int)node;
+}
+
+void pm__system_fill_caps(pm_capabilities *caps)
+{
+    caps->page_size = (size_t)sysconf(_SC_PAGESIZE);
+    read_huge_page_mode(caps->huge_page_mode, sizeof caps->huge_page_mode);
+    caps->huge_page_size =
+        strcmp(caps->huge_page_mode, "unavailable") == 0 ? 0 : read_huge_page_size();
+    caps->host_numa_node = current_numa_node();
+}
+
+static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+void *pm__map_anonymous(size_t bytesize, size_t *map_len)
+{
+    const size_t page = page_size();
+    const size_t huge = 2u << 20; /* the x86-64 and arm64 PMD size; a hint only */
+    if (bytesize == 0 || bytesize > SIZE_MAX - 2 * huge) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t len = (bytesize + page - 1) & ~(page - 1);
+    if (len < huge) {
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+        *map_len = len;
+        return p;
+    }
+    /* Over-map, then trim to a huge-page boundary so the kernel can back the
+     * range with huge pages: fewer faults to take and fewer pages to pin. */
+    uint8_t *raw = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (aligned > raw)
+        munmap(raw, (size_t)(aligned - raw));
+    size_t tail = (size_t)(raw + len + huge - (aligned + len));
+    if (tail)
+        munmap(aligned + len, tail);
+    madvise(aligned, len, MADV_HUGEPAGE);
+    *map_len = len;
+    return aligned;
+}
+
+typedef struct prefault_slice {
+    volatile uint8_t *begin, *end;
+    size_t step;
+} prefault_slice;
+
+static void *prefault_worker(void *arg)
+{
+    prefault_slice *s = arg;
+    for (volatile uint8_t *q = s->begin; q < s->end; q += s->step)
+        *q = 0;
+    return NULL;
+}
+
+void pm__prefault(void *p, size_t len)
+{
+    enum { max_threads = 16 };
+    const size_t per_thread_min = pm__prefault_parallel_min / 2; /* less is not worth a thread */
+    const size_t step = page_size();
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t threads = len / per_thread_min;
+    if (threads > (size_t)max_threads)
+        threads = max_threads;
+    if (cpus > 0 && threads > (size_t)cpus)
+        threads = (size_t)cpus;
+    if (threads < 1)
+        threads = 1;
+
+    prefault_slice slices[max_threads];
+    pthread_t tids[max_threads];
+    bool started[max_threads];
+    size_t chunk = (len / threads + step - 1) / step * step;
+    uint8_t *base = p;
+    for (size_t i = 0; i < threads; i++) {
+        size_t lo = i * chunk, hi = lo + chunk < len ? lo + chunk : len;
+        slices[i] = (prefault_slice){base + (lo < len ? lo : len), base + hi, step};
+        started[i] = i > 0 && pthread_create(&tids[i], NULL, prefault_worker, &slices[i]) == 0;
+    }
+    /* This thread takes slice 0 and any slice whose thread failed to start. */
+    for (size_t i = 0; i < threads; i++)
+        if (!started[i])
+            prefault_worker(&slices[i]);
+    for (size_t i = 1; i < threads; i++)
+        if (started[i])
+            pthread_join(tids[i], NULL);
+}

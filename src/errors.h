@@ -1,0 +1,20 @@
+/* Per-thread error reporting: every failing path records a detail sentence
+ * (and the raw driver code when the failure came from the driver). */
+#ifndef PINMEM_ERRORS_H
+#define PINMEM_ERRORS_H
+
+#include "pinmem.h"
+
+#if defined(__GNUC__)
+#define PM__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define PM__PRINTF(fmt, args)
+#endif
+
+/* Records the detail for this thread and returns r, so callers can write
+ * `return pm__fail(PM_ERROR_INVALID_VALUE, "...")`. */
+pm_result pm__fail(pm_result r, const char *fmt, ...) PM__PRINTF(2, 3);
+/* Same, also keeping the raw driver code. */
+pm_result pm__fail_driver(pm_result r, int driver_code, const char *fmt, ...) PM__PRINTF(3, 4);
+
+#endif

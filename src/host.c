@@ -1,0 +1,231 @@
+/* The spec's host-memory API (cuMemHostAlloc and friends) on top of a backend
+ * and the range registry. The answers follow spec/driver-behavior.md; memory
+ * pinmem does not track is passed to the backend's foreign_* calls, so memory
+ * pinned through the driver directly still gets the driver's answers. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "instance.h"
+
+#define ALLOC_FLAGS \
+    (PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP | PM_MEMHOSTALLOC_WRITECOMBINED)
+#define REGISTER_FLAGS                                                                    \
+    (PM_MEMHOSTREGISTER_PORTABLE | PM_MEMHOSTREGISTER_DEVICEMAP | PM_MEMHOSTREGISTER_IOMEMORY | \
+     PM_MEMHOSTREGISTER_READ_ONLY)
+
+/* A fresh mapping can land on pages a stale registration still claims (the
+ * user unmapped registered memory without unregistering it). Such mappings
+ * are held aside while another is taken, at most this many times. */
+enum { max_stale_retries = 4 };
+
+static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned flags,
+                                 pm__range *out)
+{
+    pm__range held[max_stale_retries];
+    int n_held = 0;
+    pm_result r;
+    for (;;) {
+        pm__range cand = {0};
+        r = inst->backend.host_alloc(bytesize, flags, (void **)&cand.base, &cand.pin_len,
+                                     &cand.backend_tag);
+        if (r != PM_SUCCESS)
+            break;
+        cand.pin_base = cand.base;
+        cand.size = bytesize;
+        cand.flags = flags | PM_MEMHOSTALLOC_DEVICEMAP;
+        cand.kind = PM__RANGE_ALLOC;
+        pm__range conflict;
+        if (pm__ranges_claim(inst->ranges, &cand, &conflict)) {
+            *out = cand;
+            break;
+        }
+        if (conflict.kind == 0 || n_held == max_stale_retries) {
+            inst->backend.host_free((void *)cand.base, cand.pin_len, cand.backend_tag);
+            r = pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                         conflict.kind == 0 ? "out of memory for the range registry"
+                                            : "every fresh mapping overlaps a stale registration");
+            break;
+        }
+        held[n_held++] = cand;
+    }
+    for (int i = 0; i < n_held; i++)
+        inst->backend.host_free((void *)held[i].base, held[i].pin_len, held[i].backend_tag);
+    return r;
+}
+
+pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!pp)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_alloc: pp is NULL");
+    if (flags & ~ALLOC_FLAGS)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_alloc: flags 0x%x has bits outside PORTABLE, DEVICEMAP "
+                        "and WRITECOMBINED",
+                        flags);
+    if (bytesize == 0) {
+        *pp = NULL;
+        return PM_SUCCESS;
+    }
+    pm__range r;
+    pm_result res = alloc_and_claim(inst, bytesize, flags, &r);
+    if (res != PM_SUCCESS)
+        return res;
+    pm__ranges_publish(inst->ranges, &r);
+    *pp = (void *)r.base;
+    return PM_SUCCESS;
+}
+
+pm_result pm_mem_alloc_host(void **pp, size_t bytesize)
+{
+    return pm_mem_host_alloc(pp, bytesize, 0);
+}
+
+pm_result pm_mem_free_host(void *p)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!p)
+        return PM_SUCCESS;
+    pm__range r;
+    switch (pm__ranges_retire(inst->ranges, (uintptr_t)p, PM__RANGE_ALLOC, &r)) {
+    case PM__RETIRED: {
+        pm_result res = inst->backend.host_free((void *)r.base, r.pin_len, r.backend_tag);
+        pm__ranges_withdraw(inst->ranges, r.pin_base);
+        return res;
+    }
+    case PM__RETIRE_MISMATCH:
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        r.kind == PM__RANGE_ALLOC
+                            ? "pm_mem_free_host: %p is inside a host allocation, not its base"
+                            : "pm_mem_free_host: %p is registered memory; use "
+                              "pm_mem_host_unregister",
+                        p);
+    case PM__RETIRE_NOT_TRACKED:
+        break;
+    }
+    return inst->backend.foreign_free_host(p);
+}
+
+pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!p || bytesize == 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_register: %s",
+                        p ? "bytesize is 0" : "p is NULL");
+    if (flags & ~REGISTER_FLAGS)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: flags 0x%x has bits outside PORTABLE, DEVICEMAP, "
+                        "IOMEMORY and READ_ONLY",
+                        flags);
+    const uintptr_t page_mask = inst->backend.caps.page_size - 1;
+    const uintptr_t lo = (uintptr_t)p & ~page_mask;
+    if (bytesize > UINTPTR_MAX - (uintptr_t)p - page_mask)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: [%p, +%zu) wraps around the address space", p,
+                        bytesize);
+    if ((flags & PM_MEMHOSTREGISTER_READ_ONLY) &&
+        !inst->backend.caps.read_only_host_register_supported)
+        return pm__fail(PM_ERROR_NOT_SUPPORTED,
+                        "pm_mem_host_register: the device does not support READ_ONLY");
+    const uintptr_t hi = ((uintptr_t)p + bytesize + page_mask) & ~page_mask;
+    pm__range r = {
+        .base = (uintptr_t)p,
+        .size = bytesize,
+        .pin_base = lo,
+        .pin_len = hi - lo,
+        .flags = (flags & PM_MEMHOSTREGISTER_PORTABLE) | PM_MEMHOSTREGISTER_DEVICEMAP,
+        .kind = PM__RANGE_REGISTERED,
+    };
+    pm__range conflict;
+    if (!pm__ranges_claim(inst->ranges, &r, &conflict)) {
+        if (conflict.kind == 0)
+            return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for the range registry");
+        if (conflict.kind == PM__RANGE_ALLOC)
+            return pm__fail(PM_ERROR_INVALID_VALUE,
+                            "pm_mem_host_register: [%p, +%zu) overlaps a host allocation at %p, "
+                            "which is pinned already",
+                            p, bytesize, (void *)conflict.base);
+        return pm__fail(PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+                        "pm_mem_host_register: [%p, +%zu) shares pages with the registration "
+                        "[%p, +%zu)",
+                        p, bytesize, (void *)conflict.base, conflict.size);
+    }
+    pm_result res = inst->backend.host_register(p, bytesize, flags);
+    if (res != PM_SUCCESS) {
+        pm__ranges_withdraw(inst->ranges, r.pin_base);
+        return res;
+    }
+    pm__ranges_publish(inst->ranges, &r);
+    return PM_SUCCESS;
+}
+
+pm_result pm_mem_host_unregister(void *p)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!p)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_unregister: p is NULL");
+    pm__range r;
+    switch (pm__ranges_retire(inst->ranges, (uintptr_t)p, PM__RANGE_REGISTERED, &r)) {
+    case PM__RETIRED: {
+        pm_result res = inst->backend.host_unregister((void *)r.base, r.size);
+        pm__ranges_withdraw(inst->ranges, r.pin_base);
+        return res;
+    }
+    case PM__RETIRE_MISMATCH:
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        r.kind == PM__RANGE_REGISTERED
+                            ? "pm_mem_host_unregister: %p is inside a registration, not the "
+                              "pointer that was registered"
+                            : "pm_mem_host_unregister: %p is a host allocation; use "
+                              "pm_mem_free_host",
+                        p);
+    case PM__RETIRE_NOT_TRACKED:
+        break;
+    }
+    return inst->backend.foreign_unregister(p);
+}
+
+pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!pflags)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_flags: pflags is NULL");
+    pm__range r;
+    if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r)) {
+        *pflags = r.flags;
+        return PM_SUCCESS;
+    }
+    return inst->backend.foreign_get_flags(pflags, p);
+}
+
+pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned flags)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!pdptr)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_device_pointer: pdptr is NULL");
+    if (flags != 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_get_device_pointer: flags must be 0, not 0x%x", flags);
+    pm__range r;
+    if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r))
+        return inst->backend.device_pointer(pdptr, p);
+    return inst->backend.foreign_get_device_pointer(pdptr, p);
+}
+
+pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!pbase && !psize)
+        return PM_SUCCESS;
+    pm__range r;
+    /* Pinned host memory is addressed by the device at its host address. */
+    if (pm__ranges_find(inst->ranges, (uintptr_t)dptr, &r)) {
+        if (pbase)
+            *pbase = (pm_deviceptr)r.base;
+        if (psize)
+            *psize = r.size;
+        return PM_SUCCESS;
+    }
+    return inst->backend.foreign_get_address_range(pbase, psize, dptr);
+}

@@ -1,0 +1,93 @@
+#include "instance.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pm__instance instance;
+static pm_result init_result = PM_ERROR_NOT_INITIALIZED;
+static char init_detail[512];
+
+/* PINMEM_BACKEND: auto (default) tries the driver, then POSIX. */
+static pm_result open_backend(pm__backend *b)
+{
+    const char *choice = getenv("PINMEM_BACKEND");
+    if (!choice || !*choice || strcmp(choice, "auto") == 0) {
+        if (pm__backend_cuda_open(b) == PM_SUCCESS)
+            return PM_SUCCESS;
+        return pm__backend_posix_open(b);
+    }
+    if (strcmp(choice, "posix") == 0)
+        return pm__backend_posix_open(b);
+    if (strcmp(choice, "cuda") == 0) {
+        pm_result r = pm__backend_cuda_open(b);
+        if (r == PM_SUCCESS)
+            return r;
+        char why[400];
+        snprintf(why, sizeof why, "%s", pm_last_error_detail());
+        return pm__fail(PM_ERROR_NO_DEVICE, "PINMEM_BACKEND=cuda, but the CUDA backend failed: %s",
+                        why);
+    }
+    return pm__fail(PM_ERROR_INVALID_VALUE, "PINMEM_BACKEND=%s is not auto, cuda or posix",
+                    choice);
+}
+
+static void initialise(void)
+{
+    init_result = open_backend(&instance.backend);
+    if (init_result == PM_SUCCESS) {
+        instance.ranges = pm__ranges_create();
+        if (!instance.ranges)
+            init_result = pm__fail(PM_ERROR_OUT_OF_MEMORY, "cannot allocate the range registry");
+    }
+    if (init_result != PM_SUCCESS)
+        snprintf(init_detail, sizeof init_detail, "%s", pm_last_error_detail());
+}
+
+pm__instance *pm__instance_get(pm_result *r)
+{
+    pthread_once(&once, initialise);
+    if (init_result != PM_SUCCESS) {
+        /* Every thread that asks learns why, not just the one that initialised. */
+        *r = pm__fail(init_result, "%s", init_detail);
+        return NULL;
+    }
+    return &instance;
+}
+
+pm_result pm_init(unsigned flags)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (flags != 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_init: flags must be 0, not 0x%x", flags);
+    return PM_SUCCESS;
+}
+
+const char *pm_backend_name(void)
+{
+    pm_result r;
+    pm__instance *inst = pm__instance_get(&r);
+    return inst ? inst->backend.name : "none";
+}
+
+pm_result pm_get_capabilities(pm_capabilities *caps)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!caps)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_get_capabilities: caps is NULL");
+    size_t n = caps->struct_size;
+    if (n < sizeof caps->struct_size)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_get_capabilities: set caps->struct_size to sizeof(pm_capabilities)");
+    if (n > sizeof *caps)
+        n = sizeof *caps;
+    pm_capabilities full = inst->backend.caps;
+    full.struct_size = n;
+    memcpy(caps, &full, n);
+    return PM_SUCCESS;
+}

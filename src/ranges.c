@@ -1,0 +1,338 @@
+#include "ranges.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef struct node {
+    pm__range r;
+    struct node *left, *right;
+    int height;
+    bool published;
+} node;
+
+struct pm__ranges {
+    pthread_rwlock_t lock; /* guards the whole tree */
+    node *root;
+    size_t published_count;
+};
+
+static uintptr_t extent_end(const pm__range *r) { return r->pin_base + r->pin_len; }
+static int height(const node *n) { return n ? n->height : 0; }
+static int max_int(int a, int b) { return a > b ? a : b; }
+static void update(node *n) { n->height = 1 + max_int(height(n->left), height(n->right)); }
+
+static node *rotate_right(node *n)
+{
+    node *l = n->left;
+    n->left = l->right;
+    l->right = n;
+    update(n);
+    update(l);
+    return l;
+}
+
+static node *rotate_left(node *n)
+{
+    node *r = n->right;
+    n->right = r->left;
+    r->left = n;
+    update(n);
+    update(r);
+    return r;
+}
+
+static node *rebalance(node *n)
+{
+    update(n);
+    int balance = height(n->left) - height(n->right);
+    if (balance > 1) {
+        if (height(n->left->left) < height(n->left->right))
+            n->left = rotate_left(n->left);
+        return rotate_right(n);
+    }
+    if (balance < -1) {
+        if (height(n->right->right) < height(n->right->left))
+            n->right = rotate_right(n->right);
+        return rotate_left(n);
+    }
+    return n;
+}
+
+static node *insert(node *t, node *fresh)
+{
+    if (!t)
+        return fresh;
+    if (fresh->r.pin_base < t->r.pin_base)
+        t->left = insert(t->left, fresh);
+    else
+        t->right = insert(t->right, fresh);
+    return rebalance(t);
+}
+
+static node *detach_min(node *t, node **min)
+{
+    if (!t->left) {
+        *min = t;
+        return t->right;
+    }
+    t->left = detach_min(t->left, min);
+    return rebalance(t);
+}
+
+/* Unlinks the node keyed pin_base and hands it back in *gone. */
+static node *erase(node *t, uintptr_t pin_base, node **gone)
+{
+    if (!t)
+        return NULL;
+    if (pin_base < t->r.pin_base) {
+        t->left = erase(t->left, pin_base, gone);
+    } else if (pin_base > t->r.pin_base) {
+        t->right = erase(t->right, pin_base, gone);
+    } else {
+        *gone = t;
+        if (!t->left)
+            return t->right;
+        if (!t->right)
+            return t->left;
+        node *successor;
+        node *right = detach_min(t->right, &successor);
+        successor->right = right;
+        successor->left = t->left;
+        return rebalance(successor);
+    }
+    return rebalance(t);
+}
+
+/* The node with the greatest extent base <= addr. */
+static node *floor_node(node *t, uintptr_t addr)
+{
+    node *best = NULL;
+    while (t) {
+        if (t->r.pin_base <= addr) {
+            best = t;
+            t = t->right;
+        } else {
+            t = t->left;
+        }
+    }
+    return best;
+}
+
+/* The node with the smallest extent base >= addr. */
+static node *ceil_node(node *t, uintptr_t addr)
+{
+    node *best = NULL;
+    while (t) {
+        if (t->r.pin_base >= addr) {
+            best = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return best;
+}
+
+static node *find_pin_base(node *t, uintptr_t pin_base)
+{
+    while (t && t->r.pin_base != pin_base)
+        t = pin_base < t->r.pin_base ? t->left : t->right;
+    return t;
+}
+
+pm__ranges *pm__ranges_create(void)
+{
+    pm__ranges *set = calloc(1, sizeof *set);
+    if (set && pthread_rwlock_init(&set->lock, NULL) != 0) {
+        free(set);
+        return NULL;
+    }
+    return set;
+}
+
+static void free_tree(node *t)
+{
+    if (!t)
+        return;
+    free_tree(t->left);
+    free_tree(t->right);
+    free(t);
+}
+
+void pm__ranges_destroy(pm__ranges *set)
+{
+    if (!set)
+        return;
+    free_tree(set->root);
+    pthread_rwlock_destroy(&set->lock);
+    free(set);
+}
+
+/* Any node whose extent intersects [lo, hi): only the floor of lo and the
+ * first node at or after lo can, since extents do not overlap each other. */
+static node *overlapping(node *root, uintptr_t lo, uintptr_t hi)
+{
+    node *f = floor_node(root, lo);
+    if (f && extent_end(&f->r) > lo)
+        return f;
+    node *c = ceil_node(root, lo);
+    if (c && c->r.pin_base < hi)
+        return c;
+    return NULL;
+}
+
+bool pm__ranges_claim(pm__ranges *set, const pm__range *r, pm__range *conflict)
+{
+    node *fresh = calloc(1, sizeof *fresh);
+    if (!fresh) {
+        conflict->kind = 0;
+        return false;
+    }
+    fresh->r = *r;
+    fresh->height = 1;
+    pthread_rwlock_wrlock(&set->lock);
+    node *in_way = overlapping(set->root, r->pin_base, extent_end(r));
+    if (in_way) {
+        *conflict = in_way->r;
+        pthread_rwlock_unlock(&set->lock);
+        free(fresh);
+        return false;
+    }
+    set->root = insert(set->root, fresh);
+    pthread_rwlock_unlock(&set->lock);
+    return true;
+}
+
+void pm__ranges_publish(pm__ranges *set, const pm__range *r)
+{
+    pthread_rwlock_wrlock(&set->lock);
+    node *n = find_pin_base(set->root, r->pin_base);
+    if (n && !n->published) {
+        n->r = *r;
+        n->published = true;
+        set->published_count++;
+    }
+    pthread_rwlock_unlock(&set->lock);
+}
+
+void pm__ranges_withdraw(pm__ranges *set, uintptr_t pin_base)
+{
+    node *gone = NULL;
+    pthread_rwlock_wrlock(&set->lock);
+    node *n = find_pin_base(set->root, pin_base);
+    if (n && !n->published)
+        set->root = erase(set->root, pin_base, &gone);
+    pthread_rwlock_unlock(&set->lock);
+    free(gone);
+}
+
+static bool lookup(pm__ranges *set, uintptr_t addr, bool user_bytes, pm__range *out)
+{
+    bool hit = false;
+    pthread_rwlock_rdlock(&set->lock);
+    node *n = floor_node(set->root, addr);
+    if (n && n->published) {
+        if (user_bytes)
+            hit = addr >= n->r.base && addr - n->r.base < n->r.size;
+        else
+            hit = addr < extent_end(&n->r);
+        if (hit)
+            *out = n->r;
+    }
+    pthread_rwlock_unlock(&set->lock);
+    return hit;
+}
+
+bool pm__ranges_find(pm__ranges *set, uintptr_t addr, pm__range *out)
+{
+    return lookup(set, addr, true, out);
+}
+
+bool pm__ranges_find_extent(pm__ranges *set, uintptr_t addr, pm__range *out)
+{
+    return lookup(set, addr, false, out);
+}
+
+pm__retire_outcome pm__ranges_retire(pm__ranges *set, uintptr_t base, unsigned kind_mask,
+                                     pm__range *out)
+{
+    pm__retire_outcome outcome = PM__RETIRE_NOT_TRACKED;
+    pthread_rwlock_wrlock(&set->lock);
+    node *n = floor_node(set->root, base);
+    if (n && n->published && base < extent_end(&n->r)) {
+        *out = n->r;
+        if (n->r.base == base && (n->r.kind & kind_mask)) {
+            n->published = false;
+            set->published_count--;
+            outcome = PM__RETIRED;
+        } else {
+            outcome = PM__RETIRE_MISMATCH;
+        }
+    }
+    pthread_rwlock_unlock(&set->lock);
+    return outcome;
+}
+
+size_t pm__ranges_count(pm__ranges *set)
+{
+    pthread_rwlock_rdlock(&set->lock);
+    size_t n = set->published_count;
+    pthread_rwlock_unlock(&set->lock);
+    return n;
+}
+
+static void walk(const node *t, void (*fn)(const pm__range *, void *), void *ctx)
+{
+    if (!t)
+        return;
+    walk(t->left, fn, ctx);
+    if (t->published)
+        fn(&t->r, ctx);
+    walk(t->right, fn, ctx);
+}
+
+void pm__ranges_foreach(pm__ranges *set, void (*fn)(const pm__range *, void *), void *ctx)
+{
+    pthread_rwlock_rdlock(&set->lock);
+    walk(set->root, fn, ctx);
+    pthread_rwlock_unlock(&set->lock);
+}
+
+typedef struct check_state {
+    const char *why;
+    uintptr_t prev_end;
+    size_t published;
+} check_state;
+
+static int check(const node *t, check_state *st)
+{
+    if (!t || st->why)
+        return 0;
+    int hl = check(t->left, st);
+    const pm__range *r = &t->r;
+    if (r->pin_base < st->prev_end)
+        st->why = "extents overlap or are out of order";
+    else if (r->base < r->pin_base || r->base + r->size > extent_end(r))
+        st->why = "user bytes lie outside the pinned extent";
+    st->prev_end = extent_end(r);
+    st->published += t->published;
+    int hr = check(t->right, st);
+    if (t->height != 1 + max_int(hl, hr))
+        st->why = "stale height";
+    if (hl - hr > 1 || hr - hl > 1)
+        st->why = "tree out of balance";
+    return t->height;
+}
+
+bool pm__ranges_validate(pm__ranges *set, const char **why)
+{
+    check_state st = {0};
+    pthread_rwlock_rdlock(&set->lock);
+    check(set->root, &st);
+    if (!st.why && st.published != set->published_count)
+        st.why = "published count disagrees with the tree";
+    pthread_rwlock_unlock(&set->lock);
+    if (why)
+        *why = st.why;
+    return st.why == NULL;
+}

@@ -1,0 +1,74 @@
+/* The registry of every pinned range pinmem owns.
+ *
+ * Invariants (checked by pm__ranges_validate in tests and debug builds):
+ *  - pinned extents [pin_base, pin_base + pin_len) are page-aligned and never
+ *    overlap, so the extent's base is a unique key;
+ *  - the user's bytes [base, base + size) lie inside the extent;
+ *  - lookups are O(log n) (AVL tree), under a reader-writer lock.
+ *
+ * A range is first inserted PENDING (claiming its extent while the backend
+ * pins it, so two threads can never pin overlapping ranges), then published
+ * or withdrawn. Queries do not see pending ranges. */
+#ifndef PINMEM_RANGES_H
+#define PINMEM_RANGES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pinmem.h"
+
+typedef enum pm__range_kind {
+    PM__RANGE_ALLOC = 1,      /* pm_mem_host_alloc / pm_mem_alloc_host */
+    PM__RANGE_REGISTERED = 2, /* pm_mem_host_register */
+} pm__range_kind;
+
+typedef struct pm__range {
+    uintptr_t base;     /* what the user was given or registered */
+    size_t size;        /* what the user asked for */
+    uintptr_t pin_base; /* page-aligned pinned extent */
+    size_t pin_len;
+    unsigned flags;     /* the flags word queries report */
+    unsigned kind;      /* pm__range_kind */
+    unsigned backend_tag; /* the backend's note of how it pinned the range */
+} pm__range;
+
+typedef struct pm__ranges pm__ranges;
+
+pm__ranges *pm__ranges_create(void);
+void pm__ranges_destroy(pm__ranges *set);
+
+/* Claims r's extent as pending. On overlap returns false and copies the
+ * (published or pending) range in the way to *conflict. false with
+ * conflict->kind == 0 means out of memory. */
+bool pm__ranges_claim(pm__ranges *set, const pm__range *r, pm__range *conflict);
+/* Makes a claimed range visible to queries, with its final fields. */
+void pm__ranges_publish(pm__ranges *set, const pm__range *r);
+/* Drops a pending claim: the backend failed, or finished unpinning a retired range. */
+void pm__ranges_withdraw(pm__ranges *set, uintptr_t pin_base);
+
+/* The published range whose user bytes contain addr. */
+bool pm__ranges_find(pm__ranges *set, uintptr_t addr, pm__range *out);
+/* The published range whose pinned extent contains addr. */
+bool pm__ranges_find_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
+
+/* Retires the published range whose user base is exactly base and whose
+ * kind is in kind_mask: queries stop seeing it, but its extent stays claimed
+ * until pm__ranges_withdraw, so nobody can pin those pages again while the
+ * backend is still unpinning them. *out receives the range retired, or on a
+ * mismatch the range that contains base. */
+typedef enum pm__retire_outcome {
+    PM__RETIRED = 0,
+    PM__RETIRE_NOT_TRACKED, /* no range's extent contains base */
+    PM__RETIRE_MISMATCH,    /* one does, but base is not its start, or the kind differs */
+} pm__retire_outcome;
+pm__retire_outcome pm__ranges_retire(pm__ranges *set, uintptr_t base, unsigned kind_mask,
+                                     pm__range *out);
+
+size_t pm__ranges_count(pm__ranges *set);
+/* Calls fn on every published range in address order, under the read lock. */
+void pm__ranges_foreach(pm__ranges *set, void (*fn)(const pm__range *, void *), void *ctx);
+/* Checks the tree's invariants; returns false (and why) when one is broken. */
+bool pm__ranges_validate(pm__ranges *set, const char **why);
+
+#endif

@@ -1,0 +1,56 @@
+/* A minimal test harness: CHECK counts failures, SKIP exits with the status
+ * ctest reports as skipped. */
+#ifndef PINMEM_TEST_CHECK_H
+#define PINMEM_TEST_CHECK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pinmem.h"
+
+#define SKIP_STATUS 77
+
+static int check_failures;
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            check_failures++;                                                        \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_RESULT(call, expected)                                                     \
+    do {                                                                                 \
+        pm_result got_ = (call);                                                         \
+        if (got_ != (expected)) {                                                        \
+            fprintf(stderr, "%s:%d: %s gave %s, expected %s (%s)\n", __FILE__, __LINE__, \
+                    #call, pm_result_name(got_), pm_result_name(expected),               \
+                    pm_last_error_detail());                                             \
+            check_failures++;                                                            \
+        }                                                                                \
+    } while (0)
+
+#define SKIP(why)                          \
+    do {                                   \
+        printf("skipped: %s\n", why);      \
+        return SKIP_STATUS;                \
+    } while (0)
+
+#define SKIP_UNLESS_CUDA()                                       \
+    do {                                                         \
+        if (strcmp(pm_backend_name(), "cuda") != 0)              \
+            SKIP("no CUDA driver");                              \
+    } while (0)
+
+static inline int check_finish(const char *name)
+{
+    if (check_failures)
+        printf("%s: %d check(s) failed\n", name, check_failures);
+    else
+        printf("%s: all checks passed\n", name);
+    return check_failures ? 1 : 0;
+}
+
+#endif

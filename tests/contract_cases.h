@@ -1,0 +1,43 @@
+/* The rows of spec/driver-behavior.md, written once as cases over an
+ * abstract host-memory API. test_contract runs them against pinmem and
+ * checks the expected answers; test_differential runs them against the raw
+ * driver and pinmem and requires the same answers from both. */
+#ifndef PINMEM_CONTRACT_CASES_H
+#define PINMEM_CONTRACT_CASES_H
+
+#include <stddef.h>
+
+typedef struct host_api {
+    const char *name;
+    int (*alloc_host)(void **pp, size_t bytesize);
+    int (*host_alloc)(void **pp, size_t bytesize, unsigned flags);
+    int (*free_host)(void *p);
+    int (*host_register)(void *p, size_t bytesize, unsigned flags);
+    int (*host_unregister)(void *p);
+    int (*get_device_pointer)(unsigned long long *pdptr, void *p, unsigned flags);
+    int (*get_flags)(unsigned *pflags, void *p);
+    int (*get_address_range)(unsigned long long *pbase, size_t *psize, unsigned long long dptr);
+} host_api;
+
+typedef struct observation {
+    char label[112];
+    long long got, expected;
+} observation;
+
+typedef struct case_log {
+    observation obs[64];
+    int n;
+} case_log;
+
+typedef struct contract_case {
+    const char *name; /* "section/row" */
+    void (*run)(const host_api *api, case_log *log);
+} contract_case;
+
+extern const contract_case contract_cases[];
+extern const size_t contract_case_count;
+
+/* pinmem's own API in host_api form. */
+extern const host_api pinmem_host_api;
+
+#endif

@@ -1,0 +1,103 @@
+/* Result names, version, init and capabilities, and bad input of every kind. */
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static void results(void)
+{
+    CHECK(strcmp(pm_result_name(PM_SUCCESS), "PM_SUCCESS") == 0);
+    CHECK(strcmp(pm_result_name(PM_ERROR_INVALID_VALUE), "PM_ERROR_INVALID_VALUE") == 0);
+    CHECK(strcmp(pm_result_name(PM_ERROR_HOST_MEMORY_NOT_REGISTERED),
+                 "PM_ERROR_HOST_MEMORY_NOT_REGISTERED") == 0);
+    CHECK(strcmp(pm_result_name((pm_result)12345), "PM_ERROR_UNRECOGNIZED") == 0);
+    CHECK(strlen(pm_result_string(PM_ERROR_OUT_OF_MEMORY)) > 10);
+    CHECK(strlen(pm_result_string((pm_result)-7)) > 0);
+    /* CUresult's values, fixed by the public contract. */
+    CHECK(PM_ERROR_OUT_OF_MEMORY == 2 && PM_ERROR_NOT_INITIALIZED == 3 && PM_ERROR_NO_DEVICE == 100);
+    CHECK(PM_ERROR_NOT_FOUND == 500 && PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED == 712);
+    CHECK(PM_ERROR_NOT_PERMITTED == 800 && PM_ERROR_NOT_SUPPORTED == 801);
+}
+
+static void version_and_init(void)
+{
+    CHECK(pm_version() == PM_VERSION_NUMBER);
+    CHECK(strlen(pm_version_string()) >= 5);
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    CHECK_RESULT(pm_init(1), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "flags") != NULL);
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    CHECK(strcmp(pm_backend_name(), "cuda") == 0 || strcmp(pm_backend_name(), "posix") == 0);
+}
+
+static void capabilities(void)
+{
+    CHECK_RESULT(pm_get_capabilities(NULL), PM_ERROR_INVALID_VALUE);
+    pm_capabilities c = {0};
+    CHECK_RESULT(pm_get_capabilities(&c), PM_ERROR_INVALID_VALUE);
+    c.struct_size = sizeof c;
+    CHECK_RESULT(pm_get_capabilities(&c), PM_SUCCESS);
+    CHECK(strcmp(c.backend, pm_backend_name()) == 0);
+    CHECK(c.page_size == (size_t)sysconf(_SC_PAGESIZE));
+    CHECK(c.unified_addressing == 1 || strcmp(c.backend, "cuda") == 0);
+    CHECK(strlen(c.huge_page_mode) > 0);
+    /* An older, smaller struct is filled only as far as it goes. */
+    union { pm_capabilities caps; unsigned char bytes[sizeof(pm_capabilities)]; } small;
+    memset(&small, 0xAB, sizeof small);
+    small.caps.struct_size = sizeof(size_t) + 8;
+    CHECK_RESULT(pm_get_capabilities(&small.caps), PM_SUCCESS);
+    CHECK(small.bytes[sizeof(size_t) + 8] == 0xAB);
+}
+
+/* Garbage pointers of every kind: the driver's codes, no crash. */
+static void bad_pointers(void)
+{
+    void *const garbage[] = {(void *)1, (void *)(uintptr_t)-4096, (void *)(uintptr_t)0x1000,
+                             (void *)(uintptr_t)0xdeadbeef000ull};
+    for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
+        unsigned f;
+        pm_deviceptr d;
+        CHECK_RESULT(pm_mem_free_host(garbage[i]), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_mem_host_unregister(garbage[i]), PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+        CHECK_RESULT(pm_mem_host_get_flags(&f, garbage[i]), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_mem_host_get_device_pointer(&d, garbage[i], 0), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_mem_get_address_range(&d, NULL, (pm_deviceptr)(uintptr_t)garbage[i]),
+                     PM_ERROR_NOT_FOUND);
+    }
+    /* A range that wraps around the address space. */
+    CHECK_RESULT(pm_mem_host_register((void *)(uintptr_t)-4096, 8192, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)4096, SIZE_MAX, 0), PM_ERROR_INVALID_VALUE);
+    /* Kernel space and never-mapped user space. */
+    CHECK_RESULT(pm_mem_host_register((void *)(uintptr_t)0xffff800000000000ull, 4096, 0),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)4096, 4096, 0), PM_ERROR_INVALID_VALUE);
+}
+
+/* Failed calls leave nothing behind: the registry answers as before. */
+static void failures_leave_no_trace(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    unsigned char *buf = mmap(NULL, 2 * (size_t)page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK_RESULT(pm_mem_host_register(buf, (size_t)page, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_unregister(buf), PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CHECK_RESULT(pm_mem_host_register(buf, (size_t)page, PM_MEMHOSTREGISTER_READ_ONLY), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_unregister(buf), PM_SUCCESS);
+    munmap(buf, 2 * (size_t)page);
+    void *p = NULL;
+    for (int i = 0; i < 100; i++) {
+        CHECK_RESULT(pm_mem_host_alloc(&p, (size_t)1 << 50, 0), PM_ERROR_OUT_OF_MEMORY);
+        CHECK_RESULT(pm_mem_host_alloc(&p, 4096, 0x40), PM_ERROR_INVALID_VALUE);
+    }
+    CHECK(strlen(pm_last_error_detail()) > 0);
+}
+
+int main(void)
+{
+    results();
+    version_and_init();
+    capabilities();
+    bad_pointers();
+    failures_leave_no_trace();
+    return check_finish("api");
+}

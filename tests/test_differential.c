@@ -1,0 +1,109 @@
+/* On a GPU: every contract case through the raw driver and through pinmem,
+ * requiring the same answers from both (and the answers the spec's table
+ * records). Also memory crossing between the two APIs. */
+#include "check.h"
+#include "contract_cases.h"
+
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+#include "backend/cuda_loader.h"
+
+static const pm__cuda_api *cu;
+
+static int d_alloc_host(void **pp, size_t n) { return cu->mem_alloc_host(pp, n); }
+static int d_host_alloc(void **pp, size_t n, unsigned f) { return cu->mem_host_alloc(pp, n, f); }
+static int d_free_host(void *p) { return cu->mem_free_host(p); }
+static int d_register(void *p, size_t n, unsigned f) { return cu->mem_host_register(p, n, f); }
+static int d_unregister(void *p) { return cu->mem_host_unregister(p); }
+static int d_device_pointer(unsigned long long *d, void *p, unsigned f)
+{
+    CUdeviceptr v = 0;
+    int rc = cu->mem_host_get_device_pointer(d ? &v : NULL, p, f);
+    if (d && rc == 0)
+        *d = v;
+    return rc;
+}
+static int d_get_flags(unsigned *f, void *p) { return cu->mem_host_get_flags(f, p); }
+static int d_address_range(unsigned long long *b, size_t *s, unsigned long long d)
+{
+    CUdeviceptr base = 0;
+    int rc = cu->mem_get_address_range(b ? &base : NULL, s, (CUdeviceptr)d);
+    if (b && rc == 0)
+        *b = base;
+    return rc;
+}
+
+static const host_api driver_api = {
+    "driver",     d_alloc_host,     d_host_alloc, d_free_host,     d_register,
+    d_unregister, d_device_pointer, d_get_flags,  d_address_range,
+};
+
+static void compare(const contract_case *c)
+{
+    case_log drv = {0}, pm = {0};
+    c->run(&driver_api, &drv);
+    c->run(&pinmem_host_api, &pm);
+    int differ = 0;
+    for (int k = 0; k < drv.n || k < pm.n; k++) {
+        const observation *a = &drv.obs[k], *b = &pm.obs[k];
+        if (k >= drv.n || k >= pm.n || a->got != b->got) {
+            fprintf(stderr, "DIFFER %s: %s: driver %lld, pinmem %lld\n", c->name, a->label,
+                    a->got, b->got);
+            differ++;
+        } else if (a->got != a->expected) {
+            fprintf(stderr, "TABLE %s: %s: both gave %lld, the table says %lld\n", c->name,
+                    a->label, a->got, a->expected);
+            differ++;
+        }
+    }
+    check_failures += differ;
+    printf("%-26s %2d rows: %s\n", c->name, drv.n, differ ? "DIFFER" : "same answers");
+}
+
+/* Memory pinned through the driver directly still gets the driver's answers
+ * through pinmem, and pinmem's memory is mapped for the driver. */
+static void cross_api(void)
+{
+    void *p = NULL;
+    CHECK(cu->mem_host_alloc(&p, 10000, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS);
+    unsigned df = 0, pf = 0;
+    cu->mem_host_get_flags(&df, p);
+    CHECK_RESULT(pm_mem_host_get_flags(&pf, (char *)p + 10), PM_SUCCESS);
+    CHECK(df == pf);
+    pm_deviceptr base = 0;
+    size_t size = 0;
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)p + 5),
+                 PM_SUCCESS);
+    CHECK(base == (uintptr_t)p && size == 10000);
+    CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
+
+    void *q = NULL;
+    CHECK_RESULT(pm_mem_alloc_host(&q, 3 << 20), PM_SUCCESS);
+    CUdeviceptr d = 0;
+    CHECK(cu->mem_host_get_device_pointer(&d, (char *)q + 4096, 0) == CUDA_SUCCESS);
+    CHECK(d == (uintptr_t)q + 4096);
+    CHECK_RESULT(pm_mem_free_host(q), PM_SUCCESS);
+    printf("cross-API rows: %s\n", check_failures ? "DIFFER" : "same answers");
+}
+
+int main(void)
+{
+    SKIP_UNLESS_CUDA();
+    pm_result r = PM_SUCCESS;
+    cu = pm__cuda_api_load(&r);
+    CHECK(cu != NULL);
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(cu->device_get(&dev, 0) == CUDA_SUCCESS);
+    CHECK(cu->primary_ctx_retain(&ctx, dev) == CUDA_SUCCESS);
+    CHECK(cu->ctx_push(ctx) == CUDA_SUCCESS);
+    for (size_t i = 0; i < contract_case_count; i++)
+        compare(&contract_cases[i]);
+    cross_api();
+    return check_finish("differential");
+}
+#else
+int main(void)
+{
+    SKIP("no CUDA driver (built without the CUDA headers)");
+}
+#endif

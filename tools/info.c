@@ -1,0 +1,78 @@
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "commands.h"
+#include "pinmem.h"
+
+static void print_memlock_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
+        printf("  RLIMIT_MEMLOCK:        unknown\n");
+        return;
+    }
+    char soft[32] = "unlimited", hard[32] = "unlimited";
+    if (rl.rlim_cur != RLIM_INFINITY)
+        human_size((size_t)rl.rlim_cur, soft, sizeof soft);
+    if (rl.rlim_max != RLIM_INFINITY)
+        human_size((size_t)rl.rlim_max, hard, sizeof hard);
+    printf("  RLIMIT_MEMLOCK:        %s (hard %s)\n", soft, hard);
+}
+
+static void print_numa_nodes(void)
+{
+    DIR *d = opendir("/sys/devices/system/node");
+    printf("  NUMA nodes:            ");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int id;
+        char extra;
+        if (sscanf(e->d_name, "node%d%c", &id, &extra) == 1)
+            printf("%s%d", n++ ? ", " : "", id);
+    }
+    if (d)
+        closedir(d);
+    printf("%s\n", n ? "" : "none reported");
+}
+
+int cmd_info(void)
+{
+    printf("pinmem %s\n", pm_version_string());
+    pm_result r = pm_init(0);
+    if (r != PM_SUCCESS) {
+        printf("  backend:               none: %s (%s)\n", pm_result_name(r),
+               pm_last_error_detail());
+        return 1;
+    }
+    pm_capabilities c = {.struct_size = sizeof c};
+    pm_get_capabilities(&c);
+    char page[32], huge[32];
+    printf("  backend:               %s\n", c.backend);
+    if (c.driver_version)
+        printf("  driver version:        %d.%d\n", c.driver_version / 1000,
+               c.driver_version % 1000 / 10);
+    else
+        printf("  driver version:        none (no CUDA driver in use)\n");
+    printf("  device:                %s (ordinal %d)\n", c.device_name, c.device_ordinal);
+    printf("  can map host memory:   %s\n", c.can_map_host_memory ? "yes" : "no");
+    printf("  unified addressing:    %s\n", c.unified_addressing ? "yes" : "no");
+    printf("  host pointer for registered memory: %s\n",
+           c.can_use_host_pointer_for_registered_mem ? "yes" : "no");
+    printf("  read-only registration: %s\n",
+           c.read_only_host_register_supported ? "supported" : "not supported");
+    printf("  pageable access via host page tables: %s\n",
+           c.pageable_memory_access_uses_host_page_tables ? "yes" : "no");
+    printf("  pinning bound by RLIMIT_MEMLOCK: %s\n",
+           c.pinning_limited_by_memlock_rlimit ? "yes" : "no");
+    printf("  host NUMA node:        %d\n", c.host_numa_node);
+    printf("  page size:             %s\n", human_size(c.page_size, page, sizeof page));
+    printf("  huge page size:        %s\n",
+           c.huge_page_size ? human_size(c.huge_page_size, huge, sizeof huge) : "none");
+    printf("  transparent huge pages: %s\n", c.huge_page_mode);
+    print_memlock_limit();
+    print_numa_nodes();
+    return 0;
+}

@@ -1,0 +1,56 @@
+/* pinmem: show what the library sees on this machine, and measure it. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "pinmem.h"
+
+static int usage(FILE *to)
+{
+    fprintf(to, "usage: pinmem info\n"
+                "       pinmem bench [--quick]            host alloc/free against the backend's own\n"
+                "       pinmem bench host [--quick]       the same\n"
+                "       pinmem bench registry [--quick]   range lookups with up to 1,000,000 live ranges\n"
+                "       pinmem version\n");
+    return to == stderr ? 2 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return usage(stderr);
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "info") == 0)
+        return cmd_info();
+    if (strcmp(cmd, "version") == 0) {
+        printf("pinmem %s\n", pm_version_string());
+        return 0;
+    }
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0)
+        return usage(stdout);
+    if (strcmp(cmd, "bench") != 0)
+        return usage(stderr);
+
+    const char *what = "host";
+    bool quick = false;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
+        else if (argv[i][0] != '-')
+            what = argv[i];
+        else
+            return usage(stderr);
+    }
+    if (strcmp(what, "host") == 0) {
+        int rc = bench_host(quick);
+        /* The quick run is the README's main job: show the registry too. */
+        return rc ? rc : quick ? bench_registry(true) : 0;
+    }
+    if (strcmp(what, "registry") == 0)
+        return bench_registry(quick);
+    if (strcmp(what, "all") == 0) {
+        int rc = bench_host(quick);
+        return rc ? rc : bench_registry(quick);
+    }
+    return usage(stderr);
+}
