@@ -89,11 +89,12 @@ pm_result pm_mem_free_host(void *p)
         return PM_SUCCESS;
     pm__range r;
     switch (pm__ranges_retire(inst->ranges, (uintptr_t)p, PM__RANGE_ALLOC, &r)) {
-    case PM__RETIRED: {
-        pm_result res = inst->backend.host_free((void *)r.base, r.pin_len, r.backend_tag);
+    case PM__RETIRED:
+        /* Release the claim first: the pages stay mapped until host_free
+         * returns, so no fresh mapping can land on them before then, and one
+         * may land there the moment after. */
         pm__ranges_withdraw(inst->ranges, r.pin_base);
-        return res;
-    }
+        return inst->backend.host_free((void *)r.base, r.pin_len, r.backend_tag);
     case PM__RETIRE_MISMATCH:
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         r.kind == PM__RANGE_ALLOC

@@ -2,6 +2,7 @@
  * nobody) and has a 64 KiB limit: pinning past it fails cleanly, names the
  * limit, and leaves nothing locked. On the CUDA backend the driver ignores
  * the limit, as it does for cuMemHostAlloc. */
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -29,7 +30,7 @@ static int child(void)
         perror("setrlimit");
         return 1;
     }
-    if (getuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) {
+    if (getuid() == 0 && (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)) {
         perror("dropping root");
         return 1;
     }

@@ -8,12 +8,18 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "../errors.h"
 #include "backend.h"
 
 static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+/* Raw system calls: sanitizer runtimes replace mlock with a no-op, and pinned
+ * memory that is not locked is a silent lie. */
+static int lock_pages(void *p, size_t len) { return (int)syscall(SYS_mlock, p, len); }
+static int unlock_pages(void *p, size_t len) { return (int)syscall(SYS_munlock, p, len); }
 
 static unsigned long long locked_kib_now(void)
 {
@@ -55,7 +61,7 @@ static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, 
      * first with several threads is faster. Small ones go straight to mlock. */
     if (len >= pm__prefault_parallel_min)
         pm__prefault(p, len);
-    if (mlock(p, len) != 0) {
+    if (lock_pages(p, len) != 0) {
         int err = errno;
         munmap(p, len);
         return memlock_failure(err, len, "pm_mem_host_alloc");
@@ -141,7 +147,7 @@ static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
                         "pm_mem_host_register: IOMEMORY given for ordinary memory");
     if (c.all_io)
         return PM_SUCCESS; /* device memory is never paged out; nothing to lock */
-    if (mlock((void *)lo, hi - lo) != 0)
+    if (lock_pages((void *)lo, hi - lo) != 0)
         return memlock_failure(errno, hi - lo, "pm_mem_host_register");
     return PM_SUCCESS;
 }
@@ -152,7 +158,7 @@ static pm_result posix_host_unregister(void *p, size_t bytesize)
     page_extent(p, bytesize, &lo, &hi);
     /* ENOMEM here means the user unmapped the memory first: nothing is left
      * locked, so the registration is gone all the same. */
-    munlock((void *)lo, hi - lo);
+    unlock_pages((void *)lo, hi - lo);
     return PM_SUCCESS;
 }
 
@@ -200,7 +206,7 @@ static pm_result posix_baseline_alloc(void **p, size_t bytesize)
     void *m = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap: %s", strerror(errno));
-    if (mlock(m, bytesize) != 0) {
+    if (lock_pages(m, bytesize) != 0) {
         int err = errno;
         munmap(m, bytesize);
         return memlock_failure(err, bytesize, "baseline mmap + mlock");

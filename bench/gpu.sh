@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, run the whole suite on the CUDA backend
+# (the differential test included) and on the POSIX backend, then the
+# benchmarks. Everything lands in $OUT (default ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+{
+    date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+    uname -r | sed 's/^/kernel: /'
+    nproc | sed 's/^/cpus: /'
+    grep MemTotal /proc/meminfo
+} >"$OUT/env.txt"
+cat "$OUT/env.txt"
+
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON >"$OUT/build.log" 2>&1 &&
+    cmake --build build-gpu -j"$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+
+./build-gpu/tools/pinmem info | tee -a "$OUT/env.txt"
+
+echo "== tests, CUDA backend"
+(cd build-gpu && ctest --output-on-failure -j4) 2>&1 | tee "$OUT/tests-cuda.log" | tail -25
+echo "== differential test, verbose"
+./build-gpu/tests/test_differential 2>&1 | tee "$OUT/differential.log"
+echo "== tests, POSIX backend on the same machine"
+(cd build-gpu && PINMEM_BACKEND=posix ctest -j4 -E differential) 2>&1 | tee "$OUT/tests-posix.log" | tail -4
+echo "== benchmarks"
+./build-gpu/tools/pinmem bench all 2>&1 | tee "$OUT/bench.txt"
