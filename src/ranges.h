@@ -1,8 +1,9 @@
 /* The registry of every pinned range pinmem owns.
  *
  * Invariants (checked by pm__ranges_validate in tests and debug builds):
- *  - pinned extents [pin_base, pin_base + pin_len) are page-aligned and never
- *    overlap, so the extent's base is a unique key;
+ *  - pinned extents [pin_base, pin_base + pin_len) never overlap, so the
+ *    extent's base is a unique key. They are whole pages, except for
+ *    allocations the driver placed, whose extent is exactly their bytes;
  *  - the user's bytes [base, base + size) lie inside the extent;
  *  - lookups are O(log n) (AVL tree), under a reader-writer lock.
  *
@@ -26,7 +27,7 @@ typedef enum pm__range_kind {
 typedef struct pm__range {
     uintptr_t base;     /* what the user was given or registered */
     size_t size;        /* what the user asked for */
-    uintptr_t pin_base; /* page-aligned pinned extent */
+    uintptr_t pin_base; /* the extent claimed (see above) */
     size_t pin_len;
     unsigned flags;     /* the flags word queries report */
     unsigned kind;      /* pm__range_kind */

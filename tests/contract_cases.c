@@ -213,6 +213,9 @@ static void register_arguments(const host_api *a, case_log *l)
     expect(l, "register(flags 0x10)", a->host_register(buf, 4096, 0x10), PM_ERROR_INVALID_VALUE);
     expect(l, "register(IOMEMORY on ordinary memory)", a->host_register(buf, 4096, 4),
            PM_ERROR_INVALID_VALUE);
+    expect(l, "register kernel address space",
+           a->host_register((void *)(uintptr_t)0xffff800000000000ull, 4096, 0),
+           PM_ERROR_NOT_SUPPORTED);
     expect(l, "register(+100, 5000) unaligned", a->host_register(buf + 100, 5000, 0), PM_SUCCESS);
     expect(l, "same range again", a->host_register(buf + 100, 5000, 0),
            PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED);

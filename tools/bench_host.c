@@ -3,6 +3,7 @@
  * side in one run, alternating so drift hits both alike. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend/backend.h"
 #include "commands.h"
@@ -51,6 +52,28 @@ static bool run_baseline(const pm__backend *b, size_t bytes, sample *s)
     return r == PM_SUCCESS;
 }
 
+/* How much of a large cold allocation is getting the pages at all (mapping
+ * and faulting them in on several threads), before anything is pinned. */
+static void print_prefault_share(size_t bytes, int reps)
+{
+    enum { max_reps = 7 };
+    double t[max_reps];
+    int n = reps < max_reps ? reps : max_reps;
+    for (int k = 0; k < n; k++) {
+        size_t len = 0;
+        double t0 = now_ns();
+        void *p = pm__map_anonymous(bytes, &len);
+        if (!p)
+            return;
+        pm__prefault(p, len);
+        t[k] = now_ns() - t0;
+        munmap(p, len);
+    }
+    char buf[32];
+    printf("          of which mmap + parallel pre-fault alone: %s\n",
+           human_time(median(t, (size_t)n), buf, sizeof buf));
+}
+
 int bench_host(bool quick)
 {
     pm_result r = PM_SUCCESS;
@@ -93,6 +116,8 @@ int bench_host(bool quick)
                human_size(bytes, sz, sizeof sz), reps, human_time(mpa, t1, sizeof t1),
                human_time(mpf, t2, sizeof t2), human_time(mba, t3, sizeof t3),
                human_time(mbf, t4, sizeof t4), mba / mpa, mbf / mpf);
+        if (!quick && bytes >= (256u << 20))
+            print_prefault_share(bytes, reps);
     }
     printf("(x = baseline time / pinmem time: above 1 means pinmem is faster)\n");
     return 0;

@@ -6,9 +6,11 @@
  * Invariants every backend keeps:
  *  - Results are pm_result values; driver codes are translated here, at the
  *    boundary, and the raw code recorded with pm__fail_driver.
- *  - host_alloc returns page-aligned memory and its pinned extent
- *    [*base, *base + *pin_len), pin_len a multiple of the page size; the
- *    memory is page-locked and mapped for every device before it returns.
+ *  - host_alloc returns the memory and the extent it claims,
+ *    [*base, *base + *pin_len): whole pages for memory pinmem maps itself,
+ *    exactly the bytes for memory the driver places (it packs small
+ *    allocations tighter than pages). The memory is page-locked and mapped
+ *    for every device before it returns.
  *  - host_register pins exactly the pages the byte range touches; the
  *    generic layer has already checked flags, NULL, size 0 and overlaps with
  *    pinmem's own ranges, and guarantees no two registrations share a page.

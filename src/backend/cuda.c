@@ -89,7 +89,6 @@ static void unregister_in_pieces(void *p, size_t len)
 static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
                                    unsigned *tag)
 {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     void *p = NULL;
     ctx_scope scope;
     pm_result r = ctx_enter(&scope);
@@ -99,8 +98,10 @@ static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base,
     ctx_leave(&scope);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuMemHostAlloc");
+    /* The driver packs small allocations more tightly than pages, so the
+     * extent pinmem claims is exactly the bytes it was given. */
     *base = p;
-    *pin_len = (bytesize + page - 1) & ~(page - 1);
+    *pin_len = bytesize;
     *tag = TAG_DRIVER_ALLOC;
     return PM_SUCCESS;
 }

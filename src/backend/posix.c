@@ -21,6 +21,9 @@ static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 static int lock_pages(void *p, size_t len) { return (int)syscall(SYS_mlock, p, len); }
 static int unlock_pages(void *p, size_t len) { return (int)syscall(SYS_munlock, p, len); }
 
+/* Addresses with the top bit set belong to the kernel on x86-64 and arm64. */
+static const uintptr_t kernel_half = (uintptr_t)1 << (sizeof(uintptr_t) * 8 - 1);
+
 static unsigned long long locked_kib_now(void)
 {
     FILE *f = fopen("/proc/self/status", "r");
@@ -131,6 +134,10 @@ static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
 {
     uintptr_t lo, hi;
     page_extent(p, bytesize, &lo, &hi);
+    /* The driver's answer for the kernel's half of the address space. */
+    if (hi - 1 >= kernel_half)
+        return pm__fail(PM_ERROR_NOT_SUPPORTED,
+                        "pm_mem_host_register: [%p, +%zu) is kernel address space", p, bytesize);
     mapping_check c = inspect_mappings(lo, hi);
     if (!c.all_mapped)
         return pm__fail(PM_ERROR_INVALID_VALUE,
