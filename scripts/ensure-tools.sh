@@ -6,6 +6,7 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v cc >/dev/null || missing+=(gcc)
 command -v make >/dev/null || missing+=(make)
 command -v nm >/dev/null || missing+=(binutils)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

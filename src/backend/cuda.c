@@ -106,9 +106,23 @@ static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base,
     return PM_SUCCESS;
 }
 
+typedef struct pin_job {
+    void *p;
+    size_t len;
+    CUresult rc;
+} pin_job;
+
+static int register_job(void *ctx)
+{
+    pin_job *j = ctx;
+    j->rc = register_in_pieces(j->p, j->len,
+                               CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    return j->rc != CUDA_SUCCESS;
+}
+
 /* The fast cold path: map, fault the pages in with several threads (huge
- * pages where the kernel gives them), then one registration. The driver's
- * own cuMemHostAlloc faults and pins page by page on one thread. */
+ * pages where the kernel gives them) while one registration follows behind
+ * them. The driver's own cuMemHostAlloc faults and pins on one thread. */
 static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
                                  unsigned *tag)
 {
@@ -119,15 +133,15 @@ static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, s
     if (!p)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of %zu bytes failed: %s", bytesize,
                         strerror(errno));
-    pm__prefault(p, len);
     ctx_scope scope;
     pm_result r = ctx_enter(&scope);
     if (r != PM_SUCCESS) {
         munmap(p, len);
         return r;
     }
-    CUresult rc = register_in_pieces(
-        p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    pin_job job = {p, len, CUDA_SUCCESS};
+    pm__prefault_then(p, len, register_job, &job);
+    CUresult rc = job.rc;
     ctx_leave(&scope);
     if (rc != CUDA_SUCCESS) {
         munmap(p, len);

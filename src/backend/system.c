@@ -1,6 +1,8 @@
 /* Facts about the host and the page-level helpers both backends share. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -93,48 +95,73 @@ void *pm__map_anonymous(size_t bytesize, size_t *map_len)
     return aligned;
 }
 
-typedef struct prefault_slice {
-    volatile uint8_t *begin, *end;
-    size_t step;
-} prefault_slice;
+/* Workers take fixed chunks in address order from one counter, so the
+ * faulted front sweeps upward from the start of the range. That lets the
+ * caller start pinning (which walks the range the same way) behind it. */
+typedef struct prefault_job {
+    uint8_t *base;
+    size_t len, chunk, n_chunks, step;
+    atomic_size_t next_chunk;
+    atomic_size_t done_chunks;
+} prefault_job;
 
 static void *prefault_worker(void *arg)
 {
-    prefault_slice *s = arg;
-    for (volatile uint8_t *q = s->begin; q < s->end; q += s->step)
-        *q = 0;
-    return NULL;
+    prefault_job *j = arg;
+    for (;;) {
+        size_t i = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
+        if (i >= j->n_chunks)
+            return NULL;
+        volatile uint8_t *q = j->base + i * j->chunk;
+        volatile uint8_t *end = i + 1 == j->n_chunks ? j->base + j->len : q + j->chunk;
+        for (; q < end; q += j->step)
+            *q = 0;
+        atomic_fetch_add_explicit(&j->done_chunks, 1, memory_order_release);
+    }
 }
 
-void pm__prefault(void *p, size_t len)
+static size_t worker_count(size_t len)
 {
     enum { max_threads = 16 };
     const size_t per_thread_min = pm__prefault_parallel_min / 2; /* less is not worth a thread */
-    const size_t step = page_size();
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     size_t threads = len / per_thread_min;
     if (threads > (size_t)max_threads)
         threads = max_threads;
     if (cpus > 0 && threads > (size_t)cpus)
         threads = (size_t)cpus;
-    if (threads < 1)
-        threads = 1;
-
-    prefault_slice slices[max_threads];
-    pthread_t tids[max_threads];
-    bool started[max_threads];
-    size_t chunk = (len / threads + step - 1) / step * step;
-    uint8_t *base = p;
-    for (size_t i = 0; i < threads; i++) {
-        size_t lo = i * chunk, hi = lo + chunk < len ? lo + chunk : len;
-        slices[i] = (prefault_slice){base + (lo < len ? lo : len), base + hi, step};
-        started[i] = i > 0 && pthread_create(&tids[i], NULL, prefault_worker, &slices[i]) == 0;
-    }
-    /* This thread takes slice 0 and any slice whose thread failed to start. */
-    for (size_t i = 0; i < threads; i++)
-        if (!started[i])
-            prefault_worker(&slices[i]);
-    for (size_t i = 1; i < threads; i++)
-        if (started[i])
-            pthread_join(tids[i], NULL);
+    return threads;
 }
+
+int pm__prefault_then(void *p, size_t len, int (*pin)(void *ctx), void *ctx)
+{
+    enum { max_threads = 16 };
+    prefault_job job = {.base = p, .len = len, .chunk = 2u << 20, .step = page_size()};
+    job.n_chunks = (len + job.chunk - 1) / job.chunk;
+    atomic_init(&job.next_chunk, 0);
+    atomic_init(&job.done_chunks, 0);
+    size_t threads = worker_count(len);
+    if (threads < 2) {
+        prefault_worker(&job);
+        return pin ? pin(ctx) : 0;
+    }
+    pthread_t tids[max_threads];
+    size_t started = 0;
+    while (started < threads && pthread_create(&tids[started], NULL, prefault_worker, &job) == 0)
+        started++;
+    if (started == 0)
+        prefault_worker(&job);
+    /* A head start of a quarter of the range: the workers fault pages about
+     * as fast as the driver pins them, so pinning rarely catches up, and when
+     * it does the kernel faults the page for it. */
+    const size_t head = job.n_chunks / 4;
+    while (atomic_load_explicit(&job.done_chunks, memory_order_acquire) < head &&
+           atomic_load_explicit(&job.next_chunk, memory_order_relaxed) < job.n_chunks)
+        sched_yield();
+    int rc = pin ? pin(ctx) : 0;
+    for (size_t i = 0; i < started; i++)
+        pthread_join(tids[i], NULL);
+    return rc;
+}
+
+void pm__prefault(void *p, size_t len) { pm__prefault_then(p, len, NULL, NULL); }
