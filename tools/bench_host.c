@@ -2,6 +2,7 @@
  * backend's own way (the driver's cuMemHostAlloc, or mmap + mlock), side by
  * side in one run, alternating so drift hits both alike. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -74,6 +75,46 @@ static void print_prefault_share(size_t bytes, int reps)
            human_time(median(t, (size_t)n), buf, sizeof buf));
 }
 
+static unsigned long long anon_huge_kib(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %llu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* Pinning after every page is faulted, against pinning that starts once a
+ * quarter is faulted and overlaps the rest (PINMEM_PIN_OVERLAP=1). */
+static void print_overlap_comparison(size_t bytes, int reps)
+{
+    enum { max_reps = 7 };
+    int n = reps < max_reps ? reps : max_reps;
+    double seq[max_reps], ovl[max_reps];
+    unsigned long long huge_kib = 0;
+    for (int k = 0; k < n; k++) {
+        for (int variant = 0; variant < 2; variant++) {
+            setenv("PINMEM_PIN_OVERLAP", variant ? "1" : "0", 1);
+            void *p = NULL;
+            double t0 = now_ns();
+            if (pm_mem_alloc_host(&p, bytes) != PM_SUCCESS)
+                return;
+            (variant ? ovl : seq)[k] = now_ns() - t0;
+            huge_kib = anon_huge_kib();
+            pm_mem_free_host(p);
+        }
+    }
+    unsetenv("PINMEM_PIN_OVERLAP");
+    char a[32], b[32];
+    printf("          pin after pre-fault %s, overlapped %s; huge pages backing it: %llu MiB\n",
+           human_time(median(seq, (size_t)n), a, sizeof a),
+           human_time(median(ovl, (size_t)n), b, sizeof b), huge_kib / 1024);
+}
+
 int bench_host(bool quick)
 {
     pm_result r = PM_SUCCESS;
@@ -116,8 +157,10 @@ int bench_host(bool quick)
                human_size(bytes, sz, sizeof sz), reps, human_time(mpa, t1, sizeof t1),
                human_time(mpf, t2, sizeof t2), human_time(mba, t3, sizeof t3),
                human_time(mbf, t4, sizeof t4), mba / mpa, mbf / mpf);
-        if (!quick && bytes >= (256u << 20))
+        if (!quick && bytes >= (256u << 20)) {
             print_prefault_share(bytes, reps);
+            print_overlap_comparison(bytes, reps);
+        }
     }
     printf("(x = baseline time / pinmem time: above 1 means pinmem is faster)\n");
     return 0;

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -151,12 +152,12 @@ int pm__prefault_then(void *p, size_t len, int (*pin)(void *ctx), void *ctx)
         started++;
     if (started == 0)
         prefault_worker(&job);
-    /* A head start of a quarter of the range: the workers fault pages about
-     * as fast as the driver pins them, so pinning rarely catches up, and when
-     * it does the kernel faults the page for it. */
-    const size_t head = job.n_chunks / 4;
-    while (atomic_load_explicit(&job.done_chunks, memory_order_acquire) < head &&
-           atomic_load_explicit(&job.next_chunk, memory_order_relaxed) < job.n_chunks)
+    /* By default pinning waits for every page (head = all chunks). With
+     * PINMEM_PIN_OVERLAP=1 it starts once a quarter is faulted: when it
+     * catches up with the workers the kernel faults the page for it. */
+    const char *overlap = getenv("PINMEM_PIN_OVERLAP");
+    const size_t head = overlap && strcmp(overlap, "1") == 0 ? job.n_chunks / 4 : job.n_chunks;
+    while (atomic_load_explicit(&job.done_chunks, memory_order_acquire) < head)
         sched_yield();
     int rc = pin ? pin(ctx) : 0;
     for (size_t i = 0; i < started; i++)
