@@ -53,28 +53,6 @@ static bool run_baseline(const pm__backend *b, size_t bytes, sample *s)
     return r == PM_SUCCESS;
 }
 
-/* How much of a large cold allocation is getting the pages at all (mapping
- * and faulting them in on several threads), before anything is pinned. */
-static void print_prefault_share(size_t bytes, int reps)
-{
-    enum { max_reps = 7 };
-    double t[max_reps];
-    int n = reps < max_reps ? reps : max_reps;
-    for (int k = 0; k < n; k++) {
-        size_t len = 0;
-        double t0 = now_ns();
-        void *p = pm__map_anonymous(bytes, &len);
-        if (!p)
-            return;
-        pm__prefault(p, len);
-        t[k] = now_ns() - t0;
-        munmap(p, len);
-    }
-    char buf[32];
-    printf("          of which mmap + parallel pre-fault alone: %s\n",
-           human_time(median(t, (size_t)n), buf, sizeof buf));
-}
-
 static unsigned long long anon_huge_kib(void)
 {
     FILE *f = fopen("/proc/self/smaps_rollup", "r");
@@ -88,31 +66,28 @@ static unsigned long long anon_huge_kib(void)
     return kib;
 }
 
-/* Pinning after every page is faulted, against pinning that starts once a
- * quarter is faulted and overlaps the rest (PINMEM_PIN_OVERLAP=1). */
-static void print_overlap_comparison(size_t bytes, int reps)
+/* How much of a large cold allocation is getting the pages at all (mapping
+ * and faulting them in on several threads), before anything is pinned. */
+static void print_prefault_share(size_t bytes, int reps)
 {
     enum { max_reps = 7 };
-    int n = reps < max_reps ? reps : max_reps;
-    double seq[max_reps], ovl[max_reps];
+    double t[max_reps];
     unsigned long long huge_kib = 0;
+    int n = reps < max_reps ? reps : max_reps;
     for (int k = 0; k < n; k++) {
-        for (int variant = 0; variant < 2; variant++) {
-            setenv("PINMEM_PIN_OVERLAP", variant ? "1" : "0", 1);
-            void *p = NULL;
-            double t0 = now_ns();
-            if (pm_mem_alloc_host(&p, bytes) != PM_SUCCESS)
-                return;
-            (variant ? ovl : seq)[k] = now_ns() - t0;
-            huge_kib = anon_huge_kib();
-            pm_mem_free_host(p);
-        }
+        size_t len = 0;
+        double t0 = now_ns();
+        void *p = pm__map_anonymous(bytes, &len);
+        if (!p)
+            return;
+        pm__prefault(p, len);
+        t[k] = now_ns() - t0;
+        huge_kib = anon_huge_kib();
+        munmap(p, len);
     }
-    unsetenv("PINMEM_PIN_OVERLAP");
-    char a[32], b[32];
-    printf("          pin after pre-fault %s, overlapped %s; huge pages backing it: %llu MiB\n",
-           human_time(median(seq, (size_t)n), a, sizeof a),
-           human_time(median(ovl, (size_t)n), b, sizeof b), huge_kib / 1024);
+    char buf[32];
+    printf("          of which mmap + parallel pre-fault alone: %s (%llu MiB of it in huge pages)\n",
+           human_time(median(t, (size_t)n), buf, sizeof buf), huge_kib / 1024);
 }
 
 int bench_host(bool quick)
@@ -157,10 +132,8 @@ int bench_host(bool quick)
                human_size(bytes, sz, sizeof sz), reps, human_time(mpa, t1, sizeof t1),
                human_time(mpf, t2, sizeof t2), human_time(mba, t3, sizeof t3),
                human_time(mbf, t4, sizeof t4), mba / mpa, mbf / mpf);
-        if (!quick && bytes >= (256u << 20)) {
+        if (!quick && bytes >= (256u << 20))
             print_prefault_share(bytes, reps);
-            print_overlap_comparison(bytes, reps);
-        }
     }
     printf("(x = baseline time / pinmem time: above 1 means pinmem is faster)\n");
     return 0;

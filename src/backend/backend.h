@@ -61,9 +61,6 @@ void pm__system_fill_caps(pm_capabilities *caps);
 /* Touches every page of [p, p + len) with several threads, so the kernel
  * faults them in (as huge pages where advised) in parallel. */
 void pm__prefault(void *p, size_t len);
-/* The same, calling pin(ctx) on this thread once the workers are well ahead,
- * so pinning overlaps faulting; returns what pin returned (0 when NULL). */
-int pm__prefault_then(void *p, size_t len, int (*pin)(void *ctx), void *ctx);
 /* Below this size pm__prefault uses one thread. */
 #define pm__prefault_parallel_min ((size_t)64 << 20)
 /* mmap for a host allocation: page-rounded, huge-page advised when large.

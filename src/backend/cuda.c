@@ -106,23 +106,9 @@ static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base,
     return PM_SUCCESS;
 }
 
-typedef struct pin_job {
-    void *p;
-    size_t len;
-    CUresult rc;
-} pin_job;
-
-static int register_job(void *ctx)
-{
-    pin_job *j = ctx;
-    j->rc = register_in_pieces(j->p, j->len,
-                               CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    return j->rc != CUDA_SUCCESS;
-}
-
 /* The fast cold path: map, fault the pages in with several threads (huge
- * pages where the kernel gives them) while one registration follows behind
- * them. The driver's own cuMemHostAlloc faults and pins on one thread. */
+ * pages where the kernel gives them), then one registration of pages that
+ * are all present. The driver's own cuMemHostAlloc does it all on one thread. */
 static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
                                  unsigned *tag)
 {
@@ -139,9 +125,9 @@ static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, s
         munmap(p, len);
         return r;
     }
-    pin_job job = {p, len, CUDA_SUCCESS};
-    pm__prefault_then(p, len, register_job, &job);
-    CUresult rc = job.rc;
+    pm__prefault(p, len);
+    CUresult rc = register_in_pieces(p, len,
+                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     ctx_leave(&scope);
     if (rc != CUDA_SUCCESS) {
         munmap(p, len);

@@ -51,19 +51,6 @@ static pm_result memlock_failure(int err, size_t len, const char *what)
                     what, len, strerror(err), limit, locked_kib_now());
 }
 
-typedef struct lock_job {
-    void *p;
-    size_t len;
-    int err;
-} lock_job;
-
-static int lock_in_job(void *ctx)
-{
-    lock_job *j = ctx;
-    j->err = lock_pages(j->p, j->len) == 0 ? 0 : errno;
-    return j->err;
-}
-
 static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
                                   unsigned *tag)
 {
@@ -75,13 +62,10 @@ static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, 
                         strerror(errno));
     /* mlock faults pages in on one thread; for large ranges, several threads
      * fault them ahead of it. Small ones go straight to mlock. */
-    lock_job job = {p, len, 0};
     if (len >= pm__prefault_parallel_min)
-        pm__prefault_then(p, len, lock_in_job, &job);
-    else
-        lock_in_job(&job);
-    if (job.err != 0) {
-        int err = job.err;
+        pm__prefault(p, len);
+    if (lock_pages(p, len) != 0) {
+        int err = errno;
         munmap(p, len);
         return memlock_failure(err, len, "pm_mem_host_alloc");
     }
