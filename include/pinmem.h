@@ -133,6 +133,99 @@ PM_API pm_result pm_mem_host_get_flags(unsigned *pflags, void *p);
 /* cuMemGetAddressRange: base and size as allocated or registered (not page-rounded). */
 PM_API pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr);
 
+/* ------------------------------------------------------------------ streams */
+
+/* cuda backend: a CUstream or cudaStream_t; NULL is the legacy default stream.
+ * posix backend: an ordered queue of work run by a thread of its own. */
+typedef void *pm_stream_t;
+
+PM_API pm_result pm_stream_create(pm_stream_t *stream);
+/* Waits for the stream's work, then destroys it. */
+PM_API pm_result pm_stream_destroy(pm_stream_t stream);
+/* Waits for the stream's work; then pools above their release threshold
+ * give memory back (see PM_MEMPOOL_ATTR_RELEASE_THRESHOLD). */
+PM_API pm_result pm_stream_synchronize(pm_stream_t stream);
+/* Enqueues fn(arg) on the stream, after the work before it (cuLaunchHostFunc).
+ * fn must not call pinmem's stream functions. */
+PM_API pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg);
+
+/* -------------------------------------------------------------------- pools */
+
+typedef struct pm_mem_pool_s *pm_mem_pool_t;
+
+typedef enum {
+    PM_MEM_LOCATION_TYPE_INVALID = 0,
+    PM_MEM_LOCATION_TYPE_HOST = 2,
+    PM_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+    PM_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4
+} pm_mem_location_type;
+
+typedef struct {
+    pm_mem_location_type type;
+    int id; /* the NUMA node for HOST_NUMA; ignored for HOST */
+} pm_mem_location;
+
+typedef struct {
+    pm_mem_location location;
+    unsigned handle_types; /* must be 0: host pools are not shareable */
+    size_t max_size;       /* 0: no limit beyond the system's */
+    unsigned char reserved[64]; /* must be zero */
+} pm_mem_pool_props;
+
+typedef enum {
+    PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1, /* int */
+    PM_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,           /* int */
+    PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,   /* int */
+    PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,                   /* uint64_t */
+    PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,                /* uint64_t, read only */
+    PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH,                   /* uint64_t, set to 0 to reset */
+    PM_MEMPOOL_ATTR_USED_MEM_CURRENT,                    /* uint64_t, read only */
+    PM_MEMPOOL_ATTR_USED_MEM_HIGH                        /* uint64_t, set to 0 to reset */
+} pm_mem_pool_attribute;
+
+/* Unlike the driver, whose default is 0, pinmem pools keep the memory they
+ * reserve (release threshold UINT64_MAX): giving pinned memory back waits for
+ * all device work. Set a threshold to trade that wait for a smaller footprint. */
+#define PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD UINT64_MAX
+
+PM_API pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props);
+/* Destroying a pool with live allocations succeeds; their memory goes back
+ * when the last one is freed. */
+PM_API pm_result pm_mem_pool_destroy(pm_mem_pool_t pool);
+/* The process-wide pool of location HOST. */
+PM_API pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool);
+PM_API pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool);
+PM_API pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t pool,
+                                              pm_stream_t stream);
+/* The caller guarantees no device work still uses p. */
+PM_API pm_result pm_mem_free(void *p);
+/* p is reusable once the stream's work before this call is done. */
+PM_API pm_result pm_mem_free_async(void *p, pm_stream_t stream);
+PM_API pm_result pm_mem_pool_trim_to(pm_mem_pool_t pool, size_t min_bytes_to_keep);
+PM_API pm_result pm_mem_pool_set_attribute(pm_mem_pool_t pool, pm_mem_pool_attribute attr,
+                                           void *value);
+PM_API pm_result pm_mem_pool_get_attribute(pm_mem_pool_t pool, pm_mem_pool_attribute attr,
+                                           void *value);
+
+/* Statistics of one pool, or of all pools together (pool NULL). */
+typedef struct pm_pool_stats {
+    size_t struct_size;              /* set by the caller */
+    unsigned long long requested;    /* bytes asked for by live allocations */
+    unsigned long long used;         /* the same, rounded to the pool's size classes */
+    unsigned long long reserved;     /* bytes pinned by the pool */
+    unsigned long long used_high, reserved_high;
+    unsigned long long allocs, frees;        /* calls that succeeded */
+    unsigned long long chunks_pinned, chunks_released;
+    unsigned long long pin_ns;       /* time spent pinning and unpinning */
+    unsigned long long live;         /* live allocations */
+} pm_pool_stats;
+
+PM_API pm_result pm_mem_pool_get_stats(pm_mem_pool_t pool, pm_pool_stats *stats);
+/* Writes the statistics as one JSON object into buf (always NUL-terminated);
+ * *needed receives the length without the NUL. PM_ERROR_INVALID_VALUE when
+ * buf is too small. */
+PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size_t *needed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@
 
 #include "errors.h"
 #include "instance.h"
+#include "pool/pool.h"
 
 #define ALLOC_FLAGS \
     (PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP | PM_MEMHOSTALLOC_WRITECOMBINED)
@@ -97,10 +98,12 @@ pm_result pm_mem_free_host(void *p)
         return inst->backend.host_free((void *)r.base, r.pin_len, r.backend_tag);
     case PM__RETIRE_MISMATCH:
         return pm__fail(PM_ERROR_INVALID_VALUE,
-                        r.kind == PM__RANGE_ALLOC
-                            ? "pm_mem_free_host: %p is inside a host allocation, not its base"
-                            : "pm_mem_free_host: %p is registered memory; use "
-                              "pm_mem_host_unregister",
+                        r.kind == PM__RANGE_ALLOC  ? "pm_mem_free_host: %p is inside a host "
+                                                     "allocation, not its base"
+                        : r.kind == PM__RANGE_POOL ? "pm_mem_free_host: %p is pool memory; use "
+                                                     "pm_mem_free"
+                                                   : "pm_mem_free_host: %p is registered memory; "
+                                                     "use pm_mem_host_unregister",
                         p);
     case PM__RETIRE_NOT_TRACKED:
         break;
@@ -142,11 +145,12 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
     if (!pm__ranges_claim(inst->ranges, &r, &conflict)) {
         if (conflict.kind == 0)
             return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for the range registry");
-        if (conflict.kind == PM__RANGE_ALLOC)
+        if (conflict.kind != PM__RANGE_REGISTERED)
             return pm__fail(PM_ERROR_INVALID_VALUE,
-                            "pm_mem_host_register: [%p, +%zu) overlaps a host allocation at %p, "
-                            "which is pinned already",
-                            p, bytesize, (void *)conflict.base);
+                            "pm_mem_host_register: [%p, +%zu) overlaps %s memory at %p, which is "
+                            "pinned already",
+                            p, bytesize, conflict.kind == PM__RANGE_POOL ? "pool" : "host-allocated",
+                            (void *)conflict.base);
         return pm__fail(PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
                         "pm_mem_host_register: [%p, +%zu) shares pages with the registration "
                         "[%p, +%zu)",
@@ -187,13 +191,22 @@ pm_result pm_mem_host_unregister(void *p)
     return inst->backend.foreign_unregister(p);
 }
 
+static pm_result not_allocated(const char *call, void *p)
+{
+    return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %p is in a pool but not allocated", call, p);
+}
+
 pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
 {
     PM__INSTANCE_OR_RETURN(inst);
     if (!pflags)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_flags: pflags is NULL");
     pm__range r;
+    uintptr_t base;
+    size_t size;
     if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r)) {
+        if (r.kind == PM__RANGE_POOL && !pm__pool_find((uintptr_t)p, &base, &size))
+            return not_allocated("pm_mem_host_get_flags", p);
         *pflags = r.flags;
         return PM_SUCCESS;
     }
@@ -209,8 +222,13 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_mem_host_get_device_pointer: flags must be 0, not 0x%x", flags);
     pm__range r;
-    if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r))
+    uintptr_t base;
+    size_t size;
+    if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r)) {
+        if (r.kind == PM__RANGE_POOL && !pm__pool_find((uintptr_t)p, &base, &size))
+            return not_allocated("pm_mem_host_get_device_pointer", p);
         return inst->backend.device_pointer(pdptr, p);
+    }
     return inst->backend.foreign_get_device_pointer(pdptr, p);
 }
 
@@ -222,6 +240,14 @@ pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_device
     pm__range r;
     /* Pinned host memory is addressed by the device at its host address. */
     if (pm__ranges_find(inst->ranges, (uintptr_t)dptr, &r)) {
+        if (r.kind == PM__RANGE_POOL) {
+            uintptr_t base;
+            if (!pm__pool_find((uintptr_t)dptr, &base, &r.size))
+                return pm__fail(PM_ERROR_NOT_FOUND,
+                                "pm_mem_get_address_range: 0x%llx is in a pool but not allocated",
+                                dptr);
+            r.base = base;
+        }
         if (pbase)
             *pbase = (pm_deviceptr)r.base;
         if (psize)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "pool/pool.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pm__instance instance;
@@ -46,6 +47,9 @@ static void initialise(void)
     }
     if (init_result != PM_SUCCESS)
         snprintf(init_detail, sizeof init_detail, "%s", pm_last_error_detail());
+    const char *stats = getenv("PINMEM_STATS");
+    if (init_result == PM_SUCCESS && stats && strcmp(stats, "1") == 0)
+        atexit(pm__pool_stats_print_at_exit);
 }
 
 pm__instance *pm__instance_get(pm_result *r)

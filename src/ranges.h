@@ -22,6 +22,7 @@
 typedef enum pm__range_kind {
     PM__RANGE_ALLOC = 1,      /* pm_mem_host_alloc / pm_mem_alloc_host */
     PM__RANGE_REGISTERED = 2, /* pm_mem_host_register */
+    PM__RANGE_POOL = 4,       /* a chunk of a memory pool */
 } pm__range_kind;
 
 typedef struct pm__range {

@@ -23,9 +23,17 @@
 #ifndef PINMEM_BACKEND_H
 #define PINMEM_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "pinmem.h"
+
+/* A point in a stream's work: done once everything enqueued before it is.
+ * cuda: an event; posix: the stream and its sequence number. */
+typedef struct pm__marker {
+    void *handle;
+    unsigned long long seq;
+} pm__marker;
 
 typedef struct pm__backend {
     const char *name;
@@ -44,6 +52,25 @@ typedef struct pm__backend {
     pm_result (*foreign_get_flags)(unsigned *pflags, void *p);
     pm_result (*foreign_get_device_pointer)(pm_deviceptr *out, void *p);
     pm_result (*foreign_get_address_range)(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr);
+
+    /* Streams. NULL is the default stream. */
+    pm_result (*stream_create)(pm_stream_t *out);
+    /* PM_SUCCESS when s can be used (posix checks its own handles; cuda
+     * trusts the caller, as the driver does). */
+    pm_result (*stream_check)(pm_stream_t s);
+    pm_result (*stream_destroy)(pm_stream_t s);
+    pm_result (*stream_synchronize)(pm_stream_t s);
+    pm_result (*stream_launch_host_func)(pm_stream_t s, void (*fn)(void *), void *arg);
+    pm_result (*marker_record)(pm_stream_t s, pm__marker *out);
+    bool (*marker_done)(const pm__marker *m);
+    /* Work enqueued on s after this waits for m. */
+    pm_result (*marker_wait)(pm_stream_t s, const pm__marker *m);
+    void (*marker_release)(pm__marker *m);
+
+    /* Pool chunks: len bytes aligned to align, on numa_node unless it is -1,
+     * page-locked and mapped for every device. */
+    pm_result (*chunk_pin)(size_t len, size_t align, int numa_node, void **base);
+    void (*chunk_unpin)(void *base, size_t len);
 
     /* What benchmarks compare pinmem with: the plain way to pin memory on this
      * backend (the driver's cuMemHostAlloc / cuMemFreeHost, or mmap + mlock). */
@@ -66,5 +93,10 @@ void pm__prefault(void *p, size_t len);
 /* mmap for a host allocation: page-rounded, huge-page advised when large.
  * Returns NULL on failure (errno set). */
 void *pm__map_anonymous(size_t bytesize, size_t *map_len);
+/* The same, aligned to align (a power of two). */
+void *pm__map_anonymous_aligned(size_t bytesize, size_t align, size_t *map_len);
+/* Binds [p, p + len) to one NUMA node before it is faulted in. */
+pm_result pm__bind_to_node(void *p, size_t len, int node);
+bool pm__numa_node_exists(int node);
 
 #endif

@@ -230,6 +230,122 @@ static pm_result cuda_baseline_free(void *p, size_t bytesize)
     DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(p));
 }
 
+static pm_result cuda_stream_create(pm_stream_t *out)
+{
+    CUstream st = NULL;
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = cu->stream_create(&st, CU_STREAM_NON_BLOCKING);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuStreamCreate");
+    *out = st;
+    return PM_SUCCESS;
+}
+
+static pm_result cuda_stream_check(pm_stream_t s)
+{
+    (void)s;
+    return PM_SUCCESS;
+}
+
+static pm_result cuda_stream_synchronize(pm_stream_t s)
+{
+    DRIVER_CALL("cuStreamSynchronize", cu->stream_synchronize((CUstream)s));
+}
+
+static pm_result cuda_stream_destroy(pm_stream_t s)
+{
+    if (!s)
+        return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: the default stream");
+    pm_result r = cuda_stream_synchronize(s); /* pm_stream_destroy waits, as documented */
+    if (r != PM_SUCCESS)
+        return r;
+    DRIVER_CALL("cuStreamDestroy", cu->stream_destroy((CUstream)s));
+}
+
+static pm_result cuda_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg)
+{
+    DRIVER_CALL("cuLaunchHostFunc", cu->launch_host_func((CUstream)s, fn, arg));
+}
+
+static pm_result cuda_marker_record(pm_stream_t s, pm__marker *out)
+{
+    CUevent ev = NULL;
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = cu->event_create(&ev, CU_EVENT_DISABLE_TIMING);
+    if (rc == CUDA_SUCCESS) {
+        rc = cu->event_record(ev, (CUstream)s);
+        if (rc != CUDA_SUCCESS)
+            cu->event_destroy(ev);
+    }
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuEventRecord");
+    out->handle = ev;
+    out->seq = 0;
+    return PM_SUCCESS;
+}
+
+static bool cuda_marker_done(const pm__marker *m)
+{
+    return cu->event_query((CUevent)m->handle) == CUDA_SUCCESS;
+}
+
+static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
+{
+    DRIVER_CALL("cuStreamWaitEvent", cu->stream_wait_event((CUstream)s, (CUevent)m->handle, 0));
+}
+
+static void cuda_marker_release(pm__marker *m)
+{
+    if (m->handle)
+        cu->event_destroy((CUevent)m->handle);
+    m->handle = NULL;
+}
+
+static pm_result cuda_chunk_pin(size_t len, size_t align, int numa_node, void **base)
+{
+    size_t map_len = 0;
+    void *p = pm__map_anonymous_aligned(len, align, &map_len);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
+                        strerror(errno));
+    ctx_scope scope;
+    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
+    if (r == PM_SUCCESS)
+        r = ctx_enter(&scope);
+    if (r != PM_SUCCESS) {
+        munmap(p, map_len);
+        return r;
+    }
+    pm__prefault(p, map_len);
+    CUresult rc = register_in_pieces(p, map_len,
+                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS) {
+        munmap(p, map_len);
+        return pm__cuda_fail(rc, "cuMemHostRegister (pool chunk)");
+    }
+    *base = p;
+    return PM_SUCCESS;
+}
+
+static void cuda_chunk_unpin(void *base, size_t len)
+{
+    ctx_scope scope;
+    if (ctx_enter(&scope) == PM_SUCCESS) {
+        unregister_in_pieces(base, len);
+        ctx_leave(&scope);
+    }
+    munmap(base, len);
+}
+
 static int attribute(CUdevice_attribute a, int fallback)
 {
     int v = 0;
@@ -303,6 +419,17 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_get_flags = cuda_foreign_get_flags;
     out->foreign_get_device_pointer = cuda_device_pointer; /* the driver answers both */
     out->foreign_get_address_range = cuda_foreign_get_address_range;
+    out->stream_create = cuda_stream_create;
+    out->stream_check = cuda_stream_check;
+    out->stream_destroy = cuda_stream_destroy;
+    out->stream_synchronize = cuda_stream_synchronize;
+    out->stream_launch_host_func = cuda_stream_launch_host_func;
+    out->marker_record = cuda_marker_record;
+    out->marker_done = cuda_marker_done;
+    out->marker_wait = cuda_marker_wait;
+    out->marker_release = cuda_marker_release;
+    out->chunk_pin = cuda_chunk_pin;
+    out->chunk_unpin = cuda_chunk_unpin;
     out->baseline_name = "cuMemHostAlloc";
     out->baseline_alloc = cuda_baseline_alloc;
     out->baseline_free = cuda_baseline_free;

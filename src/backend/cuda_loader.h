@@ -32,6 +32,25 @@ typedef struct pm__cuda_api {
     CUresult (*mem_host_get_flags)(unsigned int *, void *);
     CUresult (*mem_host_get_device_pointer)(CUdeviceptr *, void *, unsigned int);
     CUresult (*mem_get_address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*stream_create)(CUstream *, unsigned int);
+    CUresult (*stream_destroy)(CUstream);
+    CUresult (*stream_synchronize)(CUstream);
+    CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int);
+    CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
+    CUresult (*event_create)(CUevent *, unsigned int);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_query)(CUevent);
+    CUresult (*event_destroy)(CUevent);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
+    CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*mem_pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*mem_pool_destroy)(CUmemoryPool);
+    CUresult (*mem_pool_set_access)(CUmemoryPool, const CUmemAccessDesc *, size_t);
+    CUresult (*mem_pool_set_attribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*mem_alloc_from_pool_async)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*mem_free_async)(CUdeviceptr, CUstream);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

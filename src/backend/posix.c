@@ -13,6 +13,7 @@
 
 #include "../errors.h"
 #include "backend.h"
+#include "posix_stream.h"
 
 static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
@@ -228,6 +229,31 @@ static pm_result posix_baseline_free(void *p, size_t bytesize)
     return PM_SUCCESS;
 }
 
+static pm_result posix_chunk_pin(size_t len, size_t align, int numa_node, void **base)
+{
+    size_t map_len = 0;
+    void *p = pm__map_anonymous_aligned(len, align, &map_len);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
+                        strerror(errno));
+    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
+    if (r != PM_SUCCESS) {
+        munmap(p, map_len);
+        return r;
+    }
+    if (map_len >= pm__prefault_parallel_min)
+        pm__prefault(p, map_len);
+    if (lock_pages(p, map_len) != 0) {
+        int err = errno;
+        munmap(p, map_len);
+        return memlock_failure(err, map_len, "pool chunk");
+    }
+    *base = p;
+    return PM_SUCCESS;
+}
+
+static void posix_chunk_unpin(void *base, size_t len) { munmap(base, len); }
+
 pm_result pm__backend_posix_open(pm__backend *out)
 {
     memset(out, 0, sizeof *out);
@@ -254,6 +280,17 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->foreign_get_flags = posix_foreign_get_flags;
     out->foreign_get_device_pointer = posix_foreign_get_device_pointer;
     out->foreign_get_address_range = posix_foreign_get_address_range;
+    out->stream_create = pm__posix_stream_create;
+    out->stream_check = pm__posix_stream_check;
+    out->stream_destroy = pm__posix_stream_destroy;
+    out->stream_synchronize = pm__posix_stream_synchronize;
+    out->stream_launch_host_func = pm__posix_stream_launch_host_func;
+    out->marker_record = pm__posix_marker_record;
+    out->marker_done = pm__posix_marker_done;
+    out->marker_wait = pm__posix_marker_wait;
+    out->marker_release = pm__posix_marker_release;
+    out->chunk_pin = posix_chunk_pin;
+    out->chunk_unpin = posix_chunk_unpin;
     out->baseline_name = "mmap+mlock";
     out->baseline_alloc = posix_baseline_alloc;
     out->baseline_free = posix_baseline_free;

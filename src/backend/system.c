@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "../errors.h"
 #include "backend.h"
 
 static size_t read_huge_page_size(void)
@@ -61,37 +62,67 @@ void pm__system_fill_caps(pm_capabilities *caps)
 
 static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
-void *pm__map_anonymous(size_t bytesize, size_t *map_len)
+void *pm__map_anonymous_aligned(size_t bytesize, size_t align, size_t *map_len)
 {
     const size_t page = page_size();
     const size_t huge = 2u << 20; /* the x86-64 and arm64 PMD size; a hint only */
-    if (bytesize == 0 || bytesize > SIZE_MAX - 2 * huge) {
+    if (bytesize == 0 || align > ((size_t)1 << 40) || bytesize > SIZE_MAX - 2 * huge - align) {
         errno = ENOMEM;
         return NULL;
     }
     size_t len = (bytesize + page - 1) & ~(page - 1);
-    if (len < huge) {
+    if (len >= huge && align < huge)
+        align = huge; /* so the kernel can back the range with huge pages */
+    if (align <= page) {
         void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
             return NULL;
         *map_len = len;
         return p;
     }
-    /* Over-map, then trim to a huge-page boundary so the kernel can back the
-     * range with huge pages: fewer faults to take and fewer pages to pin. */
-    uint8_t *raw = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+    /* Over-map, then trim both ends to the boundary. */
+    uint8_t *raw = mmap(NULL, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                         -1, 0);
     if (raw == MAP_FAILED)
         return NULL;
-    uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
     if (aligned > raw)
         munmap(raw, (size_t)(aligned - raw));
-    size_t tail = (size_t)(raw + len + huge - (aligned + len));
+    size_t tail = (size_t)(raw + len + align - (aligned + len));
     if (tail)
         munmap(aligned + len, tail);
-    madvise(aligned, len, MADV_HUGEPAGE);
+    if (len >= huge)
+        madvise(aligned, len, MADV_HUGEPAGE);
     *map_len = len;
     return aligned;
+}
+
+void *pm__map_anonymous(size_t bytesize, size_t *map_len)
+{
+    return pm__map_anonymous_aligned(bytesize, 0, map_len);
+}
+
+bool pm__numa_node_exists(int node)
+{
+    if (node < 0 || node > 4095)
+        return false;
+    char path[64];
+    snprintf(path, sizeof path, "/sys/devices/system/node/node%d", node);
+    if (access(path, F_OK) == 0)
+        return true;
+    /* Without sysfs NUMA information the machine has exactly node 0. */
+    return node == 0 && access("/sys/devices/system/node", F_OK) != 0;
+}
+
+pm_result pm__bind_to_node(void *p, size_t len, int node)
+{
+    enum { mpol_bind = 2 };
+    unsigned long mask[4096 / (8 * sizeof(unsigned long))] = {0};
+    mask[(unsigned)node / (8 * sizeof(unsigned long))] |= 1ul << ((unsigned)node % (8 * sizeof(unsigned long)));
+    if (syscall(SYS_mbind, p, len, mpol_bind, mask, (unsigned long)4096 + 1, 0) != 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "mbind to NUMA node %d failed: %s", node,
+                        strerror(errno));
+    return PM_SUCCESS;
 }
 
 /* Workers take 2 MiB chunks from one counter, so a slow thread never leaves a

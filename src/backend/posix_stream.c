@@ -1,0 +1,327 @@
+/* POSIX streams: an ordered queue of work run by one thread, so that
+ * stream-ordered behaviour (pools' reuse rules, asynchronous copies) runs for
+ * real without a GPU. A marker is the stream plus a sequence number; it holds
+ * a reference, so a marker outliving pm_stream_destroy stays valid. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../errors.h"
+#include "backend.h"
+#include "posix_stream.h"
+
+typedef struct task {
+    void (*fn)(void *);
+    void *arg;
+} task;
+
+typedef struct posix_stream {
+    pthread_mutex_t lock; /* guards everything below but completed's reads */
+    pthread_cond_t has_work, progressed;
+    task *ring;
+    size_t cap, head, count;
+    unsigned long long enqueued;
+    _Atomic unsigned long long completed;
+    int refs; /* the creator's, plus one per live marker or pending wait */
+    bool stopping;
+    pthread_t thread;
+} posix_stream;
+
+static void *stream_main(void *arg)
+{
+    posix_stream *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (s->count == 0 && !s->stopping)
+            pthread_cond_wait(&s->has_work, &s->lock);
+        if (s->count == 0)
+            break;
+        task t = s->ring[s->head];
+        s->head = (s->head + 1) % s->cap;
+        s->count--;
+        pthread_mutex_unlock(&s->lock);
+        t.fn(t.arg);
+        pthread_mutex_lock(&s->lock);
+        atomic_store_explicit(&s->completed, atomic_load(&s->completed) + 1,
+                              memory_order_release);
+        pthread_cond_broadcast(&s->progressed);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+static void destroy_stream(posix_stream *s);
+static void synchronize_stream(posix_stream *s);
+
+static void drop_ref(posix_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool last = --s->refs == 0;
+    pthread_mutex_unlock(&s->lock);
+    if (!last)
+        return;
+    pthread_cond_destroy(&s->has_work);
+    pthread_cond_destroy(&s->progressed);
+    pthread_mutex_destroy(&s->lock);
+    free(s->ring);
+    free(s);
+}
+
+static pm_result create(posix_stream **out)
+{
+    posix_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: out of memory");
+    s->cap = 64;
+    s->ring = malloc(s->cap * sizeof *s->ring);
+    s->refs = 1;
+    atomic_init(&s->completed, 0);
+    if (!s->ring || pthread_mutex_init(&s->lock, NULL) != 0) {
+        free(s->ring);
+        free(s);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: out of memory");
+    }
+    pthread_cond_init(&s->has_work, NULL);
+    pthread_cond_init(&s->progressed, NULL);
+    if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
+        s->refs = 1;
+        drop_ref(s);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: cannot start its thread");
+    }
+    *out = s;
+    return PM_SUCCESS;
+}
+
+/* Every live stream, so a handle that is not one is refused, not followed.
+ * Each thread remembers the last handle it checked; destroying any stream
+ * bumps the generation, which makes those memories stale. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static posix_stream **live;
+static size_t n_live, cap_live;
+static _Atomic unsigned long long live_generation = 1;
+static _Thread_local posix_stream *checked_stream;
+static _Thread_local unsigned long long checked_generation;
+
+static bool add_live(posix_stream *s)
+{
+    pthread_mutex_lock(&live_lock);
+    if (n_live == cap_live) {
+        size_t cap = cap_live ? 2 * cap_live : 16;
+        posix_stream **bigger = realloc(live, cap * sizeof *bigger);
+        if (!bigger) {
+            pthread_mutex_unlock(&live_lock);
+            return false;
+        }
+        live = bigger;
+        cap_live = cap;
+    }
+    live[n_live++] = s;
+    pthread_mutex_unlock(&live_lock);
+    return true;
+}
+
+static bool take_live(posix_stream *s, bool remove)
+{
+    bool found = false;
+    pthread_mutex_lock(&live_lock);
+    for (size_t i = 0; i < n_live && !found; i++) {
+        if (live[i] == s) {
+            found = true;
+            if (remove) {
+                live[i] = live[--n_live];
+                atomic_fetch_add(&live_generation, 1);
+            }
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+    return found;
+}
+
+static bool is_live(posix_stream *s)
+{
+    unsigned long long gen = atomic_load_explicit(&live_generation, memory_order_acquire);
+    if (s == checked_stream && gen == checked_generation)
+        return true;
+    if (!take_live(s, false))
+        return false;
+    checked_stream = s;
+    checked_generation = gen;
+    return true;
+}
+
+/* NULL names the default stream, made on first use and never destroyed. */
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static posix_stream *default_stream;
+static void make_default(void)
+{
+    if (create(&default_stream) != PM_SUCCESS)
+        default_stream = NULL;
+}
+
+static posix_stream *resolve(pm_stream_t s)
+{
+    if (s)
+        return is_live(s) ? s : NULL;
+    pthread_once(&default_once, make_default);
+    return default_stream;
+}
+
+#define RESOLVE_OR_FAIL(var, handle)                                                     \
+    posix_stream *var = resolve(handle);                                                 \
+    if (!var)                                                                            \
+    return handle ? pm__fail(PM_ERROR_INVALID_HANDLE, "%p is not a live stream", handle)  \
+                  : pm__fail(PM_ERROR_OUT_OF_MEMORY, "the default stream could not be started")
+
+pm_result pm__posix_stream_check(pm_stream_t handle)
+{
+    RESOLVE_OR_FAIL(s, handle);
+    (void)s;
+    return PM_SUCCESS;
+}
+
+pm_result pm__posix_stream_create(pm_stream_t *out)
+{
+    posix_stream *s = NULL;
+    pm_result r = create(&s);
+    if (r != PM_SUCCESS)
+        return r;
+    if (!add_live(s)) {
+        destroy_stream(s);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: out of memory");
+    }
+    *out = s;
+    return PM_SUCCESS;
+}
+
+static pm_result enqueue(posix_stream *s, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->count == s->cap) {
+        task *bigger = malloc(2 * s->cap * sizeof *bigger);
+        if (!bigger) {
+            pthread_mutex_unlock(&s->lock);
+            return pm__fail(PM_ERROR_OUT_OF_MEMORY, "stream queue: out of memory");
+        }
+        for (size_t i = 0; i < s->count; i++)
+            bigger[i] = s->ring[(s->head + i) % s->cap];
+        free(s->ring);
+        s->ring = bigger;
+        s->head = 0;
+        s->cap *= 2;
+    }
+    s->ring[(s->head + s->count) % s->cap] = (task){fn, arg};
+    s->count++;
+    s->enqueued++;
+    pthread_cond_signal(&s->has_work);
+    pthread_mutex_unlock(&s->lock);
+    return PM_SUCCESS;
+}
+
+static void wait_for(posix_stream *s, unsigned long long seq)
+{
+    pthread_mutex_lock(&s->lock);
+    while (atomic_load_explicit(&s->completed, memory_order_acquire) < seq)
+        pthread_cond_wait(&s->progressed, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void synchronize_stream(posix_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    unsigned long long target = s->enqueued;
+    pthread_mutex_unlock(&s->lock);
+    wait_for(s, target);
+}
+
+pm_result pm__posix_stream_synchronize(pm_stream_t handle)
+{
+    RESOLVE_OR_FAIL(s, handle);
+    synchronize_stream(s);
+    return PM_SUCCESS;
+}
+
+pm_result pm__posix_stream_destroy(pm_stream_t handle)
+{
+    posix_stream *s = handle;
+    if (!s || !take_live(s, true))
+        return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: %p is not a live stream",
+                        handle);
+    destroy_stream(s);
+    return PM_SUCCESS;
+}
+
+static void destroy_stream(posix_stream *s)
+{
+    synchronize_stream(s);
+    pthread_mutex_lock(&s->lock);
+    s->stopping = true;
+    pthread_cond_signal(&s->has_work);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->thread, NULL);
+    drop_ref(s);
+}
+
+pm_result pm__posix_stream_launch_host_func(pm_stream_t handle, void (*fn)(void *), void *arg)
+{
+    RESOLVE_OR_FAIL(s, handle);
+    return enqueue(s, fn, arg);
+}
+
+pm_result pm__posix_marker_record(pm_stream_t handle, pm__marker *out)
+{
+    RESOLVE_OR_FAIL(s, handle);
+    pthread_mutex_lock(&s->lock);
+    out->handle = s;
+    out->seq = s->enqueued;
+    s->refs++;
+    pthread_mutex_unlock(&s->lock);
+    return PM_SUCCESS;
+}
+
+bool pm__posix_marker_done(const pm__marker *m)
+{
+    const posix_stream *s = m->handle;
+    return atomic_load_explicit(&s->completed, memory_order_acquire) >= m->seq;
+}
+
+void pm__posix_marker_release(pm__marker *m)
+{
+    if (m->handle)
+        drop_ref(m->handle);
+    m->handle = NULL;
+}
+
+typedef struct wait_task {
+    pm__marker marker;
+} wait_task;
+
+static void run_wait(void *arg)
+{
+    wait_task *w = arg;
+    wait_for(w->marker.handle, w->marker.seq);
+    pm__posix_marker_release(&w->marker);
+    free(w);
+}
+
+pm_result pm__posix_marker_wait(pm_stream_t handle, const pm__marker *m)
+{
+    RESOLVE_OR_FAIL(s, handle);
+    if (pm__posix_marker_done(m) || m->handle == s)
+        return PM_SUCCESS; /* already done, or ordered by the stream itself */
+    wait_task *w = malloc(sizeof *w);
+    if (!w)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "stream wait: out of memory");
+    posix_stream *other = m->handle;
+    pthread_mutex_lock(&other->lock);
+    other->refs++;
+    pthread_mutex_unlock(&other->lock);
+    w->marker = *m;
+    pm_result r = enqueue(s, run_wait, w);
+    if (r != PM_SUCCESS) {
+        pm__posix_marker_release(&w->marker);
+        free(w);
+    }
+    return r;
+}

@@ -1,0 +1,17 @@
+/* The POSIX backend's streams (posix_stream.c). */
+#ifndef PINMEM_POSIX_STREAM_H
+#define PINMEM_POSIX_STREAM_H
+
+#include "backend.h"
+
+pm_result pm__posix_stream_create(pm_stream_t *out);
+pm_result pm__posix_stream_check(pm_stream_t s);
+pm_result pm__posix_stream_destroy(pm_stream_t s);
+pm_result pm__posix_stream_synchronize(pm_stream_t s);
+pm_result pm__posix_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg);
+pm_result pm__posix_marker_record(pm_stream_t s, pm__marker *out);
+bool pm__posix_marker_done(const pm__marker *m);
+pm_result pm__posix_marker_wait(pm_stream_t s, const pm__marker *m);
+void pm__posix_marker_release(pm__marker *m);
+
+#endif

@@ -1,0 +1,384 @@
+/* Per-thread caches over the size classes: the allocation fast path takes
+ * only the calling thread's own cache lock, never the pool's, and never calls
+ * the driver. Blocks freed on a stream stay in "tagged" bins that serve only
+ * that stream until they are flushed to the pool behind a marker. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../errors.h"
+#include "pool_internal.h"
+
+/* Process-wide (part of the lazily created instance): spare caches, and the
+ * key whose destructor flushes a thread's caches when it exits. */
+static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm__cache *spare_caches;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key;
+static _Thread_local pm__cache *thread_caches[PM__MAX_CACHED_POOLS];
+
+static void lock_cache(pm__cache *c)
+{
+    while (atomic_flag_test_and_set_explicit(&c->lock, memory_order_acquire))
+        ;
+}
+
+static void unlock_cache(pm__cache *c) { atomic_flag_clear_explicit(&c->lock, memory_order_release); }
+
+static long long load(_Atomic long long *v) { return atomic_load_explicit(v, memory_order_relaxed); }
+/* Only the lock holder writes a cache's counters, so no read-modify-write. */
+static void add(_Atomic long long *v, long long d)
+{
+    atomic_store_explicit(v, load(v) + d, memory_order_relaxed);
+}
+
+/* c->lock and pool->lock held. */
+static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
+{
+    void *blocks[PM__POOL_CLASSES * 32];
+    size_t n = 0;
+    for (unsigned k = 0; k < PM__POOL_CLASSES; k++) {
+        pm__bin *bin = &c->tagged_bins[k];
+        memcpy(blocks + n, bin->slots, bin->n * sizeof *blocks);
+        n += bin->n;
+        bin->n = 0;
+    }
+    if (n && pm__pending_add(pool, c->tag, blocks, n) != PM_SUCCESS) {
+        /* No marker could be recorded: wait for the stream instead, and the
+         * blocks are free at once. */
+        pm__pool_backend()->stream_synchronize(c->tag);
+        for (size_t i = 0; i < n; i++) {
+            pm__chunk *chunk;
+            pm__central_free_block(pool, pm__span_of((uintptr_t)blocks[i], &chunk), blocks[i]);
+        }
+    }
+    c->tagged = false;
+}
+
+/* c->lock held; takes pool->lock. Everything cached goes back to the pool. */
+static void flush_locked(pm__pool *pool, pm__cache *c)
+{
+    pthread_mutex_lock(&pool->lock);
+    for (unsigned k = 0; k < PM__POOL_CLASSES; k++) {
+        pm__bin *bin = &c->ready[k];
+        for (uint32_t i = 0; i < bin->n; i++) {
+            pm__chunk *chunk;
+            pm__central_free_block(pool, pm__span_of((uintptr_t)bin->slots[i], &chunk),
+                                   bin->slots[i]);
+        }
+        bin->n = 0;
+    }
+    if (c->tagged)
+        flush_tagged_locked(pool, c);
+    pool->used += load(&c->used);
+    pool->requested += load(&c->requested);
+    pool->allocs += load(&c->allocs);
+    pool->frees += load(&c->frees);
+    pool->live += load(&c->live);
+    atomic_store(&c->used, 0);
+    atomic_store(&c->requested, 0);
+    atomic_store(&c->allocs, 0);
+    atomic_store(&c->frees, 0);
+    atomic_store(&c->live, 0);
+    atomic_store(&c->used_peak, 0);
+    pthread_mutex_unlock(&pool->lock);
+}
+
+static void detach_locked(pm__pool *pool, pm__cache *c)
+{
+    flush_locked(pool, c);
+    pthread_mutex_lock(&pool->lock);
+    if (c->pool_prev)
+        c->pool_prev->pool_next = c->pool_next;
+    else
+        pool->caches = c->pool_next;
+    if (c->pool_next)
+        c->pool_next->pool_prev = c->pool_prev;
+    pthread_mutex_unlock(&pool->lock);
+    c->pool = NULL;
+}
+
+static void on_thread_exit(void *unused)
+{
+    (void)unused;
+    for (unsigned i = 0; i < PM__MAX_CACHED_POOLS; i++) {
+        pm__cache *c = thread_caches[i];
+        if (!c)
+            continue;
+        thread_caches[i] = NULL;
+        lock_cache(c);
+        if (c->pool)
+            detach_locked(c->pool, c);
+        unlock_cache(c);
+        pthread_mutex_lock(&spare_lock);
+        c->spare_next = spare_caches;
+        spare_caches = c;
+        pthread_mutex_unlock(&spare_lock);
+    }
+}
+
+static void make_key(void) { pthread_key_create(&exit_key, on_thread_exit); }
+
+/* The calling thread's cache for pool, locked; NULL when the pool has none. */
+static pm__cache *acquire_cache(pm__pool *pool)
+{
+    if (pool->slot >= PM__MAX_CACHED_POOLS)
+        return NULL;
+    pm__cache *c = thread_caches[pool->slot];
+    if (c) {
+        lock_cache(c);
+        if (c->pool == pool && c->pool_generation == pool->generation)
+            return c;
+        if (c->pool)
+            detach_locked(c->pool, c); /* the slot's earlier pool */
+    } else {
+        pthread_once(&key_once, make_key);
+        pthread_mutex_lock(&spare_lock);
+        c = spare_caches;
+        if (c)
+            spare_caches = c->spare_next;
+        pthread_mutex_unlock(&spare_lock);
+        if (!c && !(c = calloc(1, sizeof *c)))
+            return NULL;
+        atomic_flag_clear(&c->lock);
+        pthread_setspecific(exit_key, c); /* any non-NULL value arms the destructor */
+        thread_caches[pool->slot] = c;
+        lock_cache(c);
+    }
+    pthread_mutex_lock(&pool->lock);
+    if (pool->destroyed) {
+        pthread_mutex_unlock(&pool->lock);
+        unlock_cache(c);
+        return NULL;
+    }
+    c->pool = pool;
+    c->pool_generation = pool->generation;
+    c->tagged = false;
+    c->pool_prev = NULL;
+    c->pool_next = pool->caches;
+    if (c->pool_next)
+        c->pool_next->pool_prev = c;
+    pool->caches = c;
+    pthread_mutex_unlock(&pool->lock);
+    return c;
+}
+
+static pm__cache **snapshot_caches(pm__pool *pool, size_t *n)
+{
+    pthread_mutex_lock(&pool->lock);
+    size_t count = 0;
+    for (pm__cache *c = pool->caches; c; c = c->pool_next)
+        count++;
+    pm__cache **all = malloc((count ? count : 1) * sizeof *all);
+    count = 0;
+    for (pm__cache *c = pool->caches; all && c; c = c->pool_next)
+        all[count++] = c;
+    pthread_mutex_unlock(&pool->lock);
+    *n = count;
+    return all;
+}
+
+void pm__caches_flush_pool(pm__pool *pool, bool detach)
+{
+    size_t n;
+    pm__cache **all = snapshot_caches(pool, &n);
+    for (size_t i = 0; all && i < n; i++) {
+        lock_cache(all[i]);
+        if (all[i]->pool == pool) {
+            if (detach)
+                detach_locked(pool, all[i]);
+            else
+                flush_locked(pool, all[i]);
+        }
+        unlock_cache(all[i]);
+    }
+    free(all);
+}
+
+void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s)
+{
+    size_t n;
+    pm__cache **all = snapshot_caches(pool, &n);
+    for (size_t i = 0; all && i < n; i++) {
+        pm__cache *c = all[i];
+        lock_cache(c);
+        if (c->pool == pool && c->tagged && c->tag == s) {
+            pthread_mutex_lock(&pool->lock);
+            flush_tagged_locked(pool, c);
+            pthread_mutex_unlock(&pool->lock);
+        }
+        unlock_cache(c);
+    }
+    free(all);
+}
+
+static void note_allocated(pm__span *span, size_t index, size_t bytesize)
+{
+    atomic_store_explicit(&span->requested[index], bytesize, memory_order_release);
+}
+
+/* Refills a bin from the pool: completed stream frees first, then runs. */
+static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, pm_stream_t s)
+{
+    pm_result why = PM_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&pool->lock);
+    if (pool->pending)
+        pm__pending_reclaim(pool, s, async);
+    bin->n = (uint32_t)pm__central_take(pool, cls, bin->slots, pm__class_cache_cap(cls) / 2 + 1,
+                                        &why);
+    pthread_mutex_unlock(&pool->lock);
+    return bin->n ? PM_SUCCESS : why;
+}
+
+pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
+{
+    const unsigned cls = bytesize <= PM__POOL_SMALL_MAX ? pm__class_of(bytesize) : PM__POOL_CLASSES;
+    pm__cache *c = cls < PM__POOL_CLASSES ? acquire_cache(pool) : NULL;
+    if (c) {
+        pm__bin *bin = async && c->tagged && c->tag == s && c->tagged_bins[cls].n
+                           ? &c->tagged_bins[cls]
+                           : &c->ready[cls];
+        if (bin->n == 0) {
+            pm_result r = refill(pool, bin, cls, async, s);
+            if (r != PM_SUCCESS) {
+                unlock_cache(c);
+                return r;
+            }
+        }
+        void *block = bin->slots[--bin->n];
+        pm__chunk *chunk;
+        pm__span *run = pm__span_of((uintptr_t)block, &chunk);
+        size_t size = pm__class_size(cls);
+        note_allocated(run, (size_t)((uint8_t *)block - (chunk->base + run->first * PM__POOL_PAGE)) / size,
+                       bytesize);
+        add(&c->used, (long long)size);
+        add(&c->requested, (long long)bytesize);
+        add(&c->allocs, 1);
+        add(&c->live, 1);
+        if (load(&c->used) > load(&c->used_peak))
+            atomic_store_explicit(&c->used_peak, load(&c->used), memory_order_relaxed);
+        unlock_cache(c);
+        *pp = block;
+        return PM_SUCCESS;
+    }
+    /* Large requests, and pools past the thread-cache slots. */
+    pm_result why = PM_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&pool->lock);
+    if (pool->pending)
+        pm__pending_reclaim(pool, s, async);
+    void *block = pm__central_alloc(pool, bytesize, cls, &why);
+    if (block) {
+        pm__chunk *chunk;
+        pm__span *span = pm__span_of((uintptr_t)block, &chunk);
+        size_t size = cls < PM__POOL_CLASSES ? pm__class_size(cls) : span->npages * PM__POOL_PAGE;
+        size_t index = cls < PM__POOL_CLASSES
+                           ? (size_t)((uint8_t *)block - (chunk->base + span->first * PM__POOL_PAGE)) / size
+                           : 0;
+        note_allocated(span, index, bytesize);
+        pool->used += (long long)size;
+        pool->requested += (long long)bytesize;
+        pool->allocs++;
+        pool->live++;
+        pm__pool_note_high(pool);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (!block)
+        return why;
+    *pp = block;
+    return PM_SUCCESS;
+}
+
+/* The span and block index of a live pool allocation starting at p, with its
+ * requested size taken (so a second free of p fails). */
+static pm_result claim_free(void *p, pm__span **out_span, size_t *out_bytes)
+{
+    pm__chunk *chunk;
+    pm__span *span = pm__span_of((uintptr_t)p, &chunk);
+    if (!span)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not pool memory", p);
+    uint8_t *base = chunk->base + span->first * PM__POOL_PAGE;
+    size_t index = 0;
+    if (span->kind == SPAN_RUN) {
+        size_t size = pm__class_size(span->cls);
+        index = (size_t)((uint8_t *)p - base) / size;
+        if (index >= span->nblocks || base + index * size != (uint8_t *)p)
+            return pm__fail(PM_ERROR_INVALID_VALUE,
+                            "pm_mem_free: %p is inside a pool allocation, not its start", p);
+    } else if (span->kind != SPAN_LARGE || base != (uint8_t *)p) {
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not a pool allocation", p);
+    }
+    uint64_t bytes = atomic_exchange_explicit(&span->requested[index], 0, memory_order_acq_rel);
+    if (bytes == 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not allocated (double free?)", p);
+    *out_span = span;
+    *out_bytes = bytes;
+    return PM_SUCCESS;
+}
+
+pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
+{
+    pm__span *span = NULL;
+    size_t bytes = 0;
+    pm_result r = claim_free(p, &span, &bytes);
+    if (r != PM_SUCCESS)
+        return r;
+    pm__pool *pool = span->chunk->pool;
+    pm__cache *c = span->kind == SPAN_RUN ? acquire_cache(pool) : NULL;
+    if (c) {
+        const unsigned cls = span->cls;
+        const unsigned cap = pm__class_cache_cap(cls);
+        if (async && c->tagged && c->tag != s) {
+            pthread_mutex_lock(&pool->lock);
+            flush_tagged_locked(pool, c);
+            pthread_mutex_unlock(&pool->lock);
+        }
+        if (async) {
+            c->tag = s;
+            c->tagged = true;
+        }
+        pm__bin *bin = async ? &c->tagged_bins[cls] : &c->ready[cls];
+        if (bin->n == cap) {
+            pthread_mutex_lock(&pool->lock);
+            if (async) {
+                flush_tagged_locked(pool, c);
+                c->tag = s;
+                c->tagged = true;
+            } else {
+                for (uint32_t i = cap / 2; i < cap; i++) {
+                    pm__chunk *chunk;
+                    pm__central_free_block(pool, pm__span_of((uintptr_t)bin->slots[i], &chunk),
+                                           bin->slots[i]);
+                }
+                bin->n = cap / 2;
+            }
+            pthread_mutex_unlock(&pool->lock);
+        }
+        bin->slots[bin->n++] = p;
+        add(&c->used, -(long long)pm__class_size(cls));
+        add(&c->requested, -(long long)bytes);
+        add(&c->frees, 1);
+        add(&c->live, -1);
+        unlock_cache(c);
+        return PM_SUCCESS;
+    }
+    pthread_mutex_lock(&pool->lock);
+    size_t size = span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
+    pm_result added = PM_ERROR_UNKNOWN;
+    if (async)
+        added = pm__pending_add(pool, s, &p, 1);
+    if (added != PM_SUCCESS) {
+        if (async) /* no marker: wait for the stream, then it is free */
+            pm__pool_backend()->stream_synchronize(s);
+        if (span->kind == SPAN_RUN)
+            pm__central_free_block(pool, span, p);
+        else
+            pm__pages_free(pool, span);
+    }
+    pool->used -= (long long)size;
+    pool->requested -= (long long)bytes;
+    pool->frees++;
+    pool->live--;
+    pthread_mutex_unlock(&pool->lock);
+    pm__pool_maybe_finish(pool);
+    return PM_SUCCESS;
+}

@@ -1,0 +1,286 @@
+/* Pool chunks and the page allocator: free spans of 64 KiB pages in size
+ * bins (eight per doubling, with a bitmap), so finding a span costs the same
+ * however many holes there are; freed spans merge with free neighbours.
+ * Everything here runs under pool->lock. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../errors.h"
+#include "../instance.h"
+#include "pool_internal.h"
+
+static unsigned bin_floor(size_t n)
+{
+    if (n <= 8)
+        return (unsigned)n - 1;
+    unsigned k = 63 - (unsigned)__builtin_clzll(n);
+    unsigned b = 8 + (k - 3) * 8 + (unsigned)((n - ((size_t)1 << k)) >> (k - 3));
+    return b < PM__SPAN_BINS ? b : PM__SPAN_BINS - 1;
+}
+
+static size_t bin_min(unsigned b)
+{
+    if (b < 8)
+        return (size_t)b + 1;
+    unsigned k = 3 + (b - 8) / 8;
+    return ((size_t)1 << k) + (size_t)((b - 8) % 8) * ((size_t)1 << (k - 3));
+}
+
+/* The first bin whose every span has at least n pages. */
+static unsigned bin_ceil(size_t n)
+{
+    unsigned b = bin_floor(n);
+    return bin_min(b) == n ? b : b + 1;
+}
+
+static void bin_insert(pm__pool *pool, pm__span *s)
+{
+    unsigned b = bin_floor(s->npages);
+    s->bin_prev = NULL;
+    s->bin_next = pool->bins[b];
+    if (s->bin_next)
+        s->bin_next->bin_prev = s;
+    pool->bins[b] = s;
+    pool->bin_mask[b / 64] |= 1ull << (b % 64);
+}
+
+static void bin_remove(pm__pool *pool, pm__span *s)
+{
+    unsigned b = bin_floor(s->npages);
+    if (s->bin_prev)
+        s->bin_prev->bin_next = s->bin_next;
+    else
+        pool->bins[b] = s->bin_next;
+    if (s->bin_next)
+        s->bin_next->bin_prev = s->bin_prev;
+    if (!pool->bins[b])
+        pool->bin_mask[b / 64] &= ~(1ull << (b % 64));
+}
+
+static pm__span *bin_find(pm__pool *pool, size_t n)
+{
+    for (unsigned b = bin_ceil(n); b < PM__SPAN_BINS; b = (b | 63) + 1) {
+        uint64_t bits = pool->bin_mask[b / 64] & (~0ull << (b % 64));
+        if (bits)
+            return pool->bins[(b & ~63u) + (unsigned)__builtin_ctzll(bits)];
+    }
+    return NULL;
+}
+
+void pm__keep_until_pool_dies(pm__pool *pool, void *p)
+{
+    if (pool->n_graveyard == pool->cap_graveyard) {
+        size_t cap = pool->cap_graveyard ? 2 * pool->cap_graveyard : 16;
+        void **bigger = realloc(pool->graveyard, cap * sizeof *bigger);
+        if (!bigger)
+            return; /* leaks p rather than risk a reader following it */
+        pool->graveyard = bigger;
+        pool->cap_graveyard = cap;
+    }
+    pool->graveyard[pool->n_graveyard++] = p;
+}
+
+static pm__span *new_span(pm__pool *pool)
+{
+    pm__span *s = pool->spare_spans;
+    if (s) {
+        pool->spare_spans = s->bin_next;
+        _Atomic uint64_t *requested = s->requested;
+        uint32_t *free_idx = s->free_idx;
+        uint32_t cap = s->cap_blocks;
+        memset(s, 0, sizeof *s);
+        s->requested = requested;
+        s->free_idx = free_idx;
+        s->cap_blocks = cap;
+        return s;
+    }
+    return calloc(1, sizeof *s);
+}
+
+/* Spans are reused, never freed, while the pool lives: a free of a stale
+ * pointer then reads a span that exists, not freed memory. */
+static void retire_span(pm__pool *pool, pm__span *s)
+{
+    s->bin_next = pool->spare_spans;
+    pool->spare_spans = s;
+}
+
+static void set_pages(pm__span *s)
+{
+    for (size_t i = 0; i < s->npages; i++)
+        atomic_store_explicit(&s->chunk->pages[s->first + i], s, memory_order_release);
+}
+
+static unsigned long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
+{
+    size_t need = npages_needed * PM__POOL_PAGE;
+    size_t len = (need + PM__CHUNK_STEP - 1) / PM__CHUNK_STEP * PM__CHUNK_STEP;
+    if (pool->props.max_size) {
+        if (pool->reserved + need > pool->props.max_size)
+            return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                            "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
+                            "%zu more needed",
+                            pool->props.max_size, pool->reserved, need);
+        size_t room = (pool->props.max_size - pool->reserved) / PM__POOL_PAGE * PM__POOL_PAGE;
+        if (len > room)
+            len = room;
+    }
+    if (pool->fail_pin_countdown > 0 && --pool->fail_pin_countdown == 0)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning a pool chunk failed (injected fault)");
+
+    const pm__backend *b = pm__pool_backend();
+    pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
+    pm__span *span = new_span(pool);
+    if (pool->n_chunks == pool->cap_chunks) {
+        size_t cap = pool->cap_chunks ? 2 * pool->cap_chunks : 8;
+        pm__chunk **bigger = realloc(pool->chunks, cap * sizeof *bigger);
+        if (bigger) {
+            pool->chunks = bigger;
+            pool->cap_chunks = cap;
+        }
+    }
+    if (!chunk || !span || pool->n_chunks == pool->cap_chunks) {
+        free(chunk);
+        if (span)
+            retire_span(pool, span);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
+    }
+    unsigned long long t0 = now_ns();
+    void *base = NULL;
+    pm_result r = b->chunk_pin(len, PM__CHUNK_STEP, pool->numa_node, &base);
+    pool->pin_ns += now_ns() - t0;
+    if (r != PM_SUCCESS) {
+        free(chunk);
+        retire_span(pool, span);
+        return r;
+    }
+    pm_result ignored;
+    pm__instance *inst = pm__instance_get(&ignored);
+    pm__range range = {.base = (uintptr_t)base, .size = len, .pin_base = (uintptr_t)base,
+                       .pin_len = len, .flags = PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP,
+                       .kind = PM__RANGE_POOL};
+    pm__range conflict;
+    if (!pm__chunk_map_set((uintptr_t)base, len, chunk) ||
+        !pm__ranges_claim(inst->ranges, &range, &conflict)) {
+        pm__chunk_map_set((uintptr_t)base, len, NULL);
+        b->chunk_unpin(base, len);
+        free(chunk);
+        retire_span(pool, span);
+        return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
+    }
+    pm__ranges_publish(inst->ranges, &range);
+    chunk->pool = pool;
+    chunk->base = base;
+    chunk->len = len;
+    chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
+    span->chunk = chunk;
+    span->first = 0;
+    span->npages = chunk->npages;
+    span->kind = SPAN_FREE;
+    set_pages(span);
+    bin_insert(pool, span);
+    pool->chunks[pool->n_chunks++] = chunk;
+    pool->reserved += len;
+    if (pool->reserved > pool->reserved_high)
+        pool->reserved_high = pool->reserved;
+    pool->chunks_pinned++;
+    return PM_SUCCESS;
+}
+
+pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why)
+{
+    pm__span *s = bin_find(pool, npages);
+    if (!s) {
+        *why = add_chunk(pool, npages);
+        if (*why != PM_SUCCESS)
+            return NULL;
+        s = bin_find(pool, npages);
+    }
+    bin_remove(pool, s);
+    if (s->npages > npages) {
+        pm__span *rest = new_span(pool);
+        if (!rest) {
+            bin_insert(pool, s);
+            *why = pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
+            return NULL;
+        }
+        rest->chunk = s->chunk;
+        rest->first = s->first + npages;
+        rest->npages = s->npages - npages;
+        rest->kind = SPAN_FREE;
+        set_pages(rest);
+        bin_insert(pool, rest);
+        s->npages = npages;
+    }
+    s->chunk->free_pages -= npages;
+    return s;
+}
+
+void pm__pages_free(pm__pool *pool, pm__span *s)
+{
+    pm__chunk *c = s->chunk;
+    c->free_pages += s->npages;
+    s->kind = SPAN_FREE;
+    if (s->first > 0) {
+        pm__span *left = atomic_load_explicit(&c->pages[s->first - 1], memory_order_relaxed);
+        if (left->kind == SPAN_FREE) {
+            bin_remove(pool, left);
+            left->npages += s->npages;
+            retire_span(pool, s);
+            s = left;
+        }
+    }
+    if (s->first + s->npages < c->npages) {
+        pm__span *right = atomic_load_explicit(&c->pages[s->first + s->npages], memory_order_relaxed);
+        if (right->kind == SPAN_FREE) {
+            bin_remove(pool, right);
+            s->npages += right->npages;
+            retire_span(pool, right);
+        }
+    }
+    set_pages(s);
+    bin_insert(pool, s);
+}
+
+static void release_chunk(pm__pool *pool, size_t index)
+{
+    pm__chunk *c = pool->chunks[index];
+    pm__span *whole = atomic_load_explicit(&c->pages[0], memory_order_relaxed);
+    bin_remove(pool, whole);
+    retire_span(pool, whole);
+    pm_result ignored;
+    pm__instance *inst = pm__instance_get(&ignored);
+    pm__range r;
+    if (pm__ranges_retire(inst->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
+        pm__ranges_withdraw(inst->ranges, r.pin_base);
+    pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
+    unsigned long long t0 = now_ns();
+    pm__pool_backend()->chunk_unpin(c->base, c->len);
+    pool->pin_ns += now_ns() - t0;
+    pool->reserved -= c->len;
+    pool->chunks_released++;
+    pool->chunks[index] = pool->chunks[--pool->n_chunks];
+    pm__keep_until_pool_dies(pool, c);
+}
+
+void pm__pages_release_free_chunks(pm__pool *pool, unsigned long long keep)
+{
+    for (size_t i = pool->n_chunks; i-- > 0;) {
+        pm__chunk *c = pool->chunks[i];
+        if (c->free_pages == c->npages && pool->reserved - c->len >= keep)
+            release_chunk(pool, i);
+    }
+}
+
+void pm__pages_release_all(pm__pool *pool)
+{
+    pm__pages_release_free_chunks(pool, 0);
+}

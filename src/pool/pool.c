@@ -1,0 +1,565 @@
+/* pm_mem_pool_t: creation, handles, attributes, trim, statistics, and the
+ * end of a destroyed pool once its last allocation is freed. */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../errors.h"
+#include "../instance.h"
+#include "pool_internal.h"
+
+/* Process-wide (part of the instance): live pools, for handle checks, stream
+ * synchronization and statistics; and which thread-cache slots are taken. */
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm__pool **pools;
+static size_t n_pools, cap_pools;
+static bool slot_taken[PM__MAX_CACHED_POOLS];
+static unsigned long long next_generation = 1;
+static _Atomic unsigned long long pools_epoch = 1; /* bumped when a pool is destroyed */
+static _Thread_local pm__pool *checked_pool;
+static _Thread_local unsigned long long checked_epoch;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static pm__pool *default_pool;
+static pm_result default_result = PM_ERROR_NOT_INITIALIZED;
+
+const pm__backend *pm__pool_backend(void)
+{
+    pm_result r;
+    pm__instance *inst = pm__instance_get(&r);
+    return &inst->backend;
+}
+
+pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
+{
+    pm__chunk *c = pm__chunk_map_get(addr);
+    if (!c || addr < (uintptr_t)c->base || addr - (uintptr_t)c->base >= c->len)
+        return NULL;
+    *chunk = c;
+    return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
+                                memory_order_acquire);
+}
+
+bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
+{
+    pm__chunk *chunk;
+    pm__span *span = pm__span_of(addr, &chunk);
+    if (!span || span->kind == SPAN_FREE)
+        return false;
+    uintptr_t start = (uintptr_t)(chunk->base + span->first * PM__POOL_PAGE);
+    size_t index = 0;
+    if (span->kind == SPAN_RUN) {
+        size_t block = pm__class_size(span->cls);
+        index = (addr - start) / block;
+        if (index >= span->nblocks)
+            return false;
+        start += index * block;
+    }
+    uint64_t requested = atomic_load_explicit(&span->requested[index], memory_order_acquire);
+    if (requested == 0 || addr - start >= requested)
+        return false;
+    *base = start;
+    *size = (size_t)requested;
+    return true;
+}
+
+/* A handle is a live pool: checked against the list, remembered per thread
+ * until any pool is destroyed. */
+static pm_result check_pool(pm_mem_pool_t handle)
+{
+    pm__pool *pool = (pm__pool *)handle;
+    unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
+    if (pool && pool == checked_pool && epoch == checked_epoch)
+        return PM_SUCCESS;
+    bool live = false;
+    pthread_mutex_lock(&pools_lock);
+    for (size_t i = 0; i < n_pools && !live; i++)
+        live = pools[i] == pool;
+    pthread_mutex_unlock(&pools_lock);
+    if (!live)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
+    checked_pool = pool;
+    checked_epoch = epoch;
+    return PM_SUCCESS;
+}
+
+static pm_result check_props(const pm_mem_pool_props *props, int *numa_node)
+{
+    if (!props)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: props is NULL");
+    for (size_t i = 0; i < sizeof props->reserved; i++)
+        if (props->reserved[i])
+            return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: reserved bytes must be 0");
+    if (props->handle_types != 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_pool_create: handle_types must be 0: host pools are not shareable");
+    switch (props->location.type) {
+    case PM_MEM_LOCATION_TYPE_HOST:
+        *numa_node = -1;
+        return PM_SUCCESS;
+    case PM_MEM_LOCATION_TYPE_HOST_NUMA:
+        if (!pm__numa_node_exists(props->location.id))
+            return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: NUMA node %d does not exist",
+                            props->location.id);
+        *numa_node = props->location.id;
+        return PM_SUCCESS;
+    case PM_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_pool_create: HOST_NUMA_CURRENT is not a pool location");
+    default:
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: location type %d is not HOST "
+                        "or HOST_NUMA", (int)props->location.type);
+    }
+}
+
+static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default)
+{
+    int numa_node = -1;
+    pm_result r = check_props(props, &numa_node);
+    if (r != PM_SUCCESS)
+        return r;
+    pm__pool *pool = calloc(1, sizeof *pool);
+    if (!pool || pthread_mutex_init(&pool->lock, NULL) != 0) {
+        free(pool);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_mem_pool_create: out of memory");
+    }
+    pool->props = *props;
+    pool->numa_node = numa_node;
+    pool->is_default = is_default;
+    pool->release_threshold = PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
+    pool->reuse_follow_event_deps = pool->reuse_opportunistic = pool->reuse_internal_deps = 1;
+    pthread_mutex_lock(&pools_lock);
+    bool listed = false;
+    if (n_pools == cap_pools) {
+        size_t cap = cap_pools ? 2 * cap_pools : 16;
+        pm__pool **bigger = realloc(pools, cap * sizeof *bigger);
+        if (bigger) {
+            pools = bigger;
+            cap_pools = cap;
+        }
+    }
+    if (n_pools < cap_pools) {
+        pool->slot = PM__MAX_CACHED_POOLS;
+        for (unsigned i = 0; i < PM__MAX_CACHED_POOLS && pool->slot == PM__MAX_CACHED_POOLS; i++)
+            if (!slot_taken[i])
+                slot_taken[pool->slot = i] = true;
+        pool->generation = next_generation++;
+        pools[n_pools++] = pool;
+        listed = true;
+    }
+    pthread_mutex_unlock(&pools_lock);
+    if (!listed) {
+        pthread_mutex_destroy(&pool->lock);
+        free(pool);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_mem_pool_create: out of memory");
+    }
+    *out = pool;
+    return PM_SUCCESS;
+}
+
+pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!pool)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
+    pm__pool *p = NULL;
+    pm_result r = create(&p, props, false);
+    if (r == PM_SUCCESS)
+        *pool = (pm_mem_pool_t)p;
+    return r;
+}
+
+static void make_default_pool(void)
+{
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    default_result = create(&default_pool, &props, true);
+}
+
+pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!pool)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_get_default_pool: pool is NULL");
+    pthread_once(&default_once, make_default_pool);
+    if (default_result != PM_SUCCESS)
+        return pm__fail(default_result, "the default pool could not be created");
+    *pool = (pm_mem_pool_t)default_pool;
+    return PM_SUCCESS;
+}
+
+/* Waits for every pending stream free: only for a pool being torn down. */
+static void wait_pending(pm__pool *pool)
+{
+    const pm__backend *b = pm__pool_backend();
+    for (pm__pending *p = pool->pending; p; p = p->next)
+        while (!b->marker_done(&p->marker))
+            sched_yield();
+}
+
+static void teardown(pm__pool *pool)
+{
+    pthread_mutex_lock(&pool->lock);
+    wait_pending(pool);
+    pm__pending_release_all(pool);
+    pm__central_release_empty_runs(pool);
+    pm__pages_release_all(pool);
+    pthread_mutex_unlock(&pool->lock);
+    for (pm__span *s = pool->spare_spans, *next; s; s = next) {
+        next = s->bin_next;
+        free((void *)s->requested);
+        free(s->free_idx);
+        free(s);
+    }
+    for (size_t i = 0; i < pool->n_graveyard; i++)
+        free(pool->graveyard[i]);
+    free(pool->graveyard);
+    free(pool->chunks);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+}
+
+void pm__pool_maybe_finish(pm__pool *pool)
+{
+    pthread_mutex_lock(&pool->lock);
+    bool finish = pool->destroyed && pool->live == 0 && !pool->finishing;
+    if (finish)
+        pool->finishing = true;
+    pthread_mutex_unlock(&pool->lock);
+    if (finish)
+        teardown(pool);
+}
+
+pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm_result r = check_pool(handle);
+    if (r != PM_SUCCESS)
+        return r;
+    pm__pool *pool = (pm__pool *)handle;
+    if (pool->is_default)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_destroy: the default pool lives on");
+    pthread_mutex_lock(&pools_lock);
+    for (size_t i = 0; i < n_pools; i++)
+        if (pools[i] == pool)
+            pools[i] = pools[--n_pools];
+    if (pool->slot < PM__MAX_CACHED_POOLS)
+        slot_taken[pool->slot] = false;
+    atomic_fetch_add(&pools_epoch, 1);
+    pthread_mutex_unlock(&pools_lock);
+    pthread_mutex_lock(&pool->lock);
+    pool->destroyed = true;
+    pthread_mutex_unlock(&pool->lock);
+    pm__caches_flush_pool(pool, true);
+    /* Memory in use stays until its last free (pm__pool_maybe_finish). */
+    pm__pool_maybe_finish(pool);
+    return PM_SUCCESS;
+}
+
+static pm_result check_alloc_args(void **pp, pm_mem_pool_t pool)
+{
+    if (!pp)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_alloc_from_pool: pp is NULL");
+    if (!pool)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_alloc_from_pool: pool is NULL");
+    return check_pool(pool);
+}
+
+pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm_result r = check_alloc_args(pp, pool);
+    if (r != PM_SUCCESS)
+        return r;
+    if (bytesize == 0) {
+        *pp = NULL;
+        return PM_SUCCESS;
+    }
+    return pm__pool_alloc((pm__pool *)pool, pp, bytesize, false, NULL);
+}
+
+pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t pool,
+                                       pm_stream_t stream)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    pm_result r = check_alloc_args(pp, pool);
+    if (r == PM_SUCCESS)
+        r = inst->backend.stream_check(stream);
+    if (r != PM_SUCCESS)
+        return r;
+    if (bytesize == 0) {
+        *pp = NULL;
+        return PM_SUCCESS;
+    }
+    return pm__pool_alloc((pm__pool *)pool, pp, bytesize, true, stream);
+}
+
+pm_result pm_mem_free(void *p)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!p)
+        return PM_SUCCESS;
+    return pm__pool_free(p, false, NULL);
+}
+
+pm_result pm_mem_free_async(void *p, pm_stream_t stream)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    pm_result r = inst->backend.stream_check(stream);
+    if (r != PM_SUCCESS)
+        return r;
+    if (!p)
+        return PM_SUCCESS;
+    return pm__pool_free(p, true, stream);
+}
+
+/* pool->lock held: gives back free memory until at most keep bytes remain. */
+static void release_down_to(pm__pool *pool, unsigned long long keep)
+{
+    pm__pending_reclaim(pool, NULL, false);
+    pm__central_release_empty_runs(pool);
+    pm__pages_release_free_chunks(pool, keep);
+}
+
+pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm_result r = check_pool(handle);
+    if (r != PM_SUCCESS)
+        return r;
+    pm__pool *pool = (pm__pool *)handle;
+    pm__caches_flush_pool(pool, false);
+    pthread_mutex_lock(&pool->lock);
+    release_down_to(pool, min_bytes_to_keep);
+    pthread_mutex_unlock(&pool->lock);
+    return PM_SUCCESS;
+}
+
+/* used now, counting what threads' caches have handed out. pool->lock held. */
+static unsigned long long used_now(pm__pool *pool, unsigned long long *cache_peaks)
+{
+    long long used = pool->used, peaks = pool->used;
+    for (pm__cache *c = pool->caches; c; c = c->pool_next) {
+        used += atomic_load_explicit(&c->used, memory_order_relaxed);
+        peaks += atomic_load_explicit(&c->used_peak, memory_order_relaxed);
+    }
+    if (cache_peaks)
+        *cache_peaks = peaks > 0 ? (unsigned long long)peaks : 0;
+    return used > 0 ? (unsigned long long)used : 0;
+}
+
+void pm__pool_note_high(pm__pool *pool)
+{
+    unsigned long long used = used_now(pool, NULL);
+    if (used > pool->used_high)
+        pool->used_high = used;
+}
+
+static pm_result set_int_attr(int *field, void *value)
+{
+    *field = *(int *)value != 0;
+    return PM_SUCCESS;
+}
+
+pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm_result r = check_pool(handle);
+    if (r != PM_SUCCESS)
+        return r;
+    if (!value)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_set_attribute: value is NULL");
+    pm__pool *pool = (pm__pool *)handle;
+    pthread_mutex_lock(&pool->lock);
+    switch (attr) {
+    case PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        r = set_int_attr(&pool->reuse_follow_event_deps, value);
+        break;
+    case PM_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        r = set_int_attr(&pool->reuse_opportunistic, value);
+        break;
+    case PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        r = set_int_attr(&pool->reuse_internal_deps, value);
+        break;
+    case PM_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        pool->release_threshold = *(uint64_t *)value;
+        break;
+    case PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case PM_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(uint64_t *)value != 0) {
+            r = pm__fail(PM_ERROR_INVALID_VALUE,
+                         "pm_mem_pool_set_attribute: a high-water mark can only be reset to 0");
+        } else if (attr == PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH) {
+            pool->reserved_high = pool->reserved;
+        } else {
+            pool->used_high = used_now(pool, NULL);
+            for (pm__cache *c = pool->caches; c; c = c->pool_next)
+                atomic_store_explicit(&c->used_peak,
+                                      atomic_load_explicit(&c->used, memory_order_relaxed),
+                                      memory_order_relaxed);
+        }
+        break;
+    default:
+        r = pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_set_attribute: attribute %d cannot be set",
+                     (int)attr);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return r;
+}
+
+pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm_result r = check_pool(handle);
+    if (r != PM_SUCCESS)
+        return r;
+    if (!value)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_get_attribute: value is NULL");
+    pm__pool *pool = (pm__pool *)handle;
+    pthread_mutex_lock(&pool->lock);
+    unsigned long long peaks = 0, used = used_now(pool, &peaks);
+    switch (attr) {
+    case PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        *(int *)value = pool->reuse_follow_event_deps;
+        break;
+    case PM_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        *(int *)value = pool->reuse_opportunistic;
+        break;
+    case PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *(int *)value = pool->reuse_internal_deps;
+        break;
+    case PM_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *(uint64_t *)value = pool->release_threshold;
+        break;
+    case PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(uint64_t *)value = pool->reserved;
+        break;
+    case PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        *(uint64_t *)value = pool->reserved_high;
+        break;
+    case PM_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *(uint64_t *)value = used;
+        break;
+    case PM_MEMPOOL_ATTR_USED_MEM_HIGH:
+        pm__pool_note_high(pool);
+        *(uint64_t *)value = pool->used_high > peaks ? pool->used_high : peaks;
+        break;
+    default:
+        r = pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_get_attribute: no attribute %d", (int)attr);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return r;
+}
+
+void pm__pools_after_sync(pm_stream_t s)
+{
+    pthread_mutex_lock(&pools_lock);
+    size_t n = n_pools;
+    pm__pool **all = malloc((n ? n : 1) * sizeof *all);
+    if (all)
+        memcpy(all, pools, n * sizeof *all);
+    pthread_mutex_unlock(&pools_lock);
+    /* A pool destroyed meanwhile is not torn down before its caches are
+     * detached, which this walk would then find empty. */
+    for (size_t i = 0; all && i < n; i++) {
+        pm__pool *pool = all[i];
+        pm__caches_flush_stream(pool, s);
+        pthread_mutex_lock(&pool->lock);
+        if (pool->reserved > pool->release_threshold) {
+            pthread_mutex_unlock(&pool->lock);
+            pm__caches_flush_pool(pool, false);
+            pthread_mutex_lock(&pool->lock);
+            release_down_to(pool, pool->release_threshold);
+        } else {
+            pm__pending_reclaim(pool, s, false);
+        }
+        pthread_mutex_unlock(&pool->lock);
+    }
+    free(all);
+}
+
+static void add_stats(pm__pool *pool, pm_pool_stats *st)
+{
+    pthread_mutex_lock(&pool->lock);
+    unsigned long long peaks = 0;
+    st->used += used_now(pool, &peaks);
+    long long requested = pool->requested, allocs = pool->allocs, frees = pool->frees,
+              live = pool->live;
+    for (pm__cache *c = pool->caches; c; c = c->pool_next) {
+        requested += atomic_load_explicit(&c->requested, memory_order_relaxed);
+        allocs += atomic_load_explicit(&c->allocs, memory_order_relaxed);
+        frees += atomic_load_explicit(&c->frees, memory_order_relaxed);
+        live += atomic_load_explicit(&c->live, memory_order_relaxed);
+    }
+    st->requested += requested > 0 ? (unsigned long long)requested : 0;
+    st->allocs += (unsigned long long)allocs;
+    st->frees += (unsigned long long)frees;
+    st->live += live > 0 ? (unsigned long long)live : 0;
+    st->reserved += pool->reserved;
+    st->reserved_high += pool->reserved_high;
+    st->used_high += pool->used_high > peaks ? pool->used_high : peaks;
+    st->chunks_pinned += pool->chunks_pinned;
+    st->chunks_released += pool->chunks_released;
+    st->pin_ns += pool->pin_ns;
+    pthread_mutex_unlock(&pool->lock);
+}
+
+pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!stats || stats->struct_size < sizeof stats->struct_size)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_pool_get_stats: stats is NULL or its struct_size is not set");
+    pm_pool_stats st = {.struct_size = sizeof st};
+    if (handle) {
+        pm_result r = check_pool(handle);
+        if (r != PM_SUCCESS)
+            return r;
+        add_stats((pm__pool *)handle, &st);
+    } else {
+        /* Pools are only torn down after leaving the list, under pools_lock. */
+        pthread_mutex_lock(&pools_lock);
+        for (size_t i = 0; i < n_pools; i++)
+            add_stats(pools[i], &st);
+        pthread_mutex_unlock(&pools_lock);
+    }
+    size_t n = stats->struct_size < sizeof st ? stats->struct_size : sizeof st;
+    st.struct_size = n;
+    memcpy(stats, &st, n);
+    return PM_SUCCESS;
+}
+
+pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size_t *needed)
+{
+    pm_pool_stats st = {.struct_size = sizeof st};
+    pm_result r = pm_mem_pool_get_stats(pool, &st);
+    if (r != PM_SUCCESS)
+        return r;
+    int len = snprintf(buf, buf ? cap : 0,
+                       "{\"requested\":%llu,\"used\":%llu,\"reserved\":%llu,\"used_high\":%llu,"
+                       "\"reserved_high\":%llu,\"allocs\":%llu,\"frees\":%llu,\"live\":%llu,"
+                       "\"chunks_pinned\":%llu,\"chunks_released\":%llu,\"pin_ns\":%llu}",
+                       st.requested, st.used, st.reserved, st.used_high, st.reserved_high,
+                       st.allocs, st.frees, st.live, st.chunks_pinned, st.chunks_released,
+                       st.pin_ns);
+    if (needed)
+        *needed = (size_t)len;
+    if (!buf || (size_t)len >= cap)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_stats_json: needs %d bytes", len + 1);
+    return PM_SUCCESS;
+}
+
+void pm__pool_stats_print_at_exit(void)
+{
+    char json[512];
+    if (pm_mem_pool_stats_json(NULL, json, sizeof json, NULL) == PM_SUCCESS)
+        fprintf(stderr, "pinmem pools: %s\n", json);
+}

@@ -1,0 +1,18 @@
+/* What the rest of pinmem asks of the pools. */
+#ifndef PINMEM_POOL_H
+#define PINMEM_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pinmem.h"
+
+/* The live pool allocation holding addr: its start and requested size. */
+bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
+/* After a stream synchronized: hand its frees back, release above thresholds. */
+void pm__pools_after_sync(pm_stream_t s);
+/* PINMEM_STATS=1 */
+void pm__pool_stats_print_at_exit(void);
+
+#endif

@@ -1,0 +1,168 @@
+/* Host memory pools: the structures behind pm_mem_pool_t.
+ *
+ * Locks, in the order they may be taken:
+ *   1. a thread cache's lock (its owner's, or anyone flushing it)
+ *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
+ *      of thread caches
+ * Nothing here takes a process-wide lock on the allocation fast path.
+ *
+ * pinmem never writes into pool memory: free blocks are tracked in side
+ * arrays, because the device may still be reading a block freed on a stream.
+ */
+#ifndef PINMEM_POOL_INTERNAL_H
+#define PINMEM_POOL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../backend/backend.h"
+#include "classes.h"
+#include "pinmem.h"
+
+#define PM__CHUNK_STEP ((size_t)32 << 20) /* reservation step and chunk alignment */
+#define PM__MAX_CACHED_POOLS 64           /* pools with thread caches; more work uncached */
+#define PM__SPAN_BINS 256
+
+typedef struct pm__chunk pm__chunk;
+typedef struct pm__pool pm__pool;
+
+typedef enum { SPAN_FREE = 0, SPAN_RUN, SPAN_LARGE } pm__span_kind;
+
+/* A stretch of whole pages in one chunk: free, a run of small blocks of one
+ * class, or one large allocation. */
+typedef struct pm__span {
+    pm__chunk *chunk;
+    size_t first, npages;
+    pm__span_kind kind;
+    struct pm__span *bin_prev, *bin_next; /* free spans, in their size bin */
+    /* runs */
+    unsigned cls;
+    uint32_t nblocks, nfree;   /* nfree: in the run's own stack, not in caches */
+    uint32_t cap_blocks;       /* capacity of the two arrays below, kept across reuse */
+    uint32_t *free_idx;        /* stack of free block indices */
+    struct pm__span *partial_prev, *partial_next; /* runs with nfree > 0 */
+    bool in_partial;
+    /* requested bytes of each live block, 0 when free; large: [0] only */
+    _Atomic uint64_t *requested;
+} pm__span;
+
+struct pm__chunk {
+    pm__pool *pool;
+    uint8_t *base;
+    size_t len, npages, free_pages;
+    _Atomic(pm__span *) pages[]; /* the span holding each page */
+};
+
+/* Blocks freed on a stream, reusable by others once marker is done. */
+typedef struct pm__pending {
+    pm__marker marker;
+    pm_stream_t stream;
+    size_t n, cap;
+    void **blocks;
+    struct pm__pending *next;
+} pm__pending;
+
+typedef struct pm__bin {
+    uint32_t n;
+    void *slots[32];
+} pm__bin;
+
+/* One thread's cache for one pool. Its owner takes its lock on every
+ * operation (uncontended: a few nanoseconds); trim, destroy, statistics and
+ * stream synchronization take it to flush the cache from other threads.
+ * Cache structs are recycled, never freed, so a pointer to one stays safe to
+ * lock; after locking, `pool` says whether it still serves that pool. */
+typedef struct pm__cache {
+    atomic_flag lock;
+    pm__pool *pool;
+    unsigned long long pool_generation;
+    pm_stream_t tag; /* the stream the tagged bins were freed on */
+    bool tagged;
+    /* counters since the cache was attached, folded into the pool on flush;
+     * atomics because statistics read them without the lock */
+    _Atomic long long used, requested, allocs, frees, live, used_peak;
+    struct pm__cache *pool_prev, *pool_next, *spare_next;
+    pm__bin ready[PM__POOL_CLASSES];
+    pm__bin tagged_bins[PM__POOL_CLASSES];
+} pm__cache;
+
+struct pm__pool {
+    pthread_mutex_t lock;
+    pm_mem_pool_props props;
+    int numa_node;                 /* -1: anywhere */
+    unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
+    unsigned long long generation; /* tells a reused slot from its old pool */
+    bool destroyed;
+    bool finishing; /* a destroyed pool's last free is tearing it down */
+    bool is_default;
+
+    /* guarded by lock */
+    pm__chunk **chunks;
+    size_t n_chunks, cap_chunks;
+    pm__span *bins[PM__SPAN_BINS];
+    uint64_t bin_mask[PM__SPAN_BINS / 64];
+    pm__span *partial[PM__POOL_CLASSES];
+    pm__pending *pending;
+    pm__cache *caches;
+    unsigned long long reserved, reserved_high, used_high;
+    long long used, requested, allocs, frees, live; /* not counting caches' own */
+    unsigned long long chunks_pinned, chunks_released, pin_ns;
+    uint64_t release_threshold;
+    int reuse_follow_event_deps, reuse_opportunistic, reuse_internal_deps;
+    pm__span *spare_spans;      /* retired span structs, reused: never freed while the pool lives */
+    void **graveyard;           /* chunk structs and arrays freed with the pool */
+    size_t n_graveyard, cap_graveyard;
+    int fail_pin_countdown;     /* tests: the n-th chunk pin fails (0: never) */
+};
+
+/* pages.c: chunks and the page allocator (pool->lock held). */
+pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
+void pm__pages_free(pm__pool *pool, pm__span *span);
+void pm__pages_release_free_chunks(pm__pool *pool, unsigned long long keep);
+void pm__pages_release_all(pm__pool *pool);
+/* Frees p with the pool, not before: lock-free readers may still hold it. */
+void pm__keep_until_pool_dies(pm__pool *pool, void *p);
+
+/* chunk_map.c: address -> chunk, lock-free for readers. */
+bool pm__chunk_map_set(uintptr_t base, size_t len, pm__chunk *chunk);
+pm__chunk *pm__chunk_map_get(uintptr_t addr);
+
+/* central.c: runs of small blocks and large spans (pool->lock held). */
+/* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
+void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result *why);
+void pm__central_free_block(pm__pool *pool, pm__span *run, void *block);
+/* Gives runs with no block in use back to the pages (trim, teardown). */
+void pm__central_release_empty_runs(pm__pool *pool);
+size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, size_t want, pm_result *why);
+
+/* cache.c: per-thread caches and the allocation paths. */
+/* Empties every cache of the pool into it; detach also unhooks them. */
+void pm__caches_flush_pool(pm__pool *pool, bool detach);
+/* Moves blocks freed on s out of every cache of the pool into pending. */
+void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s);
+pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s);
+pm_result pm__pool_free(void *p, bool async, pm_stream_t s);
+
+/* pending.c: blocks freed on streams (pool->lock held). */
+pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n);
+/* Returns blocks whose stream work is done to their runs; how many. */
+size_t pm__pending_reclaim(pm__pool *pool, pm_stream_t s, bool async);
+/* Returns every pending block, done or not: only for a pool being torn down
+ * after its streams were synchronized. */
+void pm__pending_release_all(pm__pool *pool);
+
+/* pool.c */
+const pm__backend *pm__pool_backend(void);
+/* The block holding addr and its requested size: the pool-memory answer to
+ * queries. false when addr is in no live pool allocation. */
+bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
+/* The pools' counterpart of a stream sync: flush, reap, release above threshold. */
+void pm__pools_after_sync(pm_stream_t s);
+/* The span holding addr, with its block index for runs. */
+pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk);
+void pm__pool_note_high(pm__pool *pool); /* pool->lock held */
+void pm__pool_maybe_finish(pm__pool *pool); /* after a free into a destroyed pool */
+
+#endif

@@ -1,0 +1,49 @@
+/* pm_stream_*: the backend's streams, plus what pools do when one settles. */
+#include "errors.h"
+#include "instance.h"
+#include "pool/pool.h"
+
+pm_result pm_stream_create(pm_stream_t *stream)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!stream)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_stream_create: stream is NULL");
+    return inst->backend.stream_create(stream);
+}
+
+pm_result pm_stream_synchronize(pm_stream_t stream)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    pm_result r = inst->backend.stream_check(stream);
+    if (r == PM_SUCCESS)
+        r = inst->backend.stream_synchronize(stream);
+    if (r == PM_SUCCESS)
+        pm__pools_after_sync(stream);
+    return r;
+}
+
+pm_result pm_stream_destroy(pm_stream_t stream)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!stream)
+        return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: the default stream lives on");
+    pm_result r = inst->backend.stream_check(stream);
+    if (r == PM_SUCCESS)
+        r = inst->backend.stream_synchronize(stream);
+    if (r != PM_SUCCESS)
+        return r;
+    /* Blocks freed on it must not wait on a stream that is gone. */
+    pm__pools_after_sync(stream);
+    return inst->backend.stream_destroy(stream);
+}
+
+pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!fn)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_stream_launch_host_func: fn is NULL");
+    pm_result r = inst->backend.stream_check(stream);
+    if (r != PM_SUCCESS)
+        return r;
+    return inst->backend.stream_launch_host_func(stream, fn, arg);
+}
