@@ -26,7 +26,9 @@ static void lock_cache(pm__cache *c)
 static void unlock_cache(pm__cache *c) { atomic_flag_clear_explicit(&c->lock, memory_order_release); }
 
 static long long load(_Atomic long long *v) { return atomic_load_explicit(v, memory_order_relaxed); }
-/* Only the lock holder writes a cache's counters, so no read-modify-write. */
+/* Only the holder of the lock that guards a counter writes it, so no
+ * read-modify-write is needed: a cache's counters are guarded by its lock,
+ * the pool's by the pool's. */
 static void add(_Atomic long long *v, long long d)
 {
     atomic_store_explicit(v, load(v) + d, memory_order_relaxed);
@@ -70,7 +72,7 @@ static void flush_locked(pm__pool *pool, pm__cache *c)
     }
     if (c->tagged)
         flush_tagged_locked(pool, c);
-    pool->used += load(&c->used);
+    add(&pool->used, load(&c->used));
     pool->requested += load(&c->requested);
     pool->allocs += load(&c->allocs);
     pool->frees += load(&c->frees);
@@ -232,6 +234,8 @@ static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, 
 
 pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
+    if (bytesize > ((size_t)1 << 46))
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%zu bytes is more than a pool can hold", bytesize);
     const unsigned cls = bytesize <= PM__POOL_SMALL_MAX ? pm__class_of(bytesize) : PM__POOL_CLASSES;
     pm__cache *c = cls < PM__POOL_CLASSES ? acquire_cache(pool) : NULL;
     if (c) {
@@ -255,8 +259,11 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
         add(&c->requested, (long long)bytesize);
         add(&c->allocs, 1);
         add(&c->live, 1);
-        if (load(&c->used) > load(&c->used_peak))
-            atomic_store_explicit(&c->used_peak, load(&c->used), memory_order_relaxed);
+        /* Exact when one thread uses the pool; with several, other threads'
+         * caches are not counted here (the pool's own events count them). */
+        long long total = load(&pool->used) + load(&c->used);
+        if (total > load(&c->used_peak))
+            atomic_store_explicit(&c->used_peak, total, memory_order_relaxed);
         unlock_cache(c);
         *pp = block;
         return PM_SUCCESS;
@@ -275,7 +282,7 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
                            ? (size_t)((uint8_t *)block - (chunk->base + span->first * PM__POOL_PAGE)) / size
                            : 0;
         note_allocated(span, index, bytesize);
-        pool->used += (long long)size;
+        add(&pool->used, (long long)size);
         pool->requested += (long long)bytesize;
         pool->allocs++;
         pool->live++;
@@ -374,7 +381,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         else
             pm__pages_free(pool, span);
     }
-    pool->used -= (long long)size;
+    add(&pool->used, -(long long)size);
     pool->requested -= (long long)bytes;
     pool->frees++;
     pool->live--;

@@ -340,16 +340,18 @@ pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
     return PM_SUCCESS;
 }
 
-/* used now, counting what threads' caches have handed out. pool->lock held. */
-static unsigned long long used_now(pm__pool *pool, unsigned long long *cache_peaks)
+/* used now, counting what threads' caches have handed out; and the highest
+ * value any cache saw. pool->lock held. */
+static unsigned long long used_now(pm__pool *pool, unsigned long long *cache_peak)
 {
-    long long used = pool->used, peaks = pool->used;
+    long long used = atomic_load_explicit(&pool->used, memory_order_relaxed), peak = 0;
     for (pm__cache *c = pool->caches; c; c = c->pool_next) {
         used += atomic_load_explicit(&c->used, memory_order_relaxed);
-        peaks += atomic_load_explicit(&c->used_peak, memory_order_relaxed);
+        long long p = atomic_load_explicit(&c->used_peak, memory_order_relaxed);
+        peak = p > peak ? p : peak;
     }
-    if (cache_peaks)
-        *cache_peaks = peaks > 0 ? (unsigned long long)peaks : 0;
+    if (cache_peak)
+        *cache_peak = (unsigned long long)peak;
     return used > 0 ? (unsigned long long)used : 0;
 }
 
@@ -400,9 +402,7 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
         } else {
             pool->used_high = used_now(pool, NULL);
             for (pm__cache *c = pool->caches; c; c = c->pool_next)
-                atomic_store_explicit(&c->used_peak,
-                                      atomic_load_explicit(&c->used, memory_order_relaxed),
-                                      memory_order_relaxed);
+                atomic_store_explicit(&c->used_peak, 0, memory_order_relaxed);
         }
         break;
     default:

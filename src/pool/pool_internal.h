@@ -82,7 +82,9 @@ typedef struct pm__cache {
     bool tagged;
     /* counters since the cache was attached, folded into the pool on flush;
      * atomics because statistics read them without the lock */
-    _Atomic long long used, requested, allocs, frees, live, used_peak;
+    _Atomic long long used, requested, allocs, frees, live;
+    /* the highest pool-wide used this cache saw: the pool's own plus its */
+    _Atomic long long used_peak;
     struct pm__cache *pool_prev, *pool_next, *spare_next;
     pm__bin ready[PM__POOL_CLASSES];
     pm__bin tagged_bins[PM__POOL_CLASSES];
@@ -107,7 +109,9 @@ struct pm__pool {
     pm__pending *pending;
     pm__cache *caches;
     unsigned long long reserved, reserved_high, used_high;
-    long long used, requested, allocs, frees, live; /* not counting caches' own */
+    /* not counting caches' own; used is read by caches without the lock */
+    _Atomic long long used;
+    long long requested, allocs, frees, live;
     unsigned long long chunks_pinned, chunks_released, pin_ns;
     uint64_t release_threshold;
     int reuse_follow_event_deps, reuse_opportunistic, reuse_internal_deps;

@@ -1,0 +1,275 @@
+/* The pool rows of spec/driver-behavior.md, what pinmem's pools answer beyond
+ * the driver's, and bad input. */
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "pool_util.h"
+
+static const size_t MiB = 1u << 20;
+
+static void creation_rows(void)
+{
+    pm_mem_pool_t pool = NULL;
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}, .handle_types = 1};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_ERROR_INVALID_VALUE);
+    props = (pm_mem_pool_props){.location = {PM_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, 0}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_ERROR_INVALID_VALUE);
+    props = (pm_mem_pool_props){.location = {PM_MEM_LOCATION_TYPE_HOST_NUMA, 999}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_ERROR_INVALID_VALUE);
+    props = (pm_mem_pool_props){.location = {PM_MEM_LOCATION_TYPE_INVALID, 0}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_ERROR_INVALID_VALUE);
+    props = (pm_mem_pool_props){.location = {(pm_mem_location_type)1, 0}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_create(&pool, NULL), PM_ERROR_INVALID_VALUE);
+    props = (pm_mem_pool_props){.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    CHECK_RESULT(pm_mem_pool_create(NULL, &props), PM_ERROR_INVALID_VALUE);
+    props.reserved[3] = 1;
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_ERROR_INVALID_VALUE);
+
+    props = (pm_mem_pool_props){.location = {PM_MEM_LOCATION_TYPE_HOST_NUMA, 0}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    props = (pm_mem_pool_props){.location = {PM_MEM_LOCATION_TYPE_HOST, 12345}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+static void size_rows(void)
+{
+    pm_mem_pool_t pool = make_pool(64 * MiB);
+    void *a = NULL, *b = NULL, *z = (void *)1;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&z, 0, pool), PM_SUCCESS);
+    CHECK(z == NULL);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 40 * MiB, pool), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 64 * MiB);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 40 * MiB);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&b, 40 * MiB, pool), PM_ERROR_OUT_OF_MEMORY);
+    CHECK(strstr(pm_last_error_detail(), "max_size") != NULL);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&b, SIZE_MAX, pool), PM_ERROR_OUT_OF_MEMORY);
+    CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH) == 40 * MiB);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+static void attribute_rows(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD) == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD);
+    int on = -1;
+    for (int a = PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES;
+         a <= PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES; a++) {
+        CHECK_RESULT(pm_mem_pool_get_attribute(pool, (pm_mem_pool_attribute)a, &on), PM_SUCCESS);
+        CHECK(on == 1);
+        int off = 0;
+        CHECK_RESULT(pm_mem_pool_set_attribute(pool, (pm_mem_pool_attribute)a, &off), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_get_attribute(pool, (pm_mem_pool_attribute)a, &on), PM_SUCCESS);
+        CHECK(on == 0);
+    }
+    void *p = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 3 * MiB, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    uint64_t v = 5;
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &v),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &v),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT, &v),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH) == 3 * MiB);
+    v = 0;
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &v), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH) == 0);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 32 * MiB);
+    CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 0);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 32 * MiB);
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &v), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 0);
+    CHECK_RESULT(pm_mem_pool_get_attribute(pool, (pm_mem_pool_attribute)99, &v), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+static void destroy_with_live_allocation(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    void *small = NULL, *large = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&large, 5 * MiB, pool), PM_SUCCESS);
+    unsigned long long before = locked_kib();
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_ERROR_INVALID_VALUE);
+    void *p;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 64, pool), PM_ERROR_INVALID_VALUE);
+    memset(small, 1, 1000);
+    unsigned f = 0;
+    CHECK_RESULT(pm_mem_host_get_flags(&f, large), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(small), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(large), PM_SUCCESS);
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    pm_get_capabilities(&caps);
+    if (caps.pinning_limited_by_memlock_rlimit)
+        CHECK(locked_kib() + 32 * 1024 <= before); /* the chunk went back */
+}
+
+/* Beyond the driver: pool memory answers every host-memory query. */
+static void pool_memory_queries(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    static const size_t sizes[] = {64, 100, 4096, 70000, MiB, 3 * MiB + 5};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint8_t *p = NULL;
+        CHECK_RESULT(pm_mem_alloc_from_pool((void **)&p, sizes[i], pool), PM_SUCCESS);
+        uint8_t *q = p + sizes[i] - 1;
+        unsigned f = 0;
+        CHECK_RESULT(pm_mem_host_get_flags(&f, q), PM_SUCCESS);
+        CHECK(f == (PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP));
+        pm_deviceptr d = 0;
+        CHECK_RESULT(pm_mem_host_get_device_pointer(&d, q, 0), PM_SUCCESS);
+        CHECK(d == (uintptr_t)q);
+        pm_deviceptr base = 0;
+        size_t size = 0;
+        CHECK_RESULT(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)q), PM_SUCCESS);
+        CHECK(base == (uintptr_t)p && size == sizes[i]);
+        CHECK_RESULT(pm_mem_free_host(p), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_mem_host_unregister(p), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_mem_host_register(p, 64, 0), PM_ERROR_INVALID_VALUE);
+        if (sizes[i] > 1)
+            CHECK_RESULT(pm_mem_free(p + 1), PM_ERROR_INVALID_VALUE);
+        memset(p, 0xA5, sizes[i]);
+        CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free(p), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_mem_host_get_flags(&f, p), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)p),
+                     PM_ERROR_NOT_FOUND);
+    }
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+static void bad_input(void)
+{
+    pm_mem_pool_t pool = make_pool(0), bogus = (pm_mem_pool_t)(uintptr_t)0x1234;
+    void *p = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(NULL, 64, pool), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 64, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 64, bogus), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_trim_to(bogus, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_destroy(NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_free((void *)(uintptr_t)0x1000), PM_ERROR_INVALID_VALUE);
+    int local;
+    CHECK_RESULT(pm_mem_free(&local), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_free(NULL), PM_SUCCESS);
+    void *host = NULL;
+    CHECK_RESULT(pm_mem_alloc_host(&host, 4096), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(host), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_free_host(host), PM_SUCCESS);
+    pm_mem_pool_t def = NULL, def2 = NULL;
+    CHECK_RESULT(pm_mem_get_default_pool(&def), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_get_default_pool(&def2), PM_SUCCESS);
+    CHECK(def == def2 && def != NULL);
+    CHECK_RESULT(pm_mem_get_default_pool(NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_destroy(def), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 100, def), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    pm_pool_stats st = {0};
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, NULL), PM_ERROR_INVALID_VALUE);
+    char small[8];
+    size_t needed = 0;
+    CHECK_RESULT(pm_mem_pool_stats_json(pool, small, sizeof small, &needed), PM_ERROR_INVALID_VALUE);
+    CHECK(needed > sizeof small);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+/* No request is rounded up by more than 1/8; up to 512 bytes, to the next
+ * multiple of 64. */
+static void rounding(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    uint64_t rng = 42;
+    for (int i = 0; i < 3000; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned shift = (unsigned)(rng >> 59) % 26; /* 1 B to 64 MiB */
+        size_t n = 1 + (size_t)((rng >> 20) % ((size_t)1 << (shift + 1)));
+        uint64_t before = pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT);
+        void *p = NULL;
+        CHECK_RESULT(pm_mem_alloc_from_pool(&p, n, pool), PM_SUCCESS);
+        uint64_t grew = pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) - before;
+        uint64_t allowed = n <= 512 ? (n + 63) / 64 * 64 : n + n / 8;
+        if (grew < n || grew > allowed)
+            fprintf(stderr, "request %zu used %llu\n", n, (unsigned long long)grew);
+        CHECK(grew >= n && grew <= allowed);
+        CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    }
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+/* HOST_NUMA: the pages are on that node (move_pages with no target reports
+ * where each page is). */
+static void numa_placement(void)
+{
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST_NUMA, 0}};
+    pm_mem_pool_t pool = NULL;
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    uint8_t *p = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool((void **)&p, 8 * MiB, pool), PM_SUCCESS);
+    void *pages[4] = {p, p + 2 * MiB, p + 4 * MiB, p + 8 * MiB - 1};
+    int status[4] = {-1, -1, -1, -1};
+    long rc = syscall(SYS_move_pages, 0, 4, pages, NULL, status, 0);
+    if (rc != 0) {
+        printf("move_pages unavailable here (%ld); placement not checked\n", rc);
+    } else {
+        for (int i = 0; i < 4; i++)
+            CHECK(status[i] == 0);
+        printf("HOST_NUMA 0 pool pages on nodes %d %d %d %d\n", status[0], status[1], status[2],
+               status[3]);
+    }
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+static void stats(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    void *a = NULL, *b = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 100, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&b, 2 * MiB, pool), PM_SUCCESS);
+    pm_pool_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
+    CHECK(st.requested == 100 + 2 * MiB && st.used == 128 + 2 * MiB && st.live == 2);
+    CHECK(st.allocs == 2 && st.frees == 0 && st.reserved == 32 * MiB && st.chunks_pinned == 1);
+    CHECK(st.pin_ns > 0);
+    char json[512];
+    CHECK_RESULT(pm_mem_pool_stats_json(pool, json, sizeof json, NULL), PM_SUCCESS);
+    CHECK(strstr(json, "\"live\":2") != NULL);
+    printf("stats: %s\n", json);
+    pm_mem_free(a);
+    pm_mem_free(b);
+    pm_pool_stats all = {.struct_size = sizeof all};
+    CHECK_RESULT(pm_mem_pool_get_stats(NULL, &all), PM_SUCCESS);
+    CHECK(all.reserved >= 32 * MiB);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+int main(void)
+{
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    printf("backend: %s\n", pm_backend_name());
+    creation_rows();
+    size_rows();
+    attribute_rows();
+    destroy_with_live_allocation();
+    pool_memory_queries();
+    bad_input();
+    rounding();
+    numa_placement();
+    stats();
+    return check_finish("pool");
+}

@@ -1,0 +1,242 @@
+/* Stream-ordered reuse: a block freed on stream A goes back to A at once, to
+ * anyone else only after A's earlier work is done; and a race test where
+ * every block's use is checked by work on its stream, which must never see
+ * another party's writes. Runs on POSIX streams in CI and CUstreams on a GPU. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pool_util.h"
+
+static atomic_int gate_open;
+
+static void wait_gate(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&gate_open))
+        usleep(100);
+}
+
+static bool among(void *p, size_t size, pm_mem_pool_t pool, bool async, pm_stream_t s)
+{
+    void *got[64];
+    bool found = false;
+    int n = 0;
+    for (; n < 64; n++) {
+        pm_result r = async ? pm_mem_alloc_from_pool_async(&got[n], size, pool, s)
+                            : pm_mem_alloc_from_pool(&got[n], size, pool);
+        CHECK_RESULT(r, PM_SUCCESS);
+        found |= got[n] == p;
+    }
+    for (int i = 0; i < n; i++)
+        CHECK_RESULT(pm_mem_free(got[i]), PM_SUCCESS);
+    return found;
+}
+
+typedef struct other_thread {
+    pm_mem_pool_t pool;
+    void *forbidden;
+    bool saw_it;
+} other_thread;
+
+static void *alloc_elsewhere(void *arg)
+{
+    other_thread *o = arg;
+    o->saw_it = among(o->forbidden, 4096, o->pool, false, NULL);
+    return NULL;
+}
+
+static void reuse_rules(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    pm_stream_t a = NULL, b = NULL;
+    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    void *p = NULL, *q = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 4096, pool), PM_SUCCESS);
+    atomic_store(&gate_open, 0);
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
+    /* Same stream: at once. */
+    CHECK_RESULT(pm_mem_alloc_from_pool_async(&q, 4096, pool, a), PM_SUCCESS);
+    CHECK(q == p);
+    CHECK_RESULT(pm_mem_free_async(q, a), PM_SUCCESS);
+    /* Anyone else: not while a is still busy. */
+    CHECK(!among(p, 4096, pool, false, NULL));
+    CHECK(!among(p, 4096, pool, true, b));
+    other_thread o = {pool, p, true};
+    pthread_t t;
+    pthread_create(&t, NULL, alloc_elsewhere, &o);
+    pthread_join(t, NULL);
+    CHECK(!o.saw_it);
+    /* Freeing on another stream moves a's blocks to the pool behind a marker. */
+    void *r = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&r, 4096, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(r, b), PM_SUCCESS);
+    CHECK(!among(p, 4096, pool, false, NULL));
+    atomic_store(&gate_open, 1);
+    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK(among(p, 4096, pool, false, NULL));
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+/* Without opportunistic reuse, an asynchronous allocation on b does not take
+ * blocks freed on a, even once a is idle; a synchronous caller may. */
+static void no_opportunistic_reuse(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    int off = 0;
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off),
+                 PM_SUCCESS);
+    pm_stream_t a = NULL, b = NULL;
+    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    void *p = NULL, *x = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 8192, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&x, 64, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(x, b), PM_SUCCESS); /* a's block goes to the pool */
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS); /* gate is open */
+    usleep(20000);
+    CHECK(!among(p, 8192, pool, true, b));
+    CHECK(among(p, 8192, pool, false, NULL));
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+/* ---------------------------------------------------------------- the race */
+
+enum { n_threads = 8, iterations = 1500 };
+static atomic_long violations;
+
+typedef struct use {
+    uint32_t *p;
+    size_t words;
+    uint32_t tag;
+    unsigned pause_us;
+} use;
+
+static void fill(void *arg)
+{
+    use *u = arg;
+    for (size_t i = 0; i < u->words; i++)
+        u->p[i] = u->tag;
+}
+
+/* Plays the device reading the block: it must still hold this use's tag. */
+static void verify_and_release(void *arg)
+{
+    use *u = arg;
+    if (u->pause_us)
+        usleep(u->pause_us);
+    for (size_t i = 0; i < u->words; i++)
+        if (u->p[i] != u->tag) {
+            atomic_fetch_add(&violations, 1);
+            break;
+        }
+    free(u);
+}
+
+typedef struct racer {
+    pm_mem_pool_t pool;
+    pm_stream_t stream;
+    uint32_t id;
+} racer;
+
+static void *race(void *arg)
+{
+    racer *me = arg;
+    uint64_t rng = 0x9E3779B97F4A7C15ull * (me->id + 1);
+    static const size_t sizes[] = {256, 4096, 65536};
+    for (uint32_t i = 0; i < iterations; i++) {
+        rng = rng * 6364136223846793005ull + 1;
+        size_t size = sizes[(rng >> 33) % 3];
+        bool async = (rng >> 40) & 1;
+        use *u = malloc(sizeof *u);
+        u->words = size / 4;
+        u->tag = (me->id << 24) | (i & 0xFFFFFF);
+        u->pause_us = (unsigned)((rng >> 45) % 50);
+        void *p = NULL;
+        if (async) {
+            CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, size, me->pool, me->stream), PM_SUCCESS);
+            u->p = p;
+            pm_stream_launch_host_func(me->stream, fill, u); /* in stream order */
+        } else {
+            CHECK_RESULT(pm_mem_alloc_from_pool(&p, size, me->pool), PM_SUCCESS);
+            u->p = p;
+            fill(u); /* a synchronous block is the caller's at once */
+        }
+        pm_stream_launch_host_func(me->stream, verify_and_release, u);
+        CHECK_RESULT(pm_mem_free_async(p, me->stream), PM_SUCCESS);
+    }
+    CHECK_RESULT(pm_stream_synchronize(me->stream), PM_SUCCESS);
+    return NULL;
+}
+
+static void reuse_race(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    racer racers[n_threads];
+    pthread_t tids[n_threads];
+    for (uint32_t t = 0; t < n_threads; t++) {
+        racers[t] = (racer){pool, NULL, t};
+        CHECK_RESULT(pm_stream_create(&racers[t].stream), PM_SUCCESS);
+        pthread_create(&tids[t], NULL, race, &racers[t]);
+    }
+    for (int t = 0; t < n_threads; t++)
+        pthread_join(tids[t], NULL);
+    for (int t = 0; t < n_threads; t++)
+        CHECK_RESULT(pm_stream_destroy(racers[t].stream), PM_SUCCESS);
+    printf("race: %d threads x %d uses, %ld violations, %llu MiB reserved\n", n_threads,
+           iterations, atomic_load(&violations),
+           (unsigned long long)pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >> 20);
+    CHECK(atomic_load(&violations) == 0);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+static void bad_streams(void)
+{
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    pm_get_capabilities(&caps);
+    CHECK_RESULT(pm_stream_create(NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_stream_destroy(NULL), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_stream_launch_host_func(NULL, NULL, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    if (strcmp(caps.backend, "posix") == 0) { /* the driver trusts CUstream handles */
+        pm_stream_t bogus = (pm_stream_t)(uintptr_t)0x4321;
+        pm_mem_pool_t pool = make_pool(0);
+        void *p = NULL;
+        CHECK_RESULT(pm_stream_synchronize(bogus), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_stream_destroy(bogus), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, 64, pool, bogus), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_mem_alloc_from_pool(&p, 64, pool), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free_async(p, bogus), PM_ERROR_INVALID_HANDLE);
+        pm_stream_t s = NULL;
+        CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_destroy(s), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_mem_free_async(p, s), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    }
+}
+
+int main(void)
+{
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    printf("backend: %s\n", pm_backend_name());
+    reuse_rules();
+    no_opportunistic_reuse();
+    reuse_race();
+    bad_streams();
+    return check_finish("pool_streams");
+}
