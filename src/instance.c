@@ -1,14 +1,17 @@
 #include "instance.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "errors.h"
+#include "pool/classes.h"
 #include "pool/pool.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static atomic_bool ready; /* set once initialise succeeded: one load on the hot path */
 static pm__instance instance;
 static pm_result init_result = PM_ERROR_NOT_INITIALIZED;
 static char init_detail[512];
@@ -47,6 +50,9 @@ static void initialise(void)
     }
     if (init_result != PM_SUCCESS)
         snprintf(init_detail, sizeof init_detail, "%s", pm_last_error_detail());
+    pm__classes_init();
+    if (init_result == PM_SUCCESS)
+        atomic_store_explicit(&ready, true, memory_order_release);
     const char *stats = getenv("PINMEM_STATS");
     if (init_result == PM_SUCCESS && stats && strcmp(stats, "1") == 0)
         atexit(pm__pool_stats_print_at_exit);
@@ -54,6 +60,8 @@ static void initialise(void)
 
 pm__instance *pm__instance_get(pm_result *r)
 {
+    if (atomic_load_explicit(&ready, memory_order_acquire))
+        return &instance;
     pthread_once(&once, initialise);
     if (init_result != PM_SUCCESS) {
         /* Every thread that asks learns why, not just the one that initialised. */

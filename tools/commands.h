@@ -8,6 +8,7 @@
 int cmd_info(void);
 int bench_host(bool quick);
 int bench_registry(bool quick);
+int bench_pool(bool quick);
 
 /* Shared by the benchmarks. */
 double now_ns(void);

@@ -11,6 +11,8 @@ static int usage(FILE *to)
                 "       pinmem bench [--quick]            host alloc/free against the backend's own\n"
                 "       pinmem bench host [--quick]       the same\n"
                 "       pinmem bench registry [--quick]   range lookups with up to 1,000,000 live ranges\n"
+                "       pinmem bench pool [--quick]       pool pairs, threads, copy speed, footprint\n"
+                "       pinmem bench all [--quick]        all of the above\n"
                 "       pinmem version\n");
     return to == stderr ? 2 : 0;
 }
@@ -48,9 +50,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(what, "registry") == 0)
         return bench_registry(quick);
+    if (strcmp(what, "pool") == 0)
+        return bench_pool(quick);
     if (strcmp(what, "all") == 0) {
         int rc = bench_host(quick);
-        return rc ? rc : bench_registry(quick);
+        rc = rc ? rc : bench_registry(quick);
+        return rc ? rc : bench_pool(quick);
     }
     return usage(stderr);
 }

@@ -77,6 +77,17 @@ typedef struct pm__backend {
     const char *baseline_name;
     pm_result (*baseline_alloc)(void **p, size_t bytesize);
     pm_result (*baseline_free)(void *p, size_t bytesize);
+    /* The pool benchmark's baseline: the driver's own host pool, with access
+     * granted and nothing released (cuda), or glibc malloc (posix). */
+    const char *baseline_pool_name;
+    pm_result (*baseline_pool_open)(void **pool);
+    pm_result (*baseline_pool_alloc)(void *pool, void **p, size_t bytesize, pm_stream_t s);
+    pm_result (*baseline_pool_free)(void *pool, void *p, pm_stream_t s);
+    void (*baseline_pool_close)(void *pool);
+    /* Device memory and a synchronous copy to it (posix: host memory). */
+    pm_result (*device_alloc)(pm_deviceptr *d, size_t bytesize);
+    void (*device_free)(pm_deviceptr d);
+    pm_result (*copy_htod)(pm_deviceptr d, const void *src, size_t bytesize);
 } pm__backend;
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */

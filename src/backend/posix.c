@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -254,6 +255,48 @@ static pm_result posix_chunk_pin(size_t len, size_t align, int numa_node, void *
 
 static void posix_chunk_unpin(void *base, size_t len) { munmap(base, len); }
 
+static pm_result malloc_pool_open(void **pool)
+{
+    *pool = NULL;
+    return PM_SUCCESS;
+}
+
+static pm_result malloc_pool_alloc(void *pool, void **p, size_t bytesize, pm_stream_t s)
+{
+    (void)pool;
+    (void)s;
+    *p = malloc(bytesize);
+    return *p ? PM_SUCCESS : pm__fail(PM_ERROR_OUT_OF_MEMORY, "malloc failed");
+}
+
+static pm_result malloc_pool_free(void *pool, void *p, pm_stream_t s)
+{
+    (void)pool;
+    (void)s;
+    free(p);
+    return PM_SUCCESS;
+}
+
+static void malloc_pool_close(void *pool) { (void)pool; }
+
+/* "Device" memory is host memory here: copies run through the same code. */
+static pm_result posix_device_alloc(pm_deviceptr *d, size_t bytesize)
+{
+    void *p = malloc(bytesize);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "malloc of %zu bytes failed", bytesize);
+    *d = (pm_deviceptr)(uintptr_t)p;
+    return PM_SUCCESS;
+}
+
+static void posix_device_free(pm_deviceptr d) { free((void *)(uintptr_t)d); }
+
+static pm_result posix_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)
+{
+    memcpy((void *)(uintptr_t)d, src, bytesize);
+    return PM_SUCCESS;
+}
+
 pm_result pm__backend_posix_open(pm__backend *out)
 {
     memset(out, 0, sizeof *out);
@@ -292,6 +335,14 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->chunk_pin = posix_chunk_pin;
     out->chunk_unpin = posix_chunk_unpin;
     out->baseline_name = "mmap+mlock";
+    out->baseline_pool_name = "glibc malloc+free";
+    out->baseline_pool_open = malloc_pool_open;
+    out->baseline_pool_alloc = malloc_pool_alloc;
+    out->baseline_pool_free = malloc_pool_free;
+    out->baseline_pool_close = malloc_pool_close;
+    out->device_alloc = posix_device_alloc;
+    out->device_free = posix_device_free;
+    out->copy_htod = posix_copy_htod;
     out->baseline_alloc = posix_baseline_alloc;
     out->baseline_free = posix_baseline_free;
     return PM_SUCCESS;

@@ -101,8 +101,9 @@ static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static posix_stream **live;
 static size_t n_live, cap_live;
 static _Atomic unsigned long long live_generation = 1;
-static _Thread_local posix_stream *checked_stream;
-static _Thread_local unsigned long long checked_generation;
+static _Thread_local posix_stream *checked_stream __attribute__((tls_model("initial-exec")));
+static _Thread_local unsigned long long checked_generation
+    __attribute__((tls_model("initial-exec")));
 
 static bool add_live(posix_stream *s)
 {

@@ -15,7 +15,9 @@ static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
 static pm__cache *spare_caches;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t exit_key;
-static _Thread_local pm__cache *thread_caches[PM__MAX_CACHED_POOLS];
+/* initial-exec: the fast path must not call __tls_get_addr. */
+static _Thread_local pm__cache *thread_caches[PM__MAX_CACHED_POOLS]
+    __attribute__((tls_model("initial-exec")));
 
 static void lock_cache(pm__cache *c)
 {
@@ -253,7 +255,9 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
         pm__chunk *chunk;
         pm__span *run = pm__span_of((uintptr_t)block, &chunk);
         size_t size = pm__class_size(cls);
-        note_allocated(run, (size_t)((uint8_t *)block - (chunk->base + run->first * PM__POOL_PAGE)) / size,
+        note_allocated(run,
+                       pm__class_index(cls, (size_t)((uint8_t *)block -
+                                                     (chunk->base + run->first * PM__POOL_PAGE))),
                        bytesize);
         add(&c->used, (long long)size);
         add(&c->requested, (long long)bytesize);
@@ -275,11 +279,12 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
         pm__pending_reclaim(pool, s, async);
     void *block = pm__central_alloc(pool, bytesize, cls, &why);
     if (block) {
-        pm__chunk *chunk;
+        pm__chunk *chunk = NULL;
         pm__span *span = pm__span_of((uintptr_t)block, &chunk);
         size_t size = cls < PM__POOL_CLASSES ? pm__class_size(cls) : span->npages * PM__POOL_PAGE;
         size_t index = cls < PM__POOL_CLASSES
-                           ? (size_t)((uint8_t *)block - (chunk->base + span->first * PM__POOL_PAGE)) / size
+                           ? pm__class_index(cls, (size_t)((uint8_t *)block -
+                                                           (chunk->base + span->first * PM__POOL_PAGE)))
                            : 0;
         note_allocated(span, index, bytesize);
         add(&pool->used, (long long)size);
@@ -307,7 +312,7 @@ static pm_result claim_free(void *p, pm__span **out_span, size_t *out_bytes)
     size_t index = 0;
     if (span->kind == SPAN_RUN) {
         size_t size = pm__class_size(span->cls);
-        index = (size_t)((uint8_t *)p - base) / size;
+        index = pm__class_index(span->cls, (size_t)((uint8_t *)p - base));
         if (index >= span->nblocks || base + index * size != (uint8_t *)p)
             return pm__fail(PM_ERROR_INVALID_VALUE,
                             "pm_mem_free: %p is inside a pool allocation, not its start", p);

@@ -91,14 +91,15 @@ size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, size_t want, p
 
 void pm__central_free_block(pm__pool *pool, pm__span *run, void *block)
 {
-    const size_t size = pm__class_size(run->cls);
     uint8_t *base = run->chunk->base + run->first * PM__POOL_PAGE;
-    run->free_idx[run->nfree++] = (uint32_t)(((uint8_t *)block - base) / size);
+    run->free_idx[run->nfree++] = (uint32_t)pm__class_index(run->cls, (size_t)((uint8_t *)block - base));
     if (!run->in_partial)
         partial_add(pool, run);
-    /* An empty run goes back to the pages, unless it is the class's only one
-     * (alloc/free around one block must not map and unmap a run each time). */
-    if (run->nfree == run->nblocks && (run->partial_prev || run->partial_next)) {
+    /* An empty run goes back to the pages, unless it is a one-page run and
+     * the class's only one (alloc/free around one small block must not carve
+     * and return a run each time). */
+    if (run->nfree == run->nblocks &&
+        (run->npages > 1 || run->partial_prev || run->partial_next)) {
         partial_remove(pool, run);
         pm__pages_free(pool, run);
     }

@@ -5,14 +5,11 @@
 
 #include "pool_internal.h"
 
-#define LEAF_BITS 12
-#define TOP_BITS (48 - 25 - LEAF_BITS)
+typedef pm__chunk_map_leaf leaf;
+#define top pm__chunk_map_top
 
-typedef struct leaf {
-    _Atomic(pm__chunk *) slot[1u << LEAF_BITS];
-} leaf;
-
-static _Atomic(leaf *) top[1u << TOP_BITS];
+_Atomic(pm__chunk_map_leaf *) pm__chunk_map_top[1u << PM__CHUNK_MAP_TOP_BITS];
+#define LEAF_BITS PM__CHUNK_MAP_LEAF_BITS
 
 static leaf *leaf_for(size_t index, bool create)
 {
@@ -43,15 +40,4 @@ bool pm__chunk_map_set(uintptr_t base, size_t len, pm__chunk *chunk)
                               memory_order_release);
     }
     return true;
-}
-
-pm__chunk *pm__chunk_map_get(uintptr_t addr)
-{
-    if (addr >> 48)
-        return NULL;
-    size_t index = addr >> 25;
-    leaf *l = leaf_for(index, false);
-    return l ? atomic_load_explicit(&l->slot[index & ((1u << LEAF_BITS) - 1)],
-                                    memory_order_acquire)
-             : NULL;
 }

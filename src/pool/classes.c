@@ -1,16 +1,8 @@
 #include "classes.h"
 
-unsigned pm__class_of(size_t n)
-{
-    if (n <= 512)
-        return (unsigned)((n + 63) / 64) - 1;
-    unsigned k = 63 - (unsigned)__builtin_clzll((unsigned long long)(n - 1)); /* n in (2^k, 2^(k+1)] */
-    size_t step = (size_t)1 << (k - 3);
-    size_t j = (n - ((size_t)1 << k) + step - 1) / step; /* 1..8 */
-    return 8 + (k - 9) * 8 + (unsigned)(j - 1);
-}
+pm__class_info pm__classes[PM__POOL_CLASSES];
 
-size_t pm__class_size(unsigned c)
+static size_t size_of_class(unsigned c)
 {
     if (c < 8)
         return 64 * ((size_t)c + 1);
@@ -18,9 +10,8 @@ size_t pm__class_size(unsigned c)
     return ((size_t)1 << k) + j * ((size_t)1 << (k - 3));
 }
 
-size_t pm__class_run_pages(unsigned c)
+static size_t run_pages_of_class(size_t size)
 {
-    const size_t size = pm__class_size(c);
     size_t best = 1, best_waste = (size_t)-1;
     /* The fewest pages whose tail is under 1/16 of the run, else the least waste. */
     for (size_t pages = (size + PM__POOL_PAGE - 1) / PM__POOL_PAGE; pages <= 64; pages++) {
@@ -35,8 +26,17 @@ size_t pm__class_run_pages(unsigned c)
     return best;
 }
 
-unsigned pm__class_cache_cap(unsigned c)
+void pm__classes_init(void)
 {
-    size_t cap = ((size_t)2 << 20) / pm__class_size(c); /* at most 2 MiB a class */
-    return cap > 32 ? 32 : cap < 2 ? 2 : (unsigned)cap;
+    for (unsigned c = 0; c < PM__POOL_CLASSES; c++) {
+        size_t size = size_of_class(c);
+        size_t cap = ((size_t)512 << 10) / size; /* at most 512 KiB a class */
+        pm__classes[c] = (pm__class_info){
+            .size = (uint32_t)size,
+            .run_pages = (uint32_t)run_pages_of_class(size),
+            .cache_cap = cap > 32 ? 32 : cap < 1 ? 1 : (uint32_t)cap,
+            /* ceil(2^43 / size): exact for offsets below 2^22 and sizes below 2^21 */
+            .div_magic = (((uint64_t)1 << PM__CLASS_DIV_SHIFT) + size - 1) / size,
+        };
+    }
 }

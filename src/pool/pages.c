@@ -60,6 +60,12 @@ static void bin_remove(pm__pool *pool, pm__span *s)
 
 static pm__span *bin_find(pm__pool *pool, size_t n)
 {
+    /* The request's own bin may hold spans that fit closely: look at a few
+     * before splitting a larger one (bounded, so the cost stays flat). */
+    int looked = 0;
+    for (pm__span *s = pool->bins[bin_floor(n)]; s && looked < 16; s = s->bin_next, looked++)
+        if (s->npages >= n)
+            return s;
     for (unsigned b = bin_ceil(n); b < PM__SPAN_BINS; b = (b | 63) + 1) {
         uint64_t bits = pool->bin_mask[b / 64] & (~0ull << (b % 64));
         if (bits)

@@ -17,8 +17,8 @@ static size_t n_pools, cap_pools;
 static bool slot_taken[PM__MAX_CACHED_POOLS];
 static unsigned long long next_generation = 1;
 static _Atomic unsigned long long pools_epoch = 1; /* bumped when a pool is destroyed */
-static _Thread_local pm__pool *checked_pool;
-static _Thread_local unsigned long long checked_epoch;
+static _Thread_local pm__pool *checked_pool __attribute__((tls_model("initial-exec")));
+static _Thread_local unsigned long long checked_epoch __attribute__((tls_model("initial-exec")));
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static pm__pool *default_pool;
 static pm_result default_result = PM_ERROR_NOT_INITIALIZED;
@@ -28,16 +28,6 @@ const pm__backend *pm__pool_backend(void)
     pm_result r;
     pm__instance *inst = pm__instance_get(&r);
     return &inst->backend;
-}
-
-pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
-{
-    pm__chunk *c = pm__chunk_map_get(addr);
-    if (!c || addr < (uintptr_t)c->base || addr - (uintptr_t)c->base >= c->len)
-        return NULL;
-    *chunk = c;
-    return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
-                                memory_order_acquire);
 }
 
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
@@ -50,7 +40,7 @@ bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
     size_t index = 0;
     if (span->kind == SPAN_RUN) {
         size_t block = pm__class_size(span->cls);
-        index = (addr - start) / block;
+        index = pm__class_index(span->cls, addr - start);
         if (index >= span->nblocks)
             return false;
         start += index * block;

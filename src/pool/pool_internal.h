@@ -129,9 +129,27 @@ void pm__pages_release_all(pm__pool *pool);
 /* Frees p with the pool, not before: lock-free readers may still hold it. */
 void pm__keep_until_pool_dies(pm__pool *pool, void *p);
 
-/* chunk_map.c: address -> chunk, lock-free for readers. */
+/* chunk_map.c: address -> chunk for every 32 MiB, lock-free for readers. */
+#define PM__CHUNK_MAP_LEAF_BITS 12
+#define PM__CHUNK_MAP_TOP_BITS (48 - 25 - PM__CHUNK_MAP_LEAF_BITS)
+typedef struct pm__chunk_map_leaf {
+    _Atomic(pm__chunk *) slot[1u << PM__CHUNK_MAP_LEAF_BITS];
+} pm__chunk_map_leaf;
+extern _Atomic(pm__chunk_map_leaf *) pm__chunk_map_top[1u << PM__CHUNK_MAP_TOP_BITS];
+
 bool pm__chunk_map_set(uintptr_t base, size_t len, pm__chunk *chunk);
-pm__chunk *pm__chunk_map_get(uintptr_t addr);
+
+static inline pm__chunk *pm__chunk_map_get(uintptr_t addr)
+{
+    if (addr >> 48)
+        return NULL;
+    size_t index = addr >> 25;
+    pm__chunk_map_leaf *l = atomic_load_explicit(
+        &pm__chunk_map_top[index >> PM__CHUNK_MAP_LEAF_BITS], memory_order_acquire);
+    return l ? atomic_load_explicit(&l->slot[index & ((1u << PM__CHUNK_MAP_LEAF_BITS) - 1)],
+                                    memory_order_acquire)
+             : NULL;
+}
 
 /* central.c: runs of small blocks and large spans (pool->lock held). */
 /* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
@@ -164,8 +182,16 @@ const pm__backend *pm__pool_backend(void);
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
 /* The pools' counterpart of a stream sync: flush, reap, release above threshold. */
 void pm__pools_after_sync(pm_stream_t s);
-/* The span holding addr, with its block index for runs. */
-pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk);
+/* The span holding addr, and its chunk; NULL outside every pool. */
+static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
+{
+    pm__chunk *c = pm__chunk_map_get(addr);
+    if (!c || addr < (uintptr_t)c->base || addr - (uintptr_t)c->base >= c->len)
+        return NULL;
+    *chunk = c;
+    return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
+                                memory_order_acquire);
+}
 void pm__pool_note_high(pm__pool *pool); /* pool->lock held */
 void pm__pool_maybe_finish(pm__pool *pool); /* after a free into a destroyed pool */
 

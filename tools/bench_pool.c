@@ -1,0 +1,239 @@
+/* Pools: warm alloc + free pairs on one thread and on 16, pinmem beside the
+ * baseline (the driver's host pool with access granted and nothing released,
+ * or glibc malloc), copy speed from pool memory against cuMemHostAlloc
+ * memory, and reserved/used after a mixed workload. One run, side by side. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "commands.h"
+#include "instance.h"
+#include "pinmem.h"
+
+enum { pairs_per_batch = 20000, batches = 15 };
+
+typedef enum { PINMEM_SYNC, PINMEM_ASYNC, BASELINE } pair_kind;
+
+typedef struct pair_job {
+    pair_kind kind;
+    const pm__backend *b;
+    pm_mem_pool_t pool;
+    void *baseline_pool;
+    pm_stream_t stream;
+    size_t size;
+    long pairs;
+    double seconds;
+    bool failed;
+    pthread_barrier_t *start;
+} pair_job;
+
+static bool one_pair(pair_job *j)
+{
+    void *p = NULL;
+    switch (j->kind) {
+    case PINMEM_SYNC:
+        return pm_mem_alloc_from_pool(&p, j->size, j->pool) == PM_SUCCESS &&
+               pm_mem_free(p) == PM_SUCCESS;
+    case PINMEM_ASYNC:
+        return pm_mem_alloc_from_pool_async(&p, j->size, j->pool, j->stream) == PM_SUCCESS &&
+               pm_mem_free_async(p, j->stream) == PM_SUCCESS;
+    case BASELINE:
+        return j->b->baseline_pool_alloc(j->baseline_pool, &p, j->size, j->stream) == PM_SUCCESS &&
+               j->b->baseline_pool_free(j->baseline_pool, p, j->stream) == PM_SUCCESS;
+    }
+    return false;
+}
+
+/* Median nanoseconds per pair over batches. */
+static double pair_ns(pair_job *j)
+{
+    double per[batches];
+    for (int w = 0; w < 1000; w++)
+        one_pair(j);
+    for (int k = 0; k < batches; k++) {
+        double t0 = now_ns();
+        for (int i = 0; i < pairs_per_batch; i++)
+            if (!one_pair(j)) {
+                j->failed = true;
+                return 0;
+            }
+        per[k] = (now_ns() - t0) / pairs_per_batch;
+    }
+    return median(per, batches);
+}
+
+static void *pair_thread(void *arg)
+{
+    pair_job *j = arg;
+    for (int w = 0; w < 1000; w++)
+        one_pair(j);
+    pthread_barrier_wait(j->start);
+    double t0 = now_ns();
+    for (long i = 0; i < j->pairs; i++)
+        if (!one_pair(j)) {
+            j->failed = true;
+            break;
+        }
+    j->seconds = (now_ns() - t0) / 1e9;
+    return NULL;
+}
+
+/* Total pairs per second of n threads, each with its own stream: all pairs
+ * over the wall time from a common start to the last thread's end. */
+static double pairs_per_second(pair_job proto, int n)
+{
+    pair_job jobs[16];
+    pthread_t tids[16];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)n + 1);
+    for (int t = 0; t < n; t++) {
+        jobs[t] = proto;
+        jobs[t].pairs = proto.kind == BASELINE ? 50000 : 1000000;
+        jobs[t].start = &start;
+        pm_stream_create(&jobs[t].stream);
+        pthread_create(&tids[t], NULL, pair_thread, &jobs[t]);
+    }
+    pthread_barrier_wait(&start);
+    double t0 = now_ns(), pairs = 0;
+    for (int t = 0; t < n; t++) {
+        pthread_join(tids[t], NULL);
+        pairs += jobs[t].failed ? 0 : (double)jobs[t].pairs;
+    }
+    double total = pairs / ((now_ns() - t0) / 1e9);
+    pthread_barrier_destroy(&start);
+    for (int t = 0; t < n; t++)
+        pm_stream_destroy(jobs[t].stream);
+    return total;
+}
+
+static double copy_gbps(const pm__backend *b, pm_deviceptr d, const void *src, size_t bytes)
+{
+    double t[10];
+    b->copy_htod(d, src, bytes);
+    for (int k = 0; k < 10; k++) {
+        double t0 = now_ns();
+        if (b->copy_htod(d, src, bytes) != PM_SUCCESS)
+            return 0;
+        t[k] = now_ns() - t0;
+    }
+    return (double)bytes / median(t, 10);
+}
+
+static void copy_speed(const pm__backend *b, pm_mem_pool_t pool)
+{
+    const size_t bytes = 256u << 20;
+    pm_deviceptr d = 0;
+    void *from_pool = NULL, *from_baseline = NULL;
+    if (b->device_alloc(&d, bytes) != PM_SUCCESS ||
+        pm_mem_alloc_from_pool(&from_pool, bytes, pool) != PM_SUCCESS ||
+        b->baseline_alloc(&from_baseline, bytes) != PM_SUCCESS) {
+        printf("copy: skipped: %s\n", pm_last_error_detail());
+        return;
+    }
+    memset(from_pool, 1, bytes);
+    memset(from_baseline, 1, bytes);
+    double pool_rate = copy_gbps(b, d, from_pool, bytes);
+    double base_rate = copy_gbps(b, d, from_baseline, bytes);
+    printf("\nH2D copy of 256 MiB (median of 10): from pool memory %.1f GB/s, from %s memory "
+           "%.1f GB/s: %.1f%%\n",
+           pool_rate, b->baseline_name, base_rate, 100 * pool_rate / base_rate);
+    pm_mem_free(from_pool);
+    b->baseline_free(from_baseline, bytes);
+    b->device_free(d);
+}
+
+static size_t mixed_size(uint64_t *rng)
+{
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    bool big = (*rng >> 20) % 10 == 0;
+    unsigned lo = big ? 20 : 6, span = big ? 3 : 14;
+    size_t n = (size_t)1 << (lo + (*rng >> 40) % span);
+    return n + (size_t)((*rng >> 8) % n);
+}
+
+/* The steady state: 2048 live allocations of sizes drawn log-uniformly from
+ * 64 B to 2 MiB (one in ten from 1 to 16 MiB); 200,000 steps each free a
+ * random one and allocate a new size in its place. Then reserved over used. */
+static void steady_state(pm_mem_pool_t pool)
+{
+    enum { slots = 2048, steps = 200000 };
+    static void *live[slots];
+    uint64_t rng = 12345;
+    for (int s = 0; s < slots; s++)
+        pm_mem_alloc_from_pool(&live[s], mixed_size(&rng), pool);
+    for (int i = 0; i < steps; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t s = (size_t)(rng >> 33) % slots;
+        pm_mem_free(live[s]);
+        live[s] = NULL;
+        pm_mem_alloc_from_pool(&live[s], mixed_size(&rng), pool);
+    }
+    uint64_t reserved = 0, used = 0, used_high = 0;
+    pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &used_high);
+    pm_pool_stats st = {.struct_size = sizeof st};
+    pm_mem_pool_get_stats(pool, &st);
+    printf("\nsteady state (2048 live, 200k replacements, 64 B-2 MiB log-uniform, 10%% 1-16 MiB):\n"
+           "  requested %.1f MiB, used %.1f MiB (high %.1f), reserved %.1f MiB: reserved/used "
+           "%.3f, reserved/used high %.3f, reserved/requested %.3f\n",
+           st.requested / 1048576.0, used / 1048576.0, used_high / 1048576.0,
+           reserved / 1048576.0, (double)reserved / (double)used,
+           (double)reserved / (double)used_high, (double)reserved / (double)st.requested);
+    for (int s = 0; s < slots; s++)
+        if (live[s])
+            pm_mem_free(live[s]);
+}
+
+int bench_pool(bool quick)
+{
+    pm_result r = PM_SUCCESS;
+    pm__instance *inst = pm__instance_get(&r);
+    if (!inst) {
+        printf("bench pool: no backend: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    const pm__backend *b = &inst->backend;
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    pm_mem_pool_t pool = NULL;
+    void *baseline_pool = NULL;
+    pm_stream_t stream = NULL;
+    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS || pm_stream_create(&stream) != PM_SUCCESS ||
+        b->baseline_pool_open(&baseline_pool) != PM_SUCCESS) {
+        printf("bench pool: setup failed: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    static const size_t sizes[] = {64, 4096, 65536, 1u << 20};
+    printf("pool alloc + free pair, warm, one thread, median of %d x %d (backend %s; baseline %s)\n",
+           batches, pairs_per_batch, b->name, b->baseline_pool_name);
+    printf("%-9s | %12s %14s | %12s | %9s\n", "size", "pinmem", "pinmem async", "baseline",
+           "baseline/pinmem");
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        pair_job sync = {PINMEM_SYNC, b, pool, baseline_pool, stream, sizes[i], 0, 0, false, NULL};
+        pair_job async = sync, base = sync;
+        async.kind = PINMEM_ASYNC;
+        base.kind = BASELINE;
+        double ns = pair_ns(&sync), ans = pair_ns(&async), bns = pair_ns(&base);
+        char sz[32];
+        printf("%-9s | %9.1f ns %11.1f ns | %9.1f ns | %8.1fx%s\n", human_size(sizes[i], sz, sizeof sz),
+               ns, ans, bns, bns / ns,
+               sync.failed || async.failed || base.failed ? "  (a call failed)" : "");
+    }
+    pair_job proto = {PINMEM_SYNC, b, pool, baseline_pool, NULL, 4096, 0, 0, false, NULL};
+    double one = pairs_per_second(proto, 1), sixteen = pairs_per_second(proto, 16);
+    proto.kind = BASELINE;
+    double bone = pairs_per_second(proto, 1), bsixteen = pairs_per_second(proto, 16);
+    printf("\n4 KiB pairs per second, in total: pinmem 1 thread %.1f M, 16 threads %.1f M (%.1fx); "
+           "baseline 1 thread %.2f M, 16 threads %.2f M (%.1fx)\n",
+           one / 1e6, sixteen / 1e6, sixteen / one, bone / 1e6, bsixteen / 1e6, bsixteen / bone);
+    if (!quick)
+        copy_speed(b, pool);
+    steady_state(pool);
+    pm_stream_destroy(stream);
+    b->baseline_pool_close(baseline_pool);
+    pm_mem_pool_destroy(pool);
+    return 0;
+}
