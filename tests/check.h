@@ -44,6 +44,20 @@ static int check_failures;
             SKIP("no CUDA driver");                              \
     } while (0)
 
+/* Kilobytes this process has locked (VmLck), 0 when unknown. */
+static inline unsigned long long locked_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmLck: %llu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
 static inline int check_finish(const char *name)
 {
     if (check_failures)

@@ -21,17 +21,4 @@ static inline uint64_t pool_attr(pm_mem_pool_t pool, pm_mem_pool_attribute attr)
     return v;
 }
 
-static inline unsigned long long locked_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    unsigned long long kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmLck: %llu kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib;
-}
-
 #endif

@@ -10,19 +10,6 @@
 
 #include "check.h"
 
-static unsigned long long locked_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    unsigned long long kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmLck: %llu kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib;
-}
-
 static int child(void)
 {
     struct rlimit rl = {64 << 10, 64 << 10};

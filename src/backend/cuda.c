@@ -170,17 +170,8 @@ static pm_result cuda_host_unregister(void *p, size_t bytesize)
 
 static pm_result cuda_device_pointer(pm_deviceptr *out, void *p)
 {
-    CUdeviceptr d = 0;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->mem_host_get_device_pointer(&d, p, 0);
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuMemHostGetDevicePointer");
-    *out = (pm_deviceptr)d;
-    return PM_SUCCESS;
+    DRIVER_CALL("cuMemHostGetDevicePointer",
+                cu->mem_host_get_device_pointer((CUdeviceptr *)out, p, 0));
 }
 
 static pm_result cuda_foreign_free_host(void *p)
@@ -230,19 +221,10 @@ static pm_result cuda_baseline_free(void *p, size_t bytesize)
     DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(p));
 }
 
+/* pm_stream_t is the CUstream itself on this backend. */
 static pm_result cuda_stream_create(pm_stream_t *out)
 {
-    CUstream st = NULL;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->stream_create(&st, CU_STREAM_NON_BLOCKING);
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuStreamCreate");
-    *out = st;
-    return PM_SUCCESS;
+    DRIVER_CALL("cuStreamCreate", cu->stream_create((CUstream *)out, CU_STREAM_NON_BLOCKING));
 }
 
 static pm_result cuda_stream_check(pm_stream_t s)
@@ -411,19 +393,11 @@ static void driver_pool_close(void *pool)
     ctx_leave(&scope);
 }
 
+_Static_assert(sizeof(pm_deviceptr) == sizeof(CUdeviceptr), "pm_deviceptr mirrors CUdeviceptr");
+
 static pm_result cuda_device_alloc(pm_deviceptr *d, size_t bytesize)
 {
-    CUdeviceptr v = 0;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->mem_alloc(&v, bytesize);
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuMemAlloc");
-    *d = (pm_deviceptr)v;
-    return PM_SUCCESS;
+    DRIVER_CALL("cuMemAlloc", cu->mem_alloc((CUdeviceptr *)d, bytesize));
 }
 
 static void cuda_device_free(pm_deviceptr d)

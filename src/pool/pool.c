@@ -358,15 +358,21 @@ static pm_result set_int_attr(int *field, void *value)
     return PM_SUCCESS;
 }
 
-pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
+static pm_result check_attribute_call(pm_mem_pool_t handle, void *value, const char *call)
 {
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = check_pool(handle);
+    if (r == PM_SUCCESS && !value)
+        r = pm__fail(PM_ERROR_INVALID_VALUE, "%s: value is NULL", call);
+    return r;
+}
+
+pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
+{
+    pm_result r = check_attribute_call(handle, value, "pm_mem_pool_set_attribute");
     if (r != PM_SUCCESS)
         return r;
-    if (!value)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_set_attribute: value is NULL");
     pm__pool *pool = (pm__pool *)handle;
     pthread_mutex_lock(&pool->lock);
     switch (attr) {
@@ -405,13 +411,9 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
 
 pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    pm_result r = check_pool(handle);
+    pm_result r = check_attribute_call(handle, value, "pm_mem_pool_get_attribute");
     if (r != PM_SUCCESS)
         return r;
-    if (!value)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_get_attribute: value is NULL");
     pm__pool *pool = (pm__pool *)handle;
     pthread_mutex_lock(&pool->lock);
     unsigned long long peaks = 0, used = used_now(pool, &peaks);
