@@ -12,6 +12,7 @@ mkdir -p "$OUT"
     uname -r | sed 's/^/kernel: /'
     nproc | sed 's/^/cpus: /'
     grep MemTotal /proc/meminfo
+    lscpu 2>/dev/null | grep -E "^Model name|^Thread\(s\) per core|^Core\(s\) per socket|^Socket|^CPU max MHz"
 } >"$OUT/env.txt"
 cat "$OUT/env.txt"
 
