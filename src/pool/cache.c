@@ -218,7 +218,7 @@ void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s)
 
 static void note_allocated(pm__span *span, size_t index, size_t bytesize)
 {
-    atomic_store_explicit(&span->requested[index], bytesize, memory_order_release);
+    atomic_store_explicit(pm__requested(span, index), bytesize, memory_order_release);
 }
 
 /* Refills a bin from the pool: completed stream frees first, then runs. */
@@ -319,7 +319,7 @@ static pm_result claim_free(void *p, pm__span **out_span, size_t *out_bytes)
     } else if (span->kind != SPAN_LARGE || base != (uint8_t *)p) {
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not a pool allocation", p);
     }
-    uint64_t bytes = atomic_exchange_explicit(&span->requested[index], 0, memory_order_acq_rel);
+    uint64_t bytes = atomic_exchange_explicit(pm__requested(span, index), 0, memory_order_acq_rel);
     if (bytes == 0)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not allocated (double free?)", p);
     *out_span = span;

@@ -7,12 +7,13 @@
 #include "../errors.h"
 #include "pool_internal.h"
 
-static bool ensure_capacity(pm__pool *pool, pm__span *s, uint32_t n)
+static bool ensure_capacity(pm__pool *pool, pm__span *s, uint32_t n, uint32_t stride)
 {
-    if (s->cap_blocks >= n)
+    s->req_stride = stride;
+    if (s->cap_blocks >= n * stride)
         return true;
-    _Atomic uint64_t *requested = calloc(n, sizeof *requested);
-    uint32_t *free_idx = malloc(n * sizeof *free_idx);
+    _Atomic uint64_t *requested = calloc((size_t)n * stride, sizeof *requested);
+    uint32_t *free_idx = malloc((size_t)n * stride * sizeof *free_idx);
     if (!requested || !free_idx) {
         free(requested);
         free(free_idx);
@@ -24,7 +25,7 @@ static bool ensure_capacity(pm__pool *pool, pm__span *s, uint32_t n)
     free(s->free_idx);
     s->requested = requested;
     s->free_idx = free_idx;
-    s->cap_blocks = n;
+    s->cap_blocks = n * stride;
     return true;
 }
 
@@ -56,7 +57,7 @@ static pm__span *new_run(pm__pool *pool, unsigned cls, pm_result *why)
     if (!run)
         return NULL;
     uint32_t n = (uint32_t)(pages * PM__POOL_PAGE / pm__class_size(cls));
-    if (!ensure_capacity(pool, run, n)) {
+    if (!ensure_capacity(pool, run, n, pm__class_size(cls) >= 1024 ? 8 : 1)) {
         pm__pages_free(pool, run);
         *why = pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
         return NULL;
@@ -66,7 +67,7 @@ static pm__span *new_run(pm__pool *pool, unsigned cls, pm_result *why)
     run->nblocks = run->nfree = n;
     for (uint32_t i = 0; i < n; i++) {
         run->free_idx[i] = n - 1 - i; /* lowest addresses first */
-        atomic_store_explicit(&run->requested[i], 0, memory_order_relaxed);
+        atomic_store_explicit(pm__requested(run, i), 0, memory_order_relaxed);
     }
     partial_add(pool, run);
     return run;
@@ -117,14 +118,14 @@ void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result
     pm__span *s = pm__pages_alloc(pool, pages, why);
     if (!s)
         return NULL;
-    if (!ensure_capacity(pool, s, 1)) {
+    if (!ensure_capacity(pool, s, 1, 1)) {
         pm__pages_free(pool, s);
         *why = pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
         return NULL;
     }
     s->kind = SPAN_LARGE;
     s->nblocks = 1;
-    atomic_store_explicit(&s->requested[0], 0, memory_order_relaxed);
+    atomic_store_explicit(pm__requested(s, 0), 0, memory_order_relaxed);
     return s->chunk->base + s->first * PM__POOL_PAGE;
 }
 

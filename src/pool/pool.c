@@ -45,7 +45,7 @@ bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
             return false;
         start += index * block;
     }
-    uint64_t requested = atomic_load_explicit(&span->requested[index], memory_order_acquire);
+    uint64_t requested = atomic_load_explicit(pm__requested(span, index), memory_order_acquire);
     if (requested == 0 || addr - start >= requested)
         return false;
     *base = start;

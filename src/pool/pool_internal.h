@@ -44,8 +44,12 @@ typedef struct pm__span {
     uint32_t *free_idx;        /* stack of free block indices */
     struct pm__span *partial_prev, *partial_next; /* runs with nfree > 0 */
     bool in_partial;
-    /* requested bytes of each live block, 0 when free; large: [0] only */
+    /* requested bytes of each live block, 0 when free; large: [0] only.
+     * Blocks of 1 KiB and more keep their entry on a cache line of its own
+     * (stride 8), since neighbouring blocks often live in different threads'
+     * caches; smaller blocks share lines, as their memory does. */
     _Atomic uint64_t *requested;
+    uint32_t req_stride;
 } pm__span;
 
 struct pm__chunk {
@@ -182,6 +186,11 @@ const pm__backend *pm__pool_backend(void);
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
 /* The pools' counterpart of a stream sync: flush, reap, release above threshold. */
 void pm__pools_after_sync(pm_stream_t s);
+static inline _Atomic uint64_t *pm__requested(pm__span *s, size_t index)
+{
+    return &s->requested[index * s->req_stride];
+}
+
 /* The span holding addr, and its chunk; NULL outside every pool. */
 static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
 {
