@@ -203,6 +203,37 @@ static void reuse_race(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* Synchronizing streams walks every pool: pools destroyed meanwhile must not
+ * be torn down under that walk. */
+static atomic_int churning;
+
+static void *sync_loop(void *arg)
+{
+    pm_stream_t s = arg;
+    while (atomic_load(&churning))
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    return NULL;
+}
+
+static void sync_while_destroying(void)
+{
+    pm_stream_t s = NULL;
+    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    atomic_store(&churning, 1);
+    pthread_t t;
+    pthread_create(&t, NULL, sync_loop, s);
+    for (int i = 0; i < 200; i++) {
+        pm_mem_pool_t pool = make_pool(0);
+        void *p = NULL;
+        CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, 4096, pool, s), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free_async(p, s), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    }
+    atomic_store(&churning, 0);
+    pthread_join(t, NULL);
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+}
+
 static void bad_streams(void)
 {
     pm_capabilities caps = {.struct_size = sizeof caps};
@@ -237,6 +268,7 @@ int main(void)
     reuse_rules();
     no_opportunistic_reuse();
     reuse_race();
+    sync_while_destroying();
     bad_streams();
     return check_finish("pool_streams");
 }

@@ -452,16 +452,12 @@ pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
 
 void pm__pools_after_sync(pm_stream_t s)
 {
+    /* Held throughout, so no pool in the list can be destroyed and torn down
+     * under the walk. pools_lock is the outermost lock: nothing takes it while
+     * holding a cache's or a pool's lock. */
     pthread_mutex_lock(&pools_lock);
-    size_t n = n_pools;
-    pm__pool **all = malloc((n ? n : 1) * sizeof *all);
-    if (all)
-        memcpy(all, pools, n * sizeof *all);
-    pthread_mutex_unlock(&pools_lock);
-    /* A pool destroyed meanwhile is not torn down before its caches are
-     * detached, which this walk would then find empty. */
-    for (size_t i = 0; all && i < n; i++) {
-        pm__pool *pool = all[i];
+    for (size_t i = 0; i < n_pools; i++) {
+        pm__pool *pool = pools[i];
         pm__caches_flush_stream(pool, s);
         pthread_mutex_lock(&pool->lock);
         if (pool->reserved > pool->release_threshold) {
@@ -474,7 +470,7 @@ void pm__pools_after_sync(pm_stream_t s)
         }
         pthread_mutex_unlock(&pool->lock);
     }
-    free(all);
+    pthread_mutex_unlock(&pools_lock);
 }
 
 static void add_stats(pm__pool *pool, pm_pool_stats *st)

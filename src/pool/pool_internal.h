@@ -1,6 +1,7 @@
 /* Host memory pools: the structures behind pm_mem_pool_t.
  *
  * Locks, in the order they may be taken:
+ *   0. pools_lock (pool.c): the list of live pools
  *   1. a thread cache's lock (its owner's, or anyone flushing it)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
  *      of thread caches
