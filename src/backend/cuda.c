@@ -106,41 +106,52 @@ static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base,
     return PM_SUCCESS;
 }
 
-/* The fast cold path: map, fault the pages in with several threads (huge
- * pages where the kernel gives them), then one registration of pages that
- * are all present. The driver's own cuMemHostAlloc does it all on one thread. */
+/* Map, bind to a NUMA node (unless -1), fault the pages in with several
+ * threads (huge pages where the kernel gives them), then one registration of
+ * pages that are all present. The driver's own cuMemHostAlloc does it all on
+ * one thread. On failure nothing stays mapped; *rc says what the driver
+ * answered (CUDA_SUCCESS when the failure came before it). */
+static pm_result map_and_register(size_t bytesize, size_t align, int numa_node, void **base,
+                                  size_t *len, CUresult *rc)
+{
+    *rc = CUDA_SUCCESS;
+    void *p = pm__map_anonymous_aligned(bytesize, align, len);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of %zu bytes failed: %s", bytesize,
+                        strerror(errno));
+    ctx_scope scope;
+    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, *len, numa_node) : PM_SUCCESS;
+    if (r == PM_SUCCESS)
+        r = ctx_enter(&scope);
+    if (r != PM_SUCCESS) {
+        munmap(p, *len);
+        return r;
+    }
+    pm__prefault(p, *len);
+    *rc = register_in_pieces(p, *len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    ctx_leave(&scope);
+    if (*rc != CUDA_SUCCESS) {
+        munmap(p, *len);
+        return pm__cuda_fail(*rc, "cuMemHostRegister");
+    }
+    *base = p;
+    return PM_SUCCESS;
+}
+
 static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
                                  unsigned *tag)
 {
     if (flags & PM_MEMHOSTALLOC_WRITECOMBINED)
         return driver_host_alloc(bytesize, flags, base, pin_len, tag);
-    size_t len = 0;
-    void *p = pm__map_anonymous(bytesize, &len);
-    if (!p)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of %zu bytes failed: %s", bytesize,
-                        strerror(errno));
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS) {
-        munmap(p, len);
-        return r;
-    }
-    pm__prefault(p, len);
-    CUresult rc = register_in_pieces(p, len,
-                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS) {
-        munmap(p, len);
-        /* A stale registration the user never undid can sit at the address the
-         * kernel just handed out; the driver picks its own address instead. */
-        if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
-            return driver_host_alloc(bytesize, flags, base, pin_len, tag);
-        return pm__cuda_fail(rc, "cuMemHostRegister");
-    }
-    *base = p;
-    *pin_len = len;
-    *tag = TAG_MAPPED_REGISTERED;
-    return PM_SUCCESS;
+    CUresult rc;
+    pm_result r = map_and_register(bytesize, 0, -1, base, pin_len, &rc);
+    /* A stale registration the user never undid can sit at the address the
+     * kernel just handed out; the driver picks its own address instead. */
+    if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+        return driver_host_alloc(bytesize, flags, base, pin_len, tag);
+    if (r == PM_SUCCESS)
+        *tag = TAG_MAPPED_REGISTERED;
+    return r;
 }
 
 static pm_result cuda_host_free(void *base, size_t pin_len, unsigned tag)
@@ -293,29 +304,9 @@ static void cuda_marker_release(pm__marker *m)
 
 static pm_result cuda_chunk_pin(size_t len, size_t align, int numa_node, void **base)
 {
-    size_t map_len = 0;
-    void *p = pm__map_anonymous_aligned(len, align, &map_len);
-    if (!p)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
-                        strerror(errno));
-    ctx_scope scope;
-    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
-    if (r == PM_SUCCESS)
-        r = ctx_enter(&scope);
-    if (r != PM_SUCCESS) {
-        munmap(p, map_len);
-        return r;
-    }
-    pm__prefault(p, map_len);
-    CUresult rc = register_in_pieces(p, map_len,
-                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS) {
-        munmap(p, map_len);
-        return pm__cuda_fail(rc, "cuMemHostRegister (pool chunk)");
-    }
-    *base = p;
-    return PM_SUCCESS;
+    size_t map_len;
+    CUresult rc;
+    return map_and_register(len, align, numa_node, base, &map_len, &rc);
 }
 
 static void cuda_chunk_unpin(void *base, size_t len)
