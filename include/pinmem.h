@@ -226,6 +226,73 @@ PM_API pm_result pm_mem_pool_get_stats(pm_mem_pool_t pool, pm_pool_stats *stats)
  * buf is too small. */
 PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size_t *needed);
 
+/* ------------------------------------------------------------------ copies */
+
+/* Copies between any host memory and device memory. Page-locked host memory
+ * (pinmem's allocations, registrations and pools) goes straight to DMA;
+ * pageable memory goes through pinned staging buffers filled by worker
+ * threads while earlier chunks are in flight. A range that mixes them is
+ * split where they meet, so a copy never fails for crossing the end of a
+ * registration. The synchronous forms are ordered on the default stream and
+ * return when the copy is done.
+ *
+ * Asynchronous forms: host to device returns once the source has been read
+ * (the caller may reuse it; page-locked sources are read by the DMA engine
+ * later, as with the driver); device to host into pageable memory completes
+ * before returning, and into page-locked memory runs in stream order. */
+PM_API pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes);
+PM_API pm_result pm_memcpy_dtoh(void *dst, pm_deviceptr src, size_t bytes);
+PM_API pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes,
+                                      pm_stream_t stream);
+PM_API pm_result pm_memcpy_dtoh_async(void *dst, pm_deviceptr src, size_t bytes,
+                                      pm_stream_t stream);
+
+/* Drops every cached registration that overlaps [p, p + bytes). Call it after
+ * changing what memory backs an address range by means the registration cache
+ * cannot hear (see pm_copy_config.registration_cache). */
+PM_API pm_result pm_mem_invalidate(void *p, size_t bytes);
+
+/* How copies work. A zero field means the default, chosen from the machine;
+ * pm_copy_get_config reports the values in effect. Environment variables set
+ * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_CHUNK, PINMEM_COPY_BUFFERS,
+ * PINMEM_COPY_DIRECT_MAX, PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET
+ * (sizes take K, M and G suffixes). */
+typedef struct pm_copy_config {
+    size_t struct_size;          /* set by the caller */
+    unsigned workers;            /* staging threads (the caller helps as well) */
+    size_t chunk_bytes;          /* size of one staging buffer */
+    unsigned buffers;            /* staging buffers in the ring */
+    size_t direct_max;           /* pageable copies up to this size go through the
+                                    driver's own path, which is cheaper for them;
+                                    (size_t)-1 for none */
+    int registration_cache;      /* 1: keep large pageable buffers registered between
+                                    copies (needs userfaultfd to hear unmaps; else
+                                    nothing is cached); 0: off (the default) */
+    size_t cache_min_bytes;      /* smallest buffer the cache registers */
+    size_t cache_max_bytes;      /* most bytes the cache keeps registered */
+    unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
+                                         Past it, allocations fail with OUT_OF_MEMORY and the
+                                         cache stops registering; staged copies go on. */
+} pm_copy_config;
+
+PM_API pm_result pm_copy_get_config(pm_copy_config *config);
+/* Waits for copies in flight, then applies config to the copies after it. */
+PM_API pm_result pm_copy_set_config(const pm_copy_config *config);
+
+/* What the copy engine has done since the process started. */
+typedef struct pm_copy_stats {
+    size_t struct_size;                 /* set by the caller */
+    unsigned long long direct_bytes;    /* from or to page-locked memory */
+    unsigned long long staged_bytes;    /* through the staging buffers */
+    unsigned long long driver_bytes;    /* small pageable copies left to the driver */
+    unsigned long long cached_bytes;    /* through cached registrations */
+    unsigned long long cache_registrations, cache_hits, cache_invalidations;
+    unsigned long long pinned_bytes;    /* pinned by the process now, all kinds */
+    int cache_listening;                /* 1: the cache hears unmaps (userfaultfd) */
+} pm_copy_stats;
+
+PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

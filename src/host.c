@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "budget.h"
+#include "copy/copy.h"
 #include "errors.h"
 #include "instance.h"
 #include "pool/pool.h"
@@ -20,6 +22,12 @@
  * are held aside while another is taken, at most this many times. */
 enum { max_stale_retries = 4 };
 
+static pm_result release_pinned(pm__instance *inst, const pm__range *r)
+{
+    pm__budget_give(r->pin_len);
+    return inst->backend.host_free((void *)r->base, r->pin_len, r->backend_tag);
+}
+
 static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned flags,
                                  pm__range *out)
 {
@@ -32,6 +40,11 @@ static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned f
                                      &cand.backend_tag);
         if (r != PM_SUCCESS)
             break;
+        r = pm__budget_take(cand.pin_len, "pm_mem_host_alloc");
+        if (r != PM_SUCCESS) {
+            inst->backend.host_free((void *)cand.base, cand.pin_len, cand.backend_tag);
+            break;
+        }
         cand.pin_base = cand.base;
         cand.size = bytesize;
         cand.flags = flags | PM_MEMHOSTALLOC_DEVICEMAP;
@@ -42,7 +55,7 @@ static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned f
             break;
         }
         if (conflict.kind == 0 || n_held == max_stale_retries) {
-            inst->backend.host_free((void *)cand.base, cand.pin_len, cand.backend_tag);
+            release_pinned(inst, &cand);
             r = pm__fail(PM_ERROR_OUT_OF_MEMORY,
                          conflict.kind == 0 ? "out of memory for the range registry"
                                             : "every fresh mapping overlaps a stale registration");
@@ -51,7 +64,7 @@ static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned f
         held[n_held++] = cand;
     }
     for (int i = 0; i < n_held; i++)
-        inst->backend.host_free((void *)held[i].base, held[i].pin_len, held[i].backend_tag);
+        release_pinned(inst, &held[i]);
     return r;
 }
 
@@ -95,7 +108,7 @@ pm_result pm_mem_free_host(void *p)
          * returns, so no fresh mapping can land on them before then, and one
          * may land there the moment after. */
         pm__ranges_withdraw(inst->ranges, r.pin_base);
-        return inst->backend.host_free((void *)r.base, r.pin_len, r.backend_tag);
+        return release_pinned(inst, &r);
     case PM__RETIRE_MISMATCH:
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         r.kind == PM__RANGE_ALLOC  ? "pm_mem_free_host: %p is inside a host "
@@ -156,7 +169,14 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
                         "[%p, +%zu)",
                         p, bytesize, (void *)conflict.base, conflict.size);
     }
-    pm_result res = inst->backend.host_register(p, bytesize, flags);
+    /* The copy engine's cached registrations give way to the user's own. */
+    pm__regcache_evict(lo, hi);
+    pm_result res = pm__budget_take(r.pin_len, "pm_mem_host_register");
+    if (res == PM_SUCCESS) {
+        res = inst->backend.host_register(p, bytesize, flags);
+        if (res != PM_SUCCESS)
+            pm__budget_give(r.pin_len);
+    }
     if (res != PM_SUCCESS) {
         pm__ranges_withdraw(inst->ranges, r.pin_base);
         return res;
@@ -174,6 +194,7 @@ pm_result pm_mem_host_unregister(void *p)
     switch (pm__ranges_retire(inst->ranges, (uintptr_t)p, PM__RANGE_REGISTERED, &r)) {
     case PM__RETIRED: {
         pm_result res = inst->backend.host_unregister((void *)r.base, r.size);
+        pm__budget_give(r.pin_len);
         pm__ranges_withdraw(inst->ranges, r.pin_base);
         return res;
     }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "budget.h"
 #include "errors.h"
 #include "pool/classes.h"
 #include "pool/pool.h"
@@ -51,6 +52,7 @@ static void initialise(void)
     if (init_result != PM_SUCCESS)
         snprintf(init_detail, sizeof init_detail, "%s", pm_last_error_detail());
     pm__classes_init();
+    pm__budget_init_from_env();
     if (init_result == PM_SUCCESS)
         atomic_store_explicit(&ready, true, memory_order_release);
     const char *stats = getenv("PINMEM_STATS");

@@ -273,6 +273,25 @@ pm__retire_outcome pm__ranges_retire(pm__ranges *set, uintptr_t base, unsigned k
     return outcome;
 }
 
+bool pm__ranges_next_extent(pm__ranges *set, uintptr_t addr, pm__range *out)
+{
+    bool hit = false;
+    pthread_rwlock_rdlock(&set->lock);
+    for (uintptr_t from = addr + 1; from > addr;) {
+        node *n = ceil_node(set->root, from);
+        if (!n)
+            break;
+        if (n->published) {
+            *out = n->r;
+            hit = true;
+            break;
+        }
+        from = n->r.pin_base + 1; /* pending: not pinned yet, look past it */
+    }
+    pthread_rwlock_unlock(&set->lock);
+    return hit;
+}
+
 size_t pm__ranges_count(pm__ranges *set)
 {
     pthread_rwlock_rdlock(&set->lock);

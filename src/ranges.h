@@ -53,6 +53,8 @@ void pm__ranges_withdraw(pm__ranges *set, uintptr_t pin_base);
 bool pm__ranges_find(pm__ranges *set, uintptr_t addr, pm__range *out);
 /* The published range whose pinned extent contains addr. */
 bool pm__ranges_find_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
+/* The published range with the lowest extent base above addr. */
+bool pm__ranges_next_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
 
 /* Retires the published range whose user base is exactly base and whose
  * kind is in kind_mask: queries stop seeing it, but its extent stays claimed

@@ -44,6 +44,11 @@ typedef struct pm__backend {
     pm_result (*host_free)(void *base, size_t pin_len, unsigned tag);
     pm_result (*host_register)(void *p, size_t bytesize, unsigned flags);
     pm_result (*host_unregister)(void *p, size_t bytesize);
+    /* Registrations the copy engine's cache keeps: the device may then copy
+     * [p, p + bytesize) directly, and the user may still do anything with
+     * the memory (unmap it, discard it). */
+    pm_result (*cache_register)(void *p, size_t bytesize);
+    void (*cache_unregister)(void *p, size_t bytesize);
     /* p lies in a range pinmem pinned through this backend. */
     pm_result (*device_pointer)(pm_deviceptr *out, void *p);
 
@@ -66,6 +71,8 @@ typedef struct pm__backend {
     /* Work enqueued on s after this waits for m. */
     pm_result (*marker_wait)(pm_stream_t s, const pm__marker *m);
     void (*marker_release)(pm__marker *m);
+    /* Blocks the calling thread until m is done. */
+    pm_result (*marker_synchronize)(const pm__marker *m);
 
     /* Pool chunks: len bytes aligned to align, on numa_node unless it is -1,
      * page-locked and mapped for every device. */
@@ -88,6 +95,15 @@ typedef struct pm__backend {
     pm_result (*device_alloc)(pm_deviceptr *d, size_t bytesize);
     void (*device_free)(pm_deviceptr d);
     pm_result (*copy_htod)(pm_deviceptr d, const void *src, size_t bytesize);
+    pm_result (*copy_dtoh)(void *dst, pm_deviceptr d, size_t bytesize);
+    /* Copies ordered on stream s. When the host side is page-locked
+     * (host_pinned) the copy may still run after the call returns; otherwise
+     * the call returns once the host side has been read (htod) or written
+     * (dtoh), as the driver does for pageable memory. */
+    pm_result (*copy_htod_async)(pm_deviceptr d, const void *src, size_t bytesize, pm_stream_t s,
+                                 bool host_pinned);
+    pm_result (*copy_dtoh_async)(void *dst, pm_deviceptr d, size_t bytesize, pm_stream_t s,
+                                 bool host_pinned);
 } pm__backend;
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */

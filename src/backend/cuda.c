@@ -295,6 +295,12 @@ static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
     DRIVER_CALL("cuStreamWaitEvent", cu->stream_wait_event((CUstream)s, (CUevent)m->handle, 0));
 }
 
+static pm_result cuda_marker_synchronize(const pm__marker *m)
+{
+    CUresult rc = cu->event_synchronize((CUevent)m->handle);
+    return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuEventSynchronize");
+}
+
 static void cuda_marker_release(pm__marker *m)
 {
     if (m->handle)
@@ -405,6 +411,46 @@ static pm_result cuda_copy_htod(pm_deviceptr d, const void *src, size_t bytesize
     DRIVER_CALL("cuMemcpyHtoD", cu->memcpy_htod((CUdeviceptr)d, src, bytesize));
 }
 
+static pm_result cuda_copy_dtoh(void *dst, pm_deviceptr d, size_t bytesize)
+{
+    DRIVER_CALL("cuMemcpyDtoH", cu->memcpy_dtoh(dst, (CUdeviceptr)d, bytesize));
+}
+
+/* The driver itself returns early only for page-locked host memory. */
+static pm_result cuda_copy_htod_async(pm_deviceptr d, const void *src, size_t bytesize,
+                                      pm_stream_t s, bool host_pinned)
+{
+    (void)host_pinned;
+    DRIVER_CALL("cuMemcpyHtoDAsync",
+                cu->memcpy_htod_async((CUdeviceptr)d, src, bytesize, (CUstream)s));
+}
+
+static pm_result cuda_copy_dtoh_async(void *dst, pm_deviceptr d, size_t bytesize, pm_stream_t s,
+                                      bool host_pinned)
+{
+    (void)host_pinned;
+    DRIVER_CALL("cuMemcpyDtoHAsync",
+                cu->memcpy_dtoh_async(dst, (CUdeviceptr)d, bytesize, (CUstream)s));
+}
+
+/* Pinned, not locked: the user may still unmap or discard the memory (the
+ * cache hears of it and unregisters). */
+static pm_result cuda_cache_register(void *p, size_t bytesize)
+{
+    DRIVER_CALL("cuMemHostRegister",
+                register_in_pieces(p, bytesize, CU_MEMHOSTREGISTER_PORTABLE |
+                                                    CU_MEMHOSTREGISTER_DEVICEMAP));
+}
+
+static void cuda_cache_unregister(void *p, size_t bytesize)
+{
+    ctx_scope scope;
+    if (ctx_enter(&scope) != PM_SUCCESS)
+        return;
+    unregister_in_pieces(p, bytesize);
+    ctx_leave(&scope);
+}
+
 static int attribute(CUdevice_attribute a, int fallback)
 {
     int v = 0;
@@ -487,6 +533,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->marker_done = cuda_marker_done;
     out->marker_wait = cuda_marker_wait;
     out->marker_release = cuda_marker_release;
+    out->marker_synchronize = cuda_marker_synchronize;
     out->chunk_pin = cuda_chunk_pin;
     out->chunk_unpin = cuda_chunk_unpin;
     out->baseline_name = "cuMemHostAlloc";
@@ -498,6 +545,11 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->device_alloc = cuda_device_alloc;
     out->device_free = cuda_device_free;
     out->copy_htod = cuda_copy_htod;
+    out->copy_dtoh = cuda_copy_dtoh;
+    out->cache_register = cuda_cache_register;
+    out->cache_unregister = cuda_cache_unregister;
+    out->copy_htod_async = cuda_copy_htod_async;
+    out->copy_dtoh_async = cuda_copy_dtoh_async;
     out->baseline_alloc = cuda_baseline_alloc;
     out->baseline_free = cuda_baseline_free;
     return PM_SUCCESS;

@@ -45,6 +45,9 @@ typedef struct pm__cuda_api {
     CUresult (*mem_free)(CUdeviceptr);
     CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
     CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*event_synchronize)(CUevent);
     CUresult (*mem_pool_create)(CUmemoryPool *, const CUmemPoolProps *);
     CUresult (*mem_pool_destroy)(CUmemoryPool);
     CUresult (*mem_pool_set_access)(CUmemoryPool, const CUmemAccessDesc *, size_t);

@@ -297,6 +297,75 @@ static pm_result posix_copy_htod(pm_deviceptr d, const void *src, size_t bytesiz
     return PM_SUCCESS;
 }
 
+static pm_result posix_copy_dtoh(void *dst, pm_deviceptr d, size_t bytesize)
+{
+    memcpy(dst, (const void *)(uintptr_t)d, bytesize);
+    return PM_SUCCESS;
+}
+
+/* An asynchronous copy: the stream's thread plays the DMA engine. */
+typedef struct copy_task {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} copy_task;
+
+static void run_copy(void *arg)
+{
+    copy_task *t = arg;
+    memcpy(t->dst, t->src, t->bytes);
+    free(t);
+}
+
+/* Page-locked host memory is copied by the stream thread in order; other
+ * memory, as the driver does, once the stream's earlier work is done and
+ * before the call returns. */
+static pm_result copy_async(void *dst, const void *src, size_t bytes, pm_stream_t s, bool pinned)
+{
+    if (!pinned) {
+        pm_result r = pm__posix_stream_synchronize(s);
+        if (r == PM_SUCCESS)
+            memcpy(dst, src, bytes);
+        return r;
+    }
+    copy_task *t = malloc(sizeof *t);
+    if (!t)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "asynchronous copy: out of memory");
+    *t = (copy_task){dst, src, bytes};
+    pm_result r = pm__posix_stream_launch_host_func(s, run_copy, t);
+    if (r != PM_SUCCESS)
+        free(t);
+    return r;
+}
+
+static pm_result posix_copy_htod_async(pm_deviceptr d, const void *src, size_t bytesize,
+                                       pm_stream_t s, bool host_pinned)
+{
+    return copy_async((void *)(uintptr_t)d, src, bytesize, s, host_pinned);
+}
+
+static pm_result posix_copy_dtoh_async(void *dst, pm_deviceptr d, size_t bytesize, pm_stream_t s,
+                                       bool host_pinned)
+{
+    return copy_async(dst, (const void *)(uintptr_t)d, bytesize, s, host_pinned);
+}
+
+/* The stream thread copies through the page tables, so a cached
+ * registration needs no pinning here; mlock would also make the user's
+ * madvise(MADV_DONTNEED) fail, which the driver's pinning does not. */
+static pm_result posix_cache_register(void *p, size_t bytesize)
+{
+    (void)p;
+    (void)bytesize;
+    return PM_SUCCESS;
+}
+
+static void posix_cache_unregister(void *p, size_t bytesize)
+{
+    (void)p;
+    (void)bytesize;
+}
+
 pm_result pm__backend_posix_open(pm__backend *out)
 {
     memset(out, 0, sizeof *out);
@@ -332,6 +401,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->marker_done = pm__posix_marker_done;
     out->marker_wait = pm__posix_marker_wait;
     out->marker_release = pm__posix_marker_release;
+    out->marker_synchronize = pm__posix_marker_synchronize;
     out->chunk_pin = posix_chunk_pin;
     out->chunk_unpin = posix_chunk_unpin;
     out->baseline_name = "mmap+mlock";
@@ -343,6 +413,11 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->device_alloc = posix_device_alloc;
     out->device_free = posix_device_free;
     out->copy_htod = posix_copy_htod;
+    out->copy_dtoh = posix_copy_dtoh;
+    out->cache_register = posix_cache_register;
+    out->cache_unregister = posix_cache_unregister;
+    out->copy_htod_async = posix_copy_htod_async;
+    out->copy_dtoh_async = posix_copy_dtoh_async;
     out->baseline_alloc = posix_baseline_alloc;
     out->baseline_free = posix_baseline_free;
     return PM_SUCCESS;

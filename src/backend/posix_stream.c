@@ -287,6 +287,12 @@ bool pm__posix_marker_done(const pm__marker *m)
     return atomic_load_explicit(&s->completed, memory_order_acquire) >= m->seq;
 }
 
+pm_result pm__posix_marker_synchronize(const pm__marker *m)
+{
+    wait_for(m->handle, m->seq);
+    return PM_SUCCESS;
+}
+
 void pm__posix_marker_release(pm__marker *m)
 {
     if (m->handle)

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../budget.h"
 #include "../errors.h"
 #include "../instance.h"
 #include "pool_internal.h"
@@ -161,7 +162,12 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
     }
     unsigned long long t0 = now_ns();
     void *base = NULL;
-    pm_result r = b->chunk_pin(len, PM__CHUNK_STEP, pool->numa_node, &base);
+    pm_result r = pm__budget_take(len, "memory pool");
+    if (r == PM_SUCCESS) {
+        r = b->chunk_pin(len, PM__CHUNK_STEP, pool->numa_node, &base);
+        if (r != PM_SUCCESS)
+            pm__budget_give(len);
+    }
     pool->pin_ns += now_ns() - t0;
     if (r != PM_SUCCESS) {
         free(chunk);
@@ -178,6 +184,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
         !pm__ranges_claim(inst->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
         b->chunk_unpin(base, len);
+        pm__budget_give(len);
         free(chunk);
         retire_span(pool, span);
         return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
@@ -270,6 +277,7 @@ static void release_chunk(pm__pool *pool, size_t index)
     pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
     unsigned long long t0 = now_ns();
     pm__pool_backend()->chunk_unpin(c->base, c->len);
+    pm__budget_give(c->len);
     pool->pin_ns += now_ns() - t0;
     pool->reserved -= c->len;
     pool->chunks_released++;

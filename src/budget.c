@@ -1,0 +1,67 @@
+#include "budget.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "errors.h"
+
+static _Atomic unsigned long long pinned;
+static _Atomic unsigned long long cap; /* 0: none */
+
+bool pm__parse_size(const char *s, unsigned long long *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s)
+        return false;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: break;
+    }
+    if (shift && *end == 'i')
+        end++;
+    if (shift && *end == 'B')
+        end++;
+    if (*end || (shift && v > (~0ull >> shift)))
+        return false;
+    *out = v << shift;
+    return true;
+}
+
+void pm__budget_init_from_env(void)
+{
+    unsigned long long v;
+    if (pm__parse_size(getenv("PINMEM_PINNED_BUDGET"), &v))
+        atomic_store(&cap, v);
+}
+
+pm_result pm__budget_take(size_t bytes, const char *what)
+{
+    unsigned long long now = atomic_load_explicit(&pinned, memory_order_relaxed);
+    for (;;) {
+        unsigned long long limit = atomic_load_explicit(&cap, memory_order_relaxed);
+        if (limit && (bytes > limit || now > limit - bytes))
+            return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                            "%s: %zu more pinned bytes would pass the pinned budget of %llu "
+                            "(%llu pinned now)",
+                            what, bytes, limit, now);
+        if (atomic_compare_exchange_weak_explicit(&pinned, &now, now + bytes,
+                                                  memory_order_relaxed, memory_order_relaxed))
+            return PM_SUCCESS;
+    }
+}
+
+void pm__budget_give(size_t bytes)
+{
+    atomic_fetch_sub_explicit(&pinned, bytes, memory_order_relaxed);
+}
+
+unsigned long long pm__budget_pinned(void) { return atomic_load(&pinned); }
+unsigned long long pm__budget_cap(void) { return atomic_load(&cap); }
+void pm__budget_set_cap(unsigned long long c) { atomic_store(&cap, c); }

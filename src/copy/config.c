@@ -1,0 +1,168 @@
+/* Copy settings: defaults from the machine and the environment, changed by
+ * pm_copy_set_config between copies; the engine's counters; test hooks. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../budget.h"
+#include "../errors.h"
+#include "../instance.h"
+#include "copy.h"
+
+pm__copy_counters pm__copy_count;
+_Atomic int pm__copy_fail_copy_countdown;
+_Atomic int pm__copy_fail_stage_countdown;
+
+static pthread_rwlock_t gate = PTHREAD_RWLOCK_INITIALIZER;
+static pthread_once_t defaults_once = PTHREAD_ONCE_INIT;
+static pm__copy_settings settings;
+
+static size_t env_size(const char *name, size_t fallback)
+{
+    unsigned long long v;
+    return pm__parse_size(getenv(name), &v) && v > 0 ? (size_t)v : fallback;
+}
+
+/* Twelve threads filling 2 MiB buffers kept the H100's copy engine busy
+ * (driver-behavior.md); fewer on smaller machines, leaving a core to the
+ * caller, which works on its own copy as well. */
+static void choose_defaults(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned workers = cpus > 13 ? 12 : cpus > 2 ? (unsigned)cpus - 1 : 1;
+    settings.workers = (unsigned)env_size("PINMEM_COPY_WORKERS", workers);
+    settings.chunk_bytes = env_size("PINMEM_COPY_CHUNK", (size_t)2 << 20);
+    settings.buffers = (unsigned)env_size("PINMEM_COPY_BUFFERS", 2 * (settings.workers + 1) + 4);
+    settings.direct_max = env_size("PINMEM_COPY_DIRECT_MAX", (size_t)256 << 10);
+    const char *cache = getenv("PINMEM_REGISTRATION_CACHE");
+    settings.registration_cache = cache && strcmp(cache, "1") == 0;
+    settings.cache_min_bytes = (size_t)64 << 20;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t quarter = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 4 : (size_t)1 << 30;
+    settings.cache_max_bytes = quarter < ((size_t)8 << 30) ? quarter : (size_t)8 << 30;
+}
+
+const pm__copy_settings *pm__copy_enter(void)
+{
+    pthread_once(&defaults_once, choose_defaults);
+    pthread_rwlock_rdlock(&gate);
+    return &settings;
+}
+
+void pm__copy_leave(void) { pthread_rwlock_unlock(&gate); }
+
+static size_t at_least_one(size_t v) { return v ? v : 1; }
+
+pm_result pm_copy_get_config(pm_copy_config *config)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!config || config->struct_size < sizeof *config)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_copy_get_config: config is NULL or its struct_size is too small");
+    const pm__copy_settings *s = pm__copy_enter();
+    *config = (pm_copy_config){
+        .struct_size = sizeof *config,
+        .workers = s->workers,
+        .chunk_bytes = s->chunk_bytes,
+        .buffers = s->buffers,
+        .direct_max = s->direct_max,
+        .registration_cache = s->registration_cache,
+        .cache_min_bytes = s->cache_min_bytes,
+        .cache_max_bytes = s->cache_max_bytes,
+        .pinned_budget = pm__budget_cap(),
+    };
+    pm__copy_leave();
+    return PM_SUCCESS;
+}
+
+pm_result pm_copy_set_config(const pm_copy_config *config)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!config || config->struct_size < sizeof *config)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_copy_set_config: config is NULL or its struct_size is too small");
+    if (config->registration_cache < 0 || config->registration_cache > 1)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_copy_set_config: registration_cache is 0 or 1");
+    if (config->workers > 256 || config->buffers > 4096 ||
+        config->chunk_bytes > ((size_t)1 << 30))
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_copy_set_config: at most 256 workers, 4096 buffers of 1 GiB each");
+    pthread_once(&defaults_once, choose_defaults);
+    pthread_rwlock_wrlock(&gate);
+    pm__copy_settings fresh = settings;
+    if (config->workers)
+        fresh.workers = config->workers;
+    if (config->chunk_bytes)
+        fresh.chunk_bytes = (config->chunk_bytes + 4095) & ~(size_t)4095;
+    if (config->buffers)
+        fresh.buffers = (unsigned)at_least_one(config->buffers);
+    if (config->direct_max)
+        fresh.direct_max = config->direct_max == (size_t)-1 ? 0 : config->direct_max;
+    fresh.registration_cache = config->registration_cache == 1;
+    if (config->cache_min_bytes)
+        fresh.cache_min_bytes = config->cache_min_bytes;
+    if (config->cache_max_bytes)
+        fresh.cache_max_bytes = config->cache_max_bytes;
+    /* A new shape of engine starts with the next staged copy; otherwise the
+     * ring stays (it keeps staged copies working under a new budget). */
+    if (fresh.workers != settings.workers || fresh.chunk_bytes != settings.chunk_bytes ||
+        fresh.buffers != settings.buffers)
+        pm__staging_stop();
+    settings = fresh;
+    pm__budget_set_cap(config->pinned_budget);
+    pthread_rwlock_unlock(&gate);
+    if (!fresh.registration_cache)
+        pm__regcache_invalidate(0, UINTPTR_MAX, false);
+    return PM_SUCCESS;
+}
+
+pm_result pm_copy_get_stats(pm_copy_stats *stats)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!stats || stats->struct_size < sizeof *stats)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_copy_get_stats: stats is NULL or its struct_size is too small");
+    pm__copy_counters *c = &pm__copy_count;
+    *stats = (pm_copy_stats){
+        .struct_size = sizeof *stats,
+        .direct_bytes = atomic_load(&c->direct_bytes),
+        .staged_bytes = atomic_load(&c->staged_bytes),
+        .driver_bytes = atomic_load(&c->driver_bytes),
+        .cached_bytes = atomic_load(&c->cached_bytes),
+        .cache_registrations = atomic_load(&c->cache_registrations),
+        .cache_hits = atomic_load(&c->cache_hits),
+        .cache_invalidations = atomic_load(&c->cache_invalidations),
+        .pinned_bytes = pm__budget_pinned(),
+        .cache_listening = pm__regcache_listening(),
+    };
+    return PM_SUCCESS;
+}
+
+bool pm__copy_injected(_Atomic int *countdown)
+{
+    int left = atomic_load_explicit(countdown, memory_order_relaxed);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(countdown, &left, left - 1))
+            return left == 1;
+    return false;
+}
+
+pm_result pm__copy_backend_htod(const pm__backend *b, pm_deviceptr d, const void *src, size_t n,
+                                pm_stream_t s, bool pinned)
+{
+    if (pm__copy_injected(&pm__copy_fail_copy_countdown))
+        return pm__fail(PM_ERROR_UNKNOWN, "host-to-device copy failed (injected fault)");
+    return b->copy_htod_async(d, src, n, s, pinned);
+}
+
+pm_result pm__copy_backend_dtoh(const pm__backend *b, void *dst, pm_deviceptr d, size_t n,
+                                pm_stream_t s, bool pinned)
+{
+    if (pm__copy_injected(&pm__copy_fail_copy_countdown))
+        return pm__fail(PM_ERROR_UNKNOWN, "device-to-host copy failed (injected fault)");
+    return b->copy_dtoh_async(dst, d, n, s, pinned);
+}

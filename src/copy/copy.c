@@ -1,0 +1,174 @@
+/* pm_memcpy_*: a host range is cut where page-locked and pageable memory
+ * meet, and each piece goes the cheapest way: page-locked pieces straight to
+ * the DMA engine, pageable ones through a cached registration, the driver's
+ * own path (small ones) or the staging engine. */
+#include <stdint.h>
+
+#include "../errors.h"
+#include "../instance.h"
+#include "copy.h"
+
+typedef struct piece {
+    uintptr_t end;
+    bool pinned;
+} piece;
+
+/* The bytes of a registered range the driver registered (its extent is
+ * page-rounded; the driver knows only the bytes). Other kinds: all of the
+ * extent is registered. */
+static void pinned_bytes(const pm__range *r, uintptr_t *lo, uintptr_t *hi)
+{
+    *lo = r->kind == PM__RANGE_REGISTERED ? r->base : r->pin_base;
+    *hi = r->kind == PM__RANGE_REGISTERED ? r->base + r->size : r->pin_base + r->pin_len;
+}
+
+static uintptr_t min_addr(uintptr_t a, uintptr_t b) { return a < b ? a : b; }
+
+/* The longest piece from at (before end) that is all page-locked in one
+ * registration, or all pageable. */
+static piece next_piece(pm__ranges *ranges, uintptr_t at, uintptr_t end)
+{
+    pm__range r;
+    uintptr_t lo, hi;
+    if (pm__ranges_find_extent(ranges, at, &r)) {
+        pinned_bytes(&r, &lo, &hi);
+        if (at >= lo && at < hi)
+            return (piece){min_addr(hi, end), true};
+        return (piece){min_addr(at < lo ? lo : r.pin_base + r.pin_len, end), false};
+    }
+    if (pm__ranges_next_extent(ranges, at, &r)) {
+        pinned_bytes(&r, &lo, &hi);
+        return (piece){min_addr(lo, end), false};
+    }
+    return (piece){end, false};
+}
+
+static pm_result backend_copy(const pm__backend *b, pm__direction dir, uint8_t *host,
+                              pm_deviceptr dev, size_t n, pm_stream_t s, bool pinned)
+{
+    return dir == PM__HTOD ? pm__copy_backend_htod(b, dev, host, n, s, pinned)
+                           : pm__copy_backend_dtoh(b, host, dev, n, s, pinned);
+}
+
+static void count(_Atomic unsigned long long *counter, size_t n)
+{
+    atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
+}
+
+/* Through a cached registration: a DMA the caller waits for, because the
+ * caller of a pageable copy may reuse the memory once the call returns. */
+static pm_result cached_copy(const pm__backend *b, pm__regcache_entry *e, pm__direction dir,
+                             uint8_t *host, pm_deviceptr dev, size_t n, pm_stream_t s)
+{
+    pm_result r = backend_copy(b, dir, host, dev, n, s, true);
+    pm__marker done;
+    if (r == PM_SUCCESS && (r = b->marker_record(s, &done)) == PM_SUCCESS) {
+        r = b->marker_synchronize(&done);
+        b->marker_release(&done);
+    } else if (r == PM_SUCCESS) {
+        r = b->stream_synchronize(s);
+    }
+    pm__regcache_release(e);
+    if (r == PM_SUCCESS)
+        count(&pm__copy_count.cached_bytes, n);
+    return r;
+}
+
+static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *b,
+                               pm__direction dir, uint8_t *host, pm_deviceptr dev, size_t n,
+                               pm_stream_t s)
+{
+    if (set->registration_cache && n >= set->cache_min_bytes) {
+        pm__regcache_entry *e = pm__regcache_acquire(set, host, n);
+        if (e)
+            return cached_copy(b, e, dir, host, dev, n, s);
+    }
+    /* The driver's own path reads through any registration it still holds,
+     * so memory with a cached registration waiting to be undone is staged. */
+    bool driver_may = !pm__regcache_overlaps(host, n);
+    pm_result r;
+    if (n <= set->direct_max && driver_may) {
+        r = backend_copy(b, dir, host, dev, n, s, false);
+        if (r == PM_SUCCESS)
+            count(&pm__copy_count.driver_bytes, n);
+        return r;
+    }
+    bool no_ring;
+    r = pm__staged_copy(set, dir, host, dev, n, s, &no_ring);
+    if (no_ring && driver_may) { /* nothing pinned for staging (budget): slower, but works */
+        r = backend_copy(b, dir, host, dev, n, s, false);
+        if (r == PM_SUCCESS)
+            count(&pm__copy_count.driver_bytes, n);
+    }
+    return r;
+}
+
+static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_deviceptr dev,
+                      size_t bytes, pm_stream_t s, bool sync)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (bytes == 0)
+        return PM_SUCCESS;
+    if (!host || !dev)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: the %s pointer is NULL", name,
+                        host ? "device" : "host");
+    if (bytes > UINTPTR_MAX - (uintptr_t)host || bytes > UINT64_MAX - dev)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %zu bytes from %p wrap around", name, bytes,
+                        (void *)host);
+    const pm__backend *b = &inst->backend;
+    pm_result r = b->stream_check(s);
+    if (r != PM_SUCCESS)
+        return r;
+    const pm__copy_settings *set = pm__copy_enter();
+    const uintptr_t start = (uintptr_t)host, end = start + bytes;
+    for (uintptr_t at = start; at < end && r == PM_SUCCESS;) {
+        piece p = next_piece(inst->ranges, at, end);
+        size_t n = p.end - at, off = at - start;
+        if (p.pinned) {
+            r = backend_copy(b, dir, (uint8_t *)at, dev + off, n, s, true);
+            if (r == PM_SUCCESS)
+                count(&pm__copy_count.direct_bytes, n);
+        } else {
+            r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s);
+        }
+        at = p.end;
+    }
+    pm__copy_leave();
+    if (r == PM_SUCCESS && sync)
+        r = b->stream_synchronize(s);
+    return r;
+}
+
+pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes)
+{
+    return copy("pm_memcpy_htod", PM__HTOD, (uint8_t *)src, dst, bytes, NULL, true);
+}
+
+pm_result pm_memcpy_dtoh(void *dst, pm_deviceptr src, size_t bytes)
+{
+    return copy("pm_memcpy_dtoh", PM__DTOH, dst, src, bytes, NULL, true);
+}
+
+pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes, pm_stream_t stream)
+{
+    return copy("pm_memcpy_htod_async", PM__HTOD, (uint8_t *)src, dst, bytes, stream, false);
+}
+
+pm_result pm_memcpy_dtoh_async(void *dst, pm_deviceptr src, size_t bytes, pm_stream_t stream)
+{
+    return copy("pm_memcpy_dtoh_async", PM__DTOH, dst, src, bytes, stream, false);
+}
+
+pm_result pm_mem_invalidate(void *p, size_t bytes)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!p && bytes)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_invalidate: p is NULL");
+    if (bytes > UINTPTR_MAX - (uintptr_t)p)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_invalidate: %zu bytes from %p wrap around",
+                        bytes, p);
+    if (bytes)
+        pm__regcache_invalidate((uintptr_t)p, (uintptr_t)p + bytes, true);
+    return PM_SUCCESS;
+}

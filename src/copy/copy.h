@@ -1,0 +1,80 @@
+/* The copy engine: pm_memcpy_* split a host range into page-locked and
+ * pageable pieces and send each the cheapest way (copy.c); pageable pieces go
+ * through a ring of pinned staging buffers filled by worker threads
+ * (staging.c), or through a cached registration (regcache.c). Settings and
+ * counters live in config.c. All of it is part of the lazily created
+ * process-wide instance. */
+#ifndef PINMEM_COPY_H
+#define PINMEM_COPY_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../backend/backend.h"
+#include "pinmem.h"
+
+typedef enum { PM__HTOD, PM__DTOH } pm__direction;
+
+/* The settings in effect (pm_copy_config with the defaults filled in). */
+typedef struct pm__copy_settings {
+    unsigned workers;
+    size_t chunk_bytes;
+    unsigned buffers;
+    size_t direct_max;
+    bool registration_cache;
+    size_t cache_min_bytes, cache_max_bytes;
+} pm__copy_settings;
+
+typedef struct pm__copy_counters {
+    _Atomic unsigned long long direct_bytes, staged_bytes, driver_bytes, cached_bytes;
+    _Atomic unsigned long long cache_registrations, cache_hits, cache_invalidations;
+} pm__copy_counters;
+
+extern pm__copy_counters pm__copy_count;
+
+/* config.c. Copies hold the gate for reading while they run, so that
+ * pm_copy_set_config (which takes it for writing) never changes the engine
+ * under them. */
+const pm__copy_settings *pm__copy_enter(void);
+void pm__copy_leave(void);
+
+/* Test hooks: the k-th backend copy call, or the k-th staging buffer pin,
+ * fails (0: never). */
+extern _Atomic int pm__copy_fail_copy_countdown;
+extern _Atomic int pm__copy_fail_stage_countdown;
+bool pm__copy_injected(_Atomic int *countdown);
+
+/* staging.c. *no_ring: the failure was that no staging buffer could be
+ * pinned (nothing was copied; the caller may take another way). */
+pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
+                          pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool *no_ring);
+/* Stops the workers and frees the ring (the gate held for writing). */
+void pm__staging_stop(void);
+
+/* regcache.c */
+typedef struct pm__regcache_entry pm__regcache_entry;
+/* A cached registration covering [p, p + bytes), with a reference taken;
+ * NULL when the cache is off, does not hear unmaps, or cannot register it. */
+pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const void *p, size_t bytes);
+void pm__regcache_release(pm__regcache_entry *e);
+/* Whether any registration of the cache, live or waiting to be undone, shares
+ * a page with [p, p + bytes): the driver would then read through it. */
+bool pm__regcache_overlaps(const void *p, size_t bytes);
+/* Drops cached registrations in [lo, hi) (pm_mem_invalidate, and before a
+ * user's own registration of those pages, which waits for the unregistering). */
+void pm__regcache_invalidate(uintptr_t lo, uintptr_t hi, bool wait);
+static inline void pm__regcache_evict(uintptr_t lo, uintptr_t hi)
+{
+    pm__regcache_invalidate(lo, hi, true);
+}
+bool pm__regcache_listening(void);
+
+/* The backend's copy calls, with the fault hook in front. */
+pm_result pm__copy_backend_htod(const pm__backend *b, pm_deviceptr d, const void *src, size_t n,
+                                pm_stream_t s, bool pinned);
+pm_result pm__copy_backend_dtoh(const pm__backend *b, void *dst, pm_deviceptr d, size_t n,
+                                pm_stream_t s, bool pinned);
+
+#endif

@@ -1,0 +1,382 @@
+/* The registration cache: large pageable buffers that are copied again and
+ * again stay registered between copies, so later copies go straight to DMA.
+ *
+ * The danger is staleness: the driver keeps a registration's pages after the
+ * user unmaps or discards that memory, and would send old bytes. So the cache
+ * works only where it hears every change: each cached range is also
+ * registered with a userfaultfd that reports munmap (brk shrink included),
+ * madvise(MADV_DONTNEED/REMOVE) and mremap. Without userfaultfd the cache
+ * registers nothing. pm_mem_invalidate covers anything else.
+ *
+ * A reported change dooms the entries it touches: no new copy uses them, and
+ * copies that would reach the driver with those addresses are staged
+ * instead, until a monitor thread has undone the registration (which waits
+ * for all device work, so it never happens on a copy's path).
+ *
+ * The monitor reads events while holding the cache lock. munmap and madvise
+ * return only once their event has been read, so by the time the user can map
+ * new memory at an address, the entry there is doomed, and any copy that
+ * looks it up afterwards waits for the lock and sees that. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../budget.h"
+#include "../errors.h"
+#include "../instance.h"
+#include "copy.h"
+
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+
+struct pm__regcache_entry {
+    uintptr_t lo, hi;  /* whole pages */
+    int refs;          /* copies using it */
+    bool ready;        /* registered with the driver and the userfaultfd */
+    bool doomed;       /* no new copy may use it; undone once refs is 0 */
+    bool undoing;      /* the monitor is unregistering it */
+    bool in_uffd;      /* still registered with the userfaultfd */
+    unsigned long long last_use;
+    struct pm__regcache_entry *next;
+};
+typedef struct pm__regcache_entry entry;
+
+static const unsigned long long listen_features =
+    UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP;
+
+/* Process-wide (part of the instance). */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t undone;
+    entry *entries;
+    _Atomic size_t count; /* entries, for a lock-free "none" on every copy */
+    size_t bytes;         /* live, not doomed */
+    unsigned long long tick;
+    int uffd, wake_fd;
+    bool listening;
+} rc = {.lock = PTHREAD_MUTEX_INITIALIZER, .undone = PTHREAD_COND_INITIALIZER, .uffd = -1,
+        .wake_fd = -1};
+static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
+
+static const pm__backend *backend(void)
+{
+    pm_result ignored;
+    return &pm__instance_get(&ignored)->backend;
+}
+
+static void wake_monitor(void)
+{
+    uint64_t one = 1;
+    if (rc.wake_fd >= 0 && write(rc.wake_fd, &one, sizeof one) < 0) {
+        /* a full counter already wakes it */
+    }
+}
+
+static void uffd_unregister(uintptr_t lo, uintptr_t hi)
+{
+    struct uffdio_range range = {.start = lo, .len = hi - lo};
+    ioctl(rc.uffd, UFFDIO_UNREGISTER, &range); /* fails harmlessly where nothing is mapped */
+}
+
+/* lock held. vma_gone: the memory is unmapped, so the userfaultfd forgot it. */
+static void doom_locked(uintptr_t lo, uintptr_t hi, bool vma_gone)
+{
+    for (entry *e = rc.entries; e; e = e->next) {
+        if (e->hi <= lo || e->lo >= hi || e->doomed)
+            continue;
+        e->doomed = true;
+        rc.bytes -= e->hi - e->lo;
+        atomic_fetch_add_explicit(&pm__copy_count.cache_invalidations, 1, memory_order_relaxed);
+        if (e->in_uffd && !vma_gone)
+            uffd_unregister(e->lo, e->hi);
+        e->in_uffd = e->in_uffd && !vma_gone;
+    }
+}
+
+/* lock held: reads every queued event. */
+static void read_events_locked(void)
+{
+    struct uffd_msg msg;
+    while (read(rc.uffd, &msg, sizeof msg) == (ssize_t)sizeof msg) {
+        switch (msg.event) {
+        case UFFD_EVENT_UNMAP:
+            doom_locked(msg.arg.remove.start, msg.arg.remove.end, true);
+            break;
+        case UFFD_EVENT_REMOVE:
+            doom_locked(msg.arg.remove.start, msg.arg.remove.end, false);
+            break;
+        case UFFD_EVENT_REMAP:
+            doom_locked(msg.arg.remap.from, msg.arg.remap.from + msg.arg.remap.len, true);
+            break;
+        case UFFD_EVENT_PAGEFAULT: {
+            /* A page of a cached range went missing (discarded without an
+             * event we saw first): drop the entry and let the fault proceed
+             * as if we had never been there (unregistering wakes it). */
+            uintptr_t page = (uintptr_t)msg.arg.pagefault.address & ~(uintptr_t)4095;
+            doom_locked(page, page + 1, false);
+            uffd_unregister(page, page + 4096);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+/* Undoes the registrations of doomed entries nobody uses. Only the monitor
+ * removes entries that are ready, so the ones it marks stay put meanwhile. */
+static void undo_doomed(void)
+{
+    pthread_mutex_lock(&rc.lock);
+    size_t n = 0;
+    for (entry *e = rc.entries; e; e = e->next)
+        n += e->doomed && e->refs == 0 && e->ready;
+    entry **todo = n ? malloc(n * sizeof *todo) : NULL;
+    n = 0;
+    for (entry *e = rc.entries; todo && e; e = e->next)
+        if (e->doomed && e->refs == 0 && e->ready) {
+            e->undoing = true;
+            todo[n++] = e;
+        }
+    pthread_mutex_unlock(&rc.lock);
+    if (!todo)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        backend()->cache_unregister((void *)todo[i]->lo, todo[i]->hi - todo[i]->lo);
+        pm__budget_give(todo[i]->hi - todo[i]->lo);
+    }
+    free(todo);
+    pthread_mutex_lock(&rc.lock);
+    for (entry **link = &rc.entries; *link;) {
+        entry *e = *link;
+        if (e->undoing) {
+            *link = e->next;
+            free(e);
+            atomic_fetch_sub(&rc.count, 1);
+        } else {
+            link = &e->next;
+        }
+    }
+    pthread_cond_broadcast(&rc.undone);
+    pthread_mutex_unlock(&rc.lock);
+}
+
+static void *monitor_main(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        struct pollfd fds[2] = {{.fd = rc.uffd, .events = POLLIN}, {.fd = rc.wake_fd, .events = POLLIN}};
+        if (poll(fds, 2, -1) < 0 && errno != EINTR)
+            break;
+        uint64_t drained;
+        if (fds[1].revents & POLLIN && read(rc.wake_fd, &drained, sizeof drained) < 0) {
+            /* nothing to drain */
+        }
+        pthread_mutex_lock(&rc.lock);
+        read_events_locked();
+        pthread_mutex_unlock(&rc.lock);
+        undo_doomed();
+    }
+    return NULL;
+}
+
+static int open_uffd(void)
+{
+    /* Unprivileged processes may only ask for faults from user mode (the
+     * events are delivered all the same). */
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+    if (fd < 0)
+        return -1;
+    struct uffdio_api api = {.api = UFFD_API, .features = listen_features};
+    if (ioctl(fd, UFFDIO_API, &api) != 0 || (api.features & listen_features) != listen_features) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void start_listening(void)
+{
+    rc.uffd = open_uffd();
+    if (rc.uffd < 0)
+        return;
+    rc.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    if (rc.wake_fd >= 0 && pthread_create(&thread, &attr, monitor_main, NULL) == 0) {
+        rc.listening = true;
+    } else {
+        close(rc.uffd);
+        if (rc.wake_fd >= 0)
+            close(rc.wake_fd);
+        rc.uffd = rc.wake_fd = -1;
+    }
+    pthread_attr_destroy(&attr);
+}
+
+bool pm__regcache_listening(void)
+{
+    pthread_once(&listen_once, start_listening);
+    return rc.listening;
+}
+
+/* lock held: dooms the least recently used idle entries until want more
+ * bytes fit under max. */
+static bool make_room_locked(size_t want, size_t max)
+{
+    while (rc.bytes + want > max) {
+        entry *oldest = NULL;
+        for (entry *e = rc.entries; e; e = e->next)
+            if (!e->doomed && e->ready && e->refs == 0 && (!oldest || e->last_use < oldest->last_use))
+                oldest = e;
+        if (!oldest)
+            return false;
+        doom_locked(oldest->lo, oldest->hi, false);
+    }
+    return true;
+}
+
+/* Registers [lo, hi) with the driver, then with the userfaultfd (after: the
+ * driver's pinning faults pages in from the kernel, which a userfaultfd in
+ * user-mode-only mode would refuse). */
+static bool register_range(uintptr_t lo, uintptr_t hi)
+{
+    if (pm__budget_take(hi - lo, "registration cache") != PM_SUCCESS)
+        return false;
+    const pm__backend *b = backend();
+    if (b->cache_register((void *)lo, hi - lo) != PM_SUCCESS) {
+        pm__budget_give(hi - lo);
+        return false;
+    }
+    struct uffdio_register reg = {.range = {.start = lo, .len = hi - lo},
+                                  .mode = UFFDIO_REGISTER_MODE_MISSING};
+    if (ioctl(rc.uffd, UFFDIO_REGISTER, &reg) != 0) { /* not anonymous memory, say */
+        b->cache_unregister((void *)lo, hi - lo);
+        pm__budget_give(hi - lo);
+        return false;
+    }
+    return true;
+}
+
+pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const void *p, size_t bytes)
+{
+    if (!set->registration_cache || !pm__regcache_listening())
+        return NULL;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
+    const uintptr_t lo = (uintptr_t)p & ~page, hi = ((uintptr_t)p + bytes + page) & ~page;
+    pthread_mutex_lock(&rc.lock);
+    read_events_locked(); /* as fresh as the lock allows */
+    bool blocked = false;
+    for (entry *e = rc.entries; e; e = e->next) {
+        if (e->hi <= lo || e->lo >= hi)
+            continue;
+        if (!e->doomed && e->ready && e->lo <= lo && hi <= e->hi) {
+            e->refs++;
+            e->last_use = ++rc.tick;
+            pthread_mutex_unlock(&rc.lock);
+            atomic_fetch_add_explicit(&pm__copy_count.cache_hits, 1, memory_order_relaxed);
+            return e;
+        }
+        /* A smaller or shifted registration is in the way: replace it once
+         * the monitor has undone it; until then this copy is staged. */
+        if (!e->doomed && e->ready && e->refs == 0)
+            doom_locked(e->lo, e->hi, false);
+        blocked = true;
+    }
+    entry *fresh = NULL;
+    if (!blocked && hi - lo <= set->cache_max_bytes && make_room_locked(hi - lo, set->cache_max_bytes))
+        fresh = calloc(1, sizeof *fresh);
+    if (fresh) {
+        *fresh = (entry){.lo = lo, .hi = hi, .refs = 1, .last_use = ++rc.tick, .next = rc.entries};
+        rc.entries = fresh;
+        rc.bytes += hi - lo;
+        atomic_fetch_add(&rc.count, 1);
+    }
+    pthread_mutex_unlock(&rc.lock);
+    wake_monitor();
+    if (!fresh)
+        return NULL;
+    bool ok = register_range(lo, hi);
+    pthread_mutex_lock(&rc.lock);
+    if (ok && fresh->doomed) {
+        /* Invalidated while it was being registered: not for this copy. */
+        uffd_unregister(lo, hi);
+        fresh->ready = true;
+        fresh->refs = 0;
+        pthread_mutex_unlock(&rc.lock);
+        wake_monitor();
+        return NULL;
+    }
+    if (ok) {
+        fresh->ready = true;
+        fresh->in_uffd = true;
+    } else {
+        for (entry **link = &rc.entries; *link; link = &(*link)->next)
+            if (*link == fresh) {
+                *link = fresh->next;
+                break;
+            }
+        if (!fresh->doomed)
+            rc.bytes -= hi - lo;
+        atomic_fetch_sub(&rc.count, 1);
+        free(fresh);
+        fresh = NULL;
+    }
+    pthread_mutex_unlock(&rc.lock);
+    if (fresh)
+        atomic_fetch_add_explicit(&pm__copy_count.cache_registrations, 1, memory_order_relaxed);
+    return fresh;
+}
+
+void pm__regcache_release(pm__regcache_entry *e)
+{
+    pthread_mutex_lock(&rc.lock);
+    bool undo = --e->refs == 0 && e->doomed;
+    pthread_mutex_unlock(&rc.lock);
+    if (undo)
+        wake_monitor();
+}
+
+bool pm__regcache_overlaps(const void *p, size_t bytes)
+{
+    if (atomic_load_explicit(&rc.count, memory_order_acquire) == 0)
+        return false;
+    const uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    bool hit = false;
+    pthread_mutex_lock(&rc.lock);
+    read_events_locked();
+    for (entry *e = rc.entries; e && !hit; e = e->next)
+        hit = e->lo < hi && lo < e->hi;
+    pthread_mutex_unlock(&rc.lock);
+    return hit;
+}
+
+void pm__regcache_invalidate(uintptr_t lo, uintptr_t hi, bool wait)
+{
+    if (atomic_load_explicit(&rc.count, memory_order_acquire) == 0)
+        return;
+    pthread_mutex_lock(&rc.lock);
+    read_events_locked();
+    doom_locked(lo, hi, false);
+    wake_monitor();
+    for (bool pending = wait; pending;) {
+        pending = false;
+        for (entry *e = rc.entries; e && !pending; e = e->next)
+            pending = e->lo < hi && lo < e->hi;
+        if (pending)
+            pthread_cond_wait(&rc.undone, &rc.lock);
+    }
+    pthread_mutex_unlock(&rc.lock);
+}

@@ -1,0 +1,277 @@
+/* pm_memcpy_*: every size from 1 byte, offsets and alignments, both
+ * directions, sync and async, across every kind of boundary, from several
+ * threads, in stream order; bad arguments; the pinned budget. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "copy_util.h"
+
+static uint64_t rng_state = 42;
+static size_t rnd(size_t n)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (size_t)(rng_state >> 33) % n;
+}
+
+static void round_trip_reusing(uint8_t *src, uint8_t *dst, size_t n, pm_deviceptr dev, bool async,
+                               pm_stream_t s, unsigned seed, bool pageable);
+
+/* Host [src, +n) to the device and back into dst, checked byte for byte.
+ * An all-pageable source is overwritten as soon as the asynchronous copy
+ * returns, as its caller may. */
+static void round_trip(uint8_t *src, uint8_t *dst, size_t n, pm_deviceptr dev, bool async,
+                       pm_stream_t s, unsigned seed)
+{
+    round_trip_reusing(src, dst, n, dev, async, s, seed, false);
+}
+
+static void round_trip_reusing(uint8_t *src, uint8_t *dst, size_t n, pm_deviceptr dev, bool async,
+                               pm_stream_t s, unsigned seed, bool pageable)
+{
+    fill(src, n, seed);
+    memset(dst, 0, n);
+    if (async) {
+        CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, s), PM_SUCCESS);
+        if (pageable)
+            fill(src, n, seed + 1);
+        CHECK_RESULT(pm_memcpy_dtoh_async(dst, dev, n, s), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    } else {
+        CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
+    }
+    size_t bad = first_mismatch(dst, n, seed);
+    if (bad != n)
+        fprintf(stderr, "round trip of %zu bytes (%s): first wrong byte at %zu\n", n,
+                async ? "async" : "sync", bad);
+    CHECK(bad == n);
+}
+
+static void random_sizes(void)
+{
+    const size_t cap = 3 << 20;
+    uint8_t *src = malloc(cap + 64), *dst = malloc(cap + 64);
+    pm_deviceptr dev = device_alloc(cap + 64);
+    pm_stream_t s;
+    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    for (int i = 0; i < 120; i++) {
+        size_t n = i < 20 ? (size_t)i + 1 : (size_t)1 << rnd(22);
+        n = n > 1 ? n + rnd(n) : n;
+        if (n > cap)
+            n = cap;
+        size_t so = rnd(64), doff = rnd(64);
+        round_trip_reusing(src + so, dst + doff, n, dev + rnd(64), i % 2, s, (unsigned)i, true);
+    }
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    free(src);
+    free(dst);
+    device_free(dev);
+}
+
+/* Copies that start in one kind of memory and end in another. */
+static void boundaries(void)
+{
+    const size_t page = 4096, n = 1 << 20;
+    pm_deviceptr dev = device_alloc(3 * n);
+    uint8_t *back = malloc(3 * n);
+    /* pageable, then a registration in the middle, then pageable again */
+    uint8_t *buf = aligned_alloc(page, 3 * n);
+    CHECK_RESULT(pm_mem_host_register(buf + n + 100, n - 200, 0), PM_SUCCESS);
+    round_trip(buf, back, 3 * n, dev, false, NULL, 1);
+    round_trip(buf + n + 50, back, n, dev, true, NULL, 2);     /* into and out of it */
+    round_trip(buf + n + 200, back, n / 2, dev, false, NULL, 3); /* inside it */
+    CHECK_RESULT(pm_mem_host_unregister(buf + n + 100), PM_SUCCESS);
+    /* two registrations back to back */
+    CHECK_RESULT(pm_mem_host_register(buf, n, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_register(buf + n, n, 0), PM_SUCCESS);
+    round_trip(buf + n / 2, back, n, dev, true, NULL, 4);
+    CHECK_RESULT(pm_mem_host_unregister(buf), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_unregister(buf + n), PM_SUCCESS);
+    free(buf);
+    /* across two pool allocations, and past the end of a host allocation */
+    pm_mem_pool_t pool;
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    uint8_t *a = NULL, *b = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool((void **)&a, 64 << 10, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool((void **)&b, 64 << 10, pool), PM_SUCCESS);
+    uint8_t *lo = a < b ? a : b;
+    if ((size_t)((a < b ? b : a) - lo) == (64 << 10)) /* neighbours, as a fresh pool places them */
+        round_trip(lo + 1000, back, 100 << 10, dev, true, NULL, 5);
+    CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(b), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    uint8_t *h = NULL;
+    CHECK_RESULT(pm_mem_alloc_host((void **)&h, 2 * n), PM_SUCCESS);
+    round_trip(h + 7, back, 2 * n - 7, dev, false, NULL, 6);
+    CHECK_RESULT(pm_mem_free_host(h), PM_SUCCESS);
+    /* page-locked memory on both sides of a copy's far end */
+    CHECK_RESULT(pm_mem_host_alloc((void **)&h, n, PM_MEMHOSTALLOC_WRITECOMBINED), PM_SUCCESS);
+    round_trip(h + n - 300, back, 300, dev, true, NULL, 7);
+    CHECK_RESULT(pm_mem_free_host(h), PM_SUCCESS);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    CHECK(st.direct_bytes > 0 && st.staged_bytes > 0 && st.driver_bytes > 0);
+    free(back);
+    device_free(dev);
+}
+
+typedef struct worker {
+    unsigned seed;
+    int failures;
+} worker;
+
+static void *copy_thread(void *arg)
+{
+    worker *w = arg;
+    const size_t n = (1 << 20) + 12345;
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    pm_deviceptr dev = 0;
+    pm_stream_t s = NULL;
+    if (test_backend()->device_alloc(&dev, n) != PM_SUCCESS || pm_stream_create(&s) != PM_SUCCESS) {
+        w->failures++;
+        return NULL;
+    }
+    for (unsigned round = 0; round < 8; round++) {
+        unsigned seed = w->seed * 100 + round;
+        fill(src, n, seed);
+        bool async = round % 2;
+        pm_result r1 = async ? pm_memcpy_htod_async(dev, src, n, s) : pm_memcpy_htod(dev, src, n);
+        pm_result r2 = async ? pm_memcpy_dtoh_async(dst, dev, n, s) : pm_memcpy_dtoh(dst, dev, n);
+        if (r1 != PM_SUCCESS || r2 != PM_SUCCESS || first_mismatch(dst, n, seed) != n)
+            w->failures++;
+    }
+    pm_stream_destroy(s);
+    test_backend()->device_free(dev);
+    free(src);
+    free(dst);
+    return NULL;
+}
+
+static void eight_threads(void)
+{
+    pthread_t t[8];
+    worker w[8];
+    for (unsigned i = 0; i < 8; i++) {
+        w[i] = (worker){i + 1, 0};
+        pthread_create(&t[i], NULL, copy_thread, &w[i]);
+    }
+    for (unsigned i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        CHECK(w[i].failures == 0);
+    }
+}
+
+/* Later copies on one stream land after earlier ones; across streams, a
+ * synchronized stream's copies are visible to the next stream's. */
+static void ordering(void)
+{
+    const size_t n = 512 << 10;
+    uint8_t *src = malloc(n), *dst = malloc(n), *pinned = NULL;
+    CHECK_RESULT(pm_mem_alloc_host((void **)&pinned, n), PM_SUCCESS);
+    pm_deviceptr dev = device_alloc(n);
+    pm_stream_t a, b;
+    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    for (unsigned k = 0; k < 6; k++) {
+        fill(k % 2 ? pinned : src, n, 50 + k);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, k % 2 ? pinned : src, n, a), PM_SUCCESS);
+        if (k % 2)
+            CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS); /* before pinned is refilled */
+    }
+    CHECK_RESULT(pm_memcpy_dtoh_async(dst, dev, n, a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK(first_mismatch(dst, n, 55) == n);
+    fill(src, n, 77);
+    CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_dtoh_async(pinned, dev, n, b), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK(first_mismatch(pinned, n, 77) == n);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(pinned), PM_SUCCESS);
+    device_free(dev);
+    free(src);
+    free(dst);
+}
+
+static void bad_arguments(void)
+{
+    uint8_t buf[16];
+    pm_deviceptr dev = device_alloc(16);
+    CHECK_RESULT(pm_memcpy_htod(dev, NULL, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_htod(0, buf, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_dtoh(NULL, dev, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_dtoh(buf, 0, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_htod(dev, buf, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod(dev, (void *)(UINTPTR_MAX - 8), 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_dtoh(buf, UINT64_MAX - 8, 16), PM_ERROR_INVALID_VALUE);
+    if (strcmp(pm_backend_name(), "posix") == 0) /* the driver trusts stream handles */
+        CHECK_RESULT(pm_memcpy_htod_async(dev, buf, 16, (pm_stream_t)buf), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_mem_invalidate(NULL, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_invalidate(buf, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_invalidate((void *)(UINTPTR_MAX - 8), 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_copy_get_config(NULL), PM_ERROR_INVALID_VALUE);
+    pm_copy_config c = {.struct_size = 8};
+    CHECK_RESULT(pm_copy_get_config(&c), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
+    c.struct_size = sizeof c;
+    CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    CHECK(c.workers >= 1 && c.chunk_bytes >= 4096 && c.buffers >= 1);
+    c.registration_cache = 2;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
+    c.registration_cache = 0;
+    c.workers = 100000;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
+    pm_copy_stats st = {.struct_size = 4};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_copy_get_stats(NULL), PM_ERROR_INVALID_VALUE);
+    device_free(dev);
+}
+
+/* Past the budget, pinning fails with a detail and staged copies go on. */
+static void budget(void)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    c.pinned_budget = st.pinned_bytes + (1 << 20);
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    void *p = NULL;
+    CHECK_RESULT(pm_mem_alloc_host(&p, 4 << 20), PM_ERROR_OUT_OF_MEMORY);
+    CHECK(strstr(pm_last_error_detail(), "budget") != NULL);
+    const size_t n = 3 << 20;
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    CHECK_RESULT(pm_mem_host_register(src, n, 0), PM_ERROR_OUT_OF_MEMORY);
+    pm_deviceptr dev = device_alloc(n);
+    round_trip(src, dst, n, dev, false, NULL, 9); /* the ring was pinned before the cap */
+    CHECK_RESULT(pm_mem_alloc_host(&p, 4096), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
+    c.pinned_budget = 0;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_host(&p, 4 << 20), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
+    device_free(dev);
+    free(src);
+    free(dst);
+}
+
+int main(void)
+{
+    if (pm_init(0) != PM_SUCCESS) {
+        printf("pm_init: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    small_copy_config(0);
+    bad_arguments();
+    random_sizes();
+    boundaries();
+    eight_threads();
+    ordering();
+    budget();
+    return check_finish("test_copy");
+}

@@ -1,0 +1,202 @@
+/* The registration cache never sends stale data: memory unmapped and mapped
+ * again at the same address, discarded with MADV_DONTNEED, or freed and
+ * malloc'ed again. And a fault sweep: the k-th backend copy fails, or the
+ * k-th staging buffer cannot be pinned: clean errors, correct data after,
+ * no thread left waiting. */
+#include <malloc.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "copy/copy.h"
+#include "copy_util.h"
+
+enum { buffer_bytes = 8 << 20 };
+
+static pm_copy_stats stats(void)
+{
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    return st;
+}
+
+/* Sends p to the device twice (the second through the cache, where it
+ * registers) and checks what arrives. */
+static void send_and_check(uint8_t *p, pm_deviceptr dev, unsigned seed, uint8_t *back)
+{
+    for (int twice = 0; twice < 2; twice++) {
+        CHECK_RESULT(pm_memcpy_htod(dev, p, buffer_bytes), PM_SUCCESS);
+        memset(back, 0, buffer_bytes);
+        CHECK_RESULT(test_backend()->copy_dtoh(back, dev, buffer_bytes), PM_SUCCESS);
+        size_t bad = first_mismatch(back, buffer_bytes, seed);
+        if (bad != buffer_bytes)
+            fprintf(stderr, "seed %u: byte %zu of %d is stale or wrong\n", seed, bad, buffer_bytes);
+        CHECK(bad == buffer_bytes);
+    }
+}
+
+/* And the other way: the device's bytes must land in the memory the CPU sees. */
+static void receive_and_check(uint8_t *p, pm_deviceptr dev, unsigned seed, uint8_t *scratch)
+{
+    fill(scratch, buffer_bytes, seed);
+    CHECK_RESULT(test_backend()->copy_htod(dev, scratch, buffer_bytes), PM_SUCCESS);
+    memset(p, 0, buffer_bytes);
+    CHECK_RESULT(pm_memcpy_dtoh(p, dev, buffer_bytes), PM_SUCCESS);
+    CHECK(first_mismatch(p, buffer_bytes, seed) == buffer_bytes);
+}
+
+static uint8_t *map_at(void *where)
+{
+    void *p = mmap(where, buffer_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | (where ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void unmap_and_map_again(pm_deviceptr dev, uint8_t *back)
+{
+    uint8_t *p = map_at(NULL);
+    fill(p, buffer_bytes, 1);
+    send_and_check(p, dev, 1, back);
+    CHECK_RESULT(munmap(p, buffer_bytes) == 0 ? PM_SUCCESS : PM_ERROR_UNKNOWN, PM_SUCCESS);
+    uint8_t *q = map_at(p);
+    CHECK(q == p);
+    if (!q)
+        return;
+    fill(q, buffer_bytes, 2);
+    send_and_check(q, dev, 2, back);
+    receive_and_check(q, dev, 3, back);
+    munmap(q, buffer_bytes);
+}
+
+static void discard(pm_deviceptr dev, uint8_t *back)
+{
+    uint8_t *p = map_at(NULL);
+    fill(p, buffer_bytes, 4);
+    send_and_check(p, dev, 4, back);
+    CHECK(madvise(p, buffer_bytes, MADV_DONTNEED) == 0);
+    fill(p, buffer_bytes, 5);
+    send_and_check(p, dev, 5, back);
+    CHECK(madvise(p, buffer_bytes, MADV_DONTNEED) == 0);
+    receive_and_check(p, dev, 6, back);
+    munmap(p, buffer_bytes);
+}
+
+static void free_and_malloc(pm_deviceptr dev, uint8_t *back)
+{
+    mallopt(M_MMAP_THRESHOLD, 1 << 20); /* fixed: freeing unmaps, malloc maps again */
+    uint8_t *p = malloc(buffer_bytes);
+    fill(p, buffer_bytes, 7);
+    send_and_check(p, dev, 7, back);
+    free(p);
+    uint8_t *q = malloc(buffer_bytes);
+    printf("free + malloc: %s address\n", q == p ? "the same" : "a different");
+    fill(q, buffer_bytes, 8);
+    send_and_check(q, dev, 8, back);
+    free(q);
+}
+
+static void explicit_invalidate(pm_deviceptr dev, uint8_t *back)
+{
+    uint8_t *p = map_at(NULL);
+    fill(p, buffer_bytes, 9);
+    send_and_check(p, dev, 9, back);
+    unsigned long long before = stats().cache_invalidations;
+    CHECK_RESULT(pm_mem_invalidate(p + 100, 10), PM_SUCCESS);
+    if (stats().cache_listening && stats().cache_registrations)
+        CHECK(stats().cache_invalidations == before + 1);
+    /* A user's own registration of cached pages takes them over. */
+    send_and_check(p, dev, 9, back);
+    CHECK_RESULT(pm_mem_host_register(p, buffer_bytes, 0), PM_SUCCESS);
+    send_and_check(p, dev, 9, back);
+    CHECK_RESULT(pm_mem_host_unregister(p), PM_SUCCESS);
+    munmap(p, buffer_bytes);
+}
+
+static void stale_scenarios(void)
+{
+    small_copy_config(1);
+    pm_deviceptr dev = device_alloc(buffer_bytes);
+    uint8_t *back = malloc(buffer_bytes);
+    pm_copy_stats st0 = stats();
+    unmap_and_map_again(dev, back);
+    discard(dev, back);
+    free_and_malloc(dev, back);
+    explicit_invalidate(dev, back);
+    pm_copy_stats st = stats();
+    printf("registration cache: %s; %llu registrations, %llu hits, %llu invalidations\n",
+           st.cache_listening ? "hears unmaps" : "off (no userfaultfd here)",
+           st.cache_registrations - st0.cache_registrations, st.cache_hits - st0.cache_hits,
+           st.cache_invalidations - st0.cache_invalidations);
+    if (st.cache_listening && st.cache_registrations > st0.cache_registrations) {
+        CHECK(st.cache_hits > st0.cache_hits);
+        /* munmap, two discards, free, invalidate, the user's registration */
+        CHECK(st.cache_invalidations - st0.cache_invalidations >= 5);
+    } else {
+        CHECK(st.cache_registrations == st0.cache_registrations);
+    }
+    small_copy_config(0); /* undoes what the cache holds */
+    free(back);
+    device_free(dev);
+}
+
+static void fault_sweep(void)
+{
+    small_copy_config(0);
+    const size_t n = (1 << 20) + 777; /* 17 staged pieces */
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    pm_deviceptr dev = device_alloc(n);
+    pm_stream_t s;
+    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    for (int dir = 0; dir < 2; dir++) {
+        for (int k = 1;; k++) {
+            fill(src, n, (unsigned)k);
+            atomic_store(&pm__copy_fail_copy_countdown, k);
+            pm_result r = dir == 0 ? pm_memcpy_htod_async(dev, src, n, s)
+                                   : pm_memcpy_dtoh_async(dst, dev, n, s);
+            bool fired = atomic_load(&pm__copy_fail_copy_countdown) == 0;
+            atomic_store(&pm__copy_fail_copy_countdown, 0);
+            CHECK(fired ? r == PM_ERROR_UNKNOWN : r == PM_SUCCESS);
+            if (fired)
+                CHECK(strstr(pm_last_error_detail(), "injected") != NULL);
+            CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+            /* the engine is whole: a clean copy works */
+            CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+            CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
+            CHECK(first_mismatch(dst, n, (unsigned)k) == n);
+            if (!fired)
+                break;
+        }
+    }
+    unsigned long long pinned = 0;
+    for (unsigned k = 1; k <= 7; k++) {
+        pm_copy_config c = {.struct_size = sizeof c};
+        CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+        c.buffers = c.buffers == 6 ? 5 : 6; /* a new ring for every k */
+        CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+        atomic_store(&pm__copy_fail_stage_countdown, (int)k);
+        fill(src, n, 100 + k);
+        CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+        atomic_store(&pm__copy_fail_stage_countdown, 0);
+        CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
+        CHECK(first_mismatch(dst, n, 100 + k) == n);
+        if (k == 2)
+            pinned = stats().pinned_bytes;
+        else if (k > 2)
+            CHECK(stats().pinned_bytes == pinned); /* nothing leaks pinned memory */
+    }
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    device_free(dev);
+    free(src);
+    free(dst);
+}
+
+int main(void)
+{
+    if (pm_init(0) != PM_SUCCESS) {
+        printf("pm_init: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    stale_scenarios();
+    fault_sweep();
+    return check_finish("test_copy_cache");
+}
