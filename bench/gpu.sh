@@ -28,4 +28,14 @@ echo "== differential test, verbose"
 echo "== tests, POSIX backend on the same machine"
 (cd build-gpu && PINMEM_BACKEND=posix ctest -j4 -E differential) 2>&1 | tee "$OUT/tests-posix.log" | tail -4
 echo "== benchmarks"
-./build-gpu/tools/pinmem bench all 2>&1 | tee "$OUT/bench.txt"
+# PINMEM_BENCH selects (default: pool and copy); "all" adds cold allocation and the registry.
+for what in ${PINMEM_BENCH:-pool copy}; do
+    ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
+done
+
+# PINMEM_SWEEP="workers:chunk ..." also measures copies with other staging shapes.
+for shape in ${PINMEM_SWEEP:-}; do
+    echo "== copy, ${shape%%:*} workers, ${shape##*:} chunks"
+    PINMEM_COPY_WORKERS=${shape%%:*} PINMEM_COPY_CHUNK=${shape##*:} \
+        ./build-gpu/tools/pinmem bench copy 2>&1 | tee "$OUT/sweep-${shape/:/-}.txt" | grep -E "MiB|GiB" | grep -v cache
+done

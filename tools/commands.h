@@ -9,6 +9,8 @@ int cmd_info(void);
 int bench_host(bool quick);
 int bench_registry(bool quick);
 int bench_pool(bool quick);
+/* plot_file: where --plot draws bandwidth against size, or NULL. */
+int bench_copy(bool quick, const char *plot_file);
 
 /* Shared by the benchmarks. */
 double now_ns(void);

@@ -12,7 +12,9 @@ static int usage(FILE *to)
                 "       pinmem bench host [--quick]       the same\n"
                 "       pinmem bench registry [--quick]   range lookups with up to 1,000,000 live ranges\n"
                 "       pinmem bench pool [--quick]       pool pairs, threads, copy speed, footprint\n"
+                "       pinmem bench copy [--quick]       copies from and to pageable and pinned memory\n"
                 "       pinmem bench all [--quick]        all of the above\n"
+                "       (bench also takes --plot FILE.png: copy bandwidth against size)\n"
                 "       pinmem version\n");
     return to == stderr ? 2 : 0;
 }
@@ -35,9 +37,12 @@ int main(int argc, char **argv)
 
     const char *what = "host";
     bool quick = false;
+    const char *plot = NULL;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = true;
+        else if (strcmp(argv[i], "--plot") == 0 && i + 1 < argc)
+            plot = argv[++i];
         else if (argv[i][0] != '-')
             what = argv[i];
         else
@@ -52,10 +57,13 @@ int main(int argc, char **argv)
         return bench_registry(quick);
     if (strcmp(what, "pool") == 0)
         return bench_pool(quick);
+    if (strcmp(what, "copy") == 0)
+        return bench_copy(quick, plot);
     if (strcmp(what, "all") == 0) {
         int rc = bench_host(quick);
         rc = rc ? rc : bench_registry(quick);
-        return rc ? rc : bench_pool(quick);
+        rc = rc ? rc : bench_pool(quick);
+        return rc ? rc : bench_copy(quick, plot);
     }
     return usage(stderr);
 }

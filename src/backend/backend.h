@@ -71,6 +71,9 @@ typedef struct pm__backend {
     /* Work enqueued on s after this waits for m. */
     pm_result (*marker_wait)(pm_stream_t s, const pm__marker *m);
     void (*marker_release)(pm__marker *m);
+    /* Records m again at the end of s's work, reusing what it holds (cuda:
+     * the event); m is done, or empty (handle NULL). */
+    pm_result (*marker_rerecord)(pm_stream_t s, pm__marker *m);
     /* Blocks the calling thread until m is done. */
     pm_result (*marker_synchronize)(const pm__marker *m);
 

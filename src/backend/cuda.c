@@ -295,6 +295,13 @@ static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
     DRIVER_CALL("cuStreamWaitEvent", cu->stream_wait_event((CUstream)s, (CUevent)m->handle, 0));
 }
 
+static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
+{
+    if (!m->handle)
+        return cuda_marker_record(s, m);
+    DRIVER_CALL("cuEventRecord", cu->event_record((CUevent)m->handle, (CUstream)s));
+}
+
 static pm_result cuda_marker_synchronize(const pm__marker *m)
 {
     CUresult rc = cu->event_synchronize((CUevent)m->handle);
@@ -534,6 +541,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->marker_wait = cuda_marker_wait;
     out->marker_release = cuda_marker_release;
     out->marker_synchronize = cuda_marker_synchronize;
+    out->marker_rerecord = cuda_marker_rerecord;
     out->chunk_pin = cuda_chunk_pin;
     out->chunk_unpin = cuda_chunk_unpin;
     out->baseline_name = "cuMemHostAlloc";

@@ -402,6 +402,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->marker_wait = pm__posix_marker_wait;
     out->marker_release = pm__posix_marker_release;
     out->marker_synchronize = pm__posix_marker_synchronize;
+    out->marker_rerecord = pm__posix_marker_rerecord;
     out->chunk_pin = posix_chunk_pin;
     out->chunk_unpin = posix_chunk_unpin;
     out->baseline_name = "mmap+mlock";

@@ -287,6 +287,17 @@ bool pm__posix_marker_done(const pm__marker *m)
     return atomic_load_explicit(&s->completed, memory_order_acquire) >= m->seq;
 }
 
+pm_result pm__posix_marker_rerecord(pm_stream_t s, pm__marker *m)
+{
+    pm__marker fresh;
+    pm_result r = pm__posix_marker_record(s, &fresh);
+    if (r == PM_SUCCESS) {
+        pm__posix_marker_release(m);
+        *m = fresh;
+    }
+    return r;
+}
+
 pm_result pm__posix_marker_synchronize(const pm__marker *m)
 {
     wait_for(m->handle, m->seq);

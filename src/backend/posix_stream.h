@@ -14,5 +14,6 @@ bool pm__posix_marker_done(const pm__marker *m);
 pm_result pm__posix_marker_wait(pm_stream_t s, const pm__marker *m);
 void pm__posix_marker_release(pm__marker *m);
 pm_result pm__posix_marker_synchronize(const pm__marker *m);
+pm_result pm__posix_marker_rerecord(pm_stream_t s, pm__marker *m);
 
 #endif

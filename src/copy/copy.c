@@ -74,9 +74,26 @@ static pm_result cached_copy(const pm__backend *b, pm__regcache_entry *e, pm__di
     return r;
 }
 
+/* The driver's own path for pageable memory; a synchronous copy uses the
+ * driver's synchronous call, which returns as soon as the source is staged
+ * rather than after the DMA. */
+static pm_result driver_copy(const pm__backend *b, pm__direction dir, uint8_t *host,
+                             pm_deviceptr dev, size_t n, pm_stream_t s, bool sync)
+{
+    pm_result r = !sync ? backend_copy(b, dir, host, dev, n, s, false)
+                  : pm__copy_injected(&pm__copy_fail_copy_countdown)
+                      ? pm__fail(PM_ERROR_UNKNOWN, "copy failed (injected fault)")
+                  : dir == PM__HTOD ? b->copy_htod(dev, host, n)
+                                    : b->copy_dtoh(host, dev, n);
+    if (r == PM_SUCCESS)
+        count(&pm__copy_count.driver_bytes, n);
+    return r;
+}
+
+/* *queued: work was left running on the stream (a synchronous copy waits for it). */
 static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *b,
                                pm__direction dir, uint8_t *host, pm_deviceptr dev, size_t n,
-                               pm_stream_t s)
+                               pm_stream_t s, bool sync, bool *queued)
 {
     if (set->registration_cache && n >= set->cache_min_bytes) {
         pm__regcache_entry *e = pm__regcache_acquire(set, host, n);
@@ -87,19 +104,13 @@ static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *
      * so memory with a cached registration waiting to be undone is staged. */
     bool driver_may = !pm__regcache_overlaps(host, n);
     pm_result r;
-    if (n <= set->direct_max && driver_may) {
-        r = backend_copy(b, dir, host, dev, n, s, false);
-        if (r == PM_SUCCESS)
-            count(&pm__copy_count.driver_bytes, n);
-        return r;
-    }
+    if (n <= set->direct_max && driver_may)
+        return driver_copy(b, dir, host, dev, n, s, sync);
     bool no_ring;
     r = pm__staged_copy(set, dir, host, dev, n, s, &no_ring);
-    if (no_ring && driver_may) { /* nothing pinned for staging (budget): slower, but works */
-        r = backend_copy(b, dir, host, dev, n, s, false);
-        if (r == PM_SUCCESS)
-            count(&pm__copy_count.driver_bytes, n);
-    }
+    *queued |= dir == PM__HTOD && !no_ring;
+    if (no_ring && driver_may) /* nothing pinned for staging (budget): slower, but works */
+        r = driver_copy(b, dir, host, dev, n, s, sync);
     return r;
 }
 
@@ -120,21 +131,23 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
     if (r != PM_SUCCESS)
         return r;
     const pm__copy_settings *set = pm__copy_enter();
+    bool queued = false;
     const uintptr_t start = (uintptr_t)host, end = start + bytes;
     for (uintptr_t at = start; at < end && r == PM_SUCCESS;) {
         piece p = next_piece(inst->ranges, at, end);
         size_t n = p.end - at, off = at - start;
         if (p.pinned) {
             r = backend_copy(b, dir, (uint8_t *)at, dev + off, n, s, true);
+            queued = true;
             if (r == PM_SUCCESS)
                 count(&pm__copy_count.direct_bytes, n);
         } else {
-            r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s);
+            r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s, sync, &queued);
         }
         at = p.end;
     }
     pm__copy_leave();
-    if (r == PM_SUCCESS && sync)
+    if (r == PM_SUCCESS && sync && queued)
         r = b->stream_synchronize(s);
     return r;
 }

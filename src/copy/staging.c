@@ -21,8 +21,8 @@
 
 typedef struct buffer {
     void *p;
-    pm__marker inflight; /* behind the last DMA out of p (host to device) */
-    bool has_marker;
+    pm__marker mark; /* behind the last DMA from or into p; reused */
+    bool pending;    /* mark may not be done yet */
 } buffer;
 
 typedef struct job {
@@ -74,12 +74,11 @@ static buffer *take_buffer(void)
     eng.queue_head = (eng.queue_head + 1) % eng.n_buffers;
     eng.queue_count--;
     pthread_mutex_unlock(&eng.lock);
-    if (b->has_marker) {
+    if (b->pending) {
         const pm__backend *be = backend();
-        if (be->marker_synchronize(&b->inflight) != PM_SUCCESS)
+        if (be->marker_synchronize(&b->mark) != PM_SUCCESS)
             be->stream_synchronize(NULL); /* cannot tell: wait for everything */
-        be->marker_release(&b->inflight);
-        b->has_marker = false;
+        b->pending = false;
     }
     return b;
 }
@@ -104,19 +103,18 @@ static pm_result run_piece(const job *j, size_t index)
     if (j->dir == PM__HTOD) {
         memcpy(b->p, j->host + off, n);
         r = pm__copy_backend_htod(be, j->dev + off, b->p, n, j->stream, true);
-        if (r == PM_SUCCESS && be->marker_record(j->stream, &b->inflight) == PM_SUCCESS)
-            b->has_marker = true;
+        if (r == PM_SUCCESS && be->marker_rerecord(j->stream, &b->mark) == PM_SUCCESS)
+            b->pending = true;
         else if (r == PM_SUCCESS)
             r = be->stream_synchronize(j->stream); /* no marker: the buffer must be free now */
     } else {
-        pm__marker done;
         r = pm__copy_backend_dtoh(be, b->p, j->dev + off, n, j->stream, true);
         if (r == PM_SUCCESS)
-            r = be->marker_record(j->stream, &done);
-        if (r == PM_SUCCESS) {
-            r = be->marker_synchronize(&done);
-            be->marker_release(&done);
-        }
+            r = be->marker_rerecord(j->stream, &b->mark);
+        if (r == PM_SUCCESS)
+            r = be->marker_synchronize(&b->mark);
+        else
+            be->stream_synchronize(j->stream); /* the DMA may have been queued */
         if (r == PM_SUCCESS)
             memcpy(j->host + off, b->p, n);
     }
@@ -197,10 +195,10 @@ static void free_ring(void)
 {
     const pm__backend *be = backend();
     for (unsigned i = 0; i < eng.n_buffers; i++) {
-        if (eng.ring[i].has_marker) {
-            be->marker_synchronize(&eng.ring[i].inflight);
-            be->marker_release(&eng.ring[i].inflight);
-        }
+        if (eng.ring[i].pending)
+            be->marker_synchronize(&eng.ring[i].mark);
+        if (eng.ring[i].mark.handle)
+            be->marker_release(&eng.ring[i].mark);
         pm_mem_free(eng.ring[i].p);
     }
     free(eng.ring);

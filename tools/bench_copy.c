@@ -1,0 +1,190 @@
+/* Copies: pinmem's pm_memcpy_* against the backend's own copy (the driver's
+ * cuMemcpyHtoD/DtoH) on the same buffers, sizes 4 KiB to 1 GiB, side by side
+ * and interleaved; from page-locked memory; and repeated copies of one large
+ * pageable buffer with the registration cache warm. --plot draws bandwidth
+ * against size with gnuplot. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "commands.h"
+#include "instance.h"
+#include "pinmem.h"
+
+typedef pm_result (*copy_fn)(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n);
+
+static pm_result driver_htod(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+{
+    return b->copy_htod(d, h, n);
+}
+static pm_result driver_dtoh(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+{
+    return b->copy_dtoh(h, d, n);
+}
+static pm_result pinmem_htod(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+{
+    (void)b;
+    return pm_memcpy_htod(d, h, n);
+}
+static pm_result pinmem_dtoh(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+{
+    (void)b;
+    return pm_memcpy_dtoh(h, d, n);
+}
+
+static int reps_for(size_t n) { return n <= (1u << 20) ? 200 : n <= (64u << 20) ? 20 : 5; }
+
+/* Median nanoseconds of each of two ways, run in turn so drift hits both. */
+static void time_pair(const pm__backend *b, copy_fn f1, copy_fn f2, pm_deviceptr d, uint8_t *h,
+                      size_t n, double *t1, double *t2, bool *failed)
+{
+    int reps = reps_for(n);
+    double *a = malloc(sizeof *a * (size_t)reps), *c = malloc(sizeof *c * (size_t)reps);
+    *failed |= f1(b, d, h, n) != PM_SUCCESS || f2(b, d, h, n) != PM_SUCCESS; /* warm */
+    for (int k = 0; k < reps; k++) {
+        double t0 = now_ns();
+        *failed |= f1(b, d, h, n) != PM_SUCCESS;
+        double t1_ = now_ns();
+        *failed |= f2(b, d, h, n) != PM_SUCCESS;
+        a[k] = t1_ - t0;
+        c[k] = now_ns() - t1_;
+    }
+    *t1 = median(a, (size_t)reps);
+    *t2 = median(c, (size_t)reps);
+    free(a);
+    free(c);
+}
+
+static void set_cache(bool on, size_t direct_max)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    pm_copy_get_config(&c);
+    c.registration_cache = on;
+    c.direct_max = direct_max;
+    pm_copy_set_config(&c);
+}
+
+static double gbps(size_t n, double ns) { return ns > 0 ? (double)n / ns : 0; }
+
+/* Writes FILE.dat and FILE.gp beside FILE and runs gnuplot on them; where
+ * gnuplot is missing (the GPU machine), the two stay to be drawn elsewhere. */
+static void plot(const char *file, const char *device, const char *rows)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s.dat", file);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        printf("plot: cannot write %s\n", path);
+        return;
+    }
+    fputs("# bytes, GB/s: pinmem htod, driver htod, pinmem dtoh, driver dtoh, pinned driver htod\n", f);
+    fputs(rows, f);
+    fclose(f);
+    const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+    snprintf(path, sizeof path, "%s.gp", file);
+    f = fopen(path, "w");
+    if (!f)
+        return;
+    fprintf(f,
+            "set terminal pngcairo size 1000,620\n"
+            "set output '%s'\n"
+            "set title 'Copy bandwidth against size, pageable host memory (%s)'\n"
+            "set logscale x 2\n"
+            "set format x '%%.0b%%B'\n"
+            "set xlabel 'bytes per copy'\n"
+            "set ylabel 'GB/s'\n"
+            "set key top left\n"
+            "set grid\n"
+            "plot '%s.dat' using 1:2 with linespoints lw 2 title 'pinmem, host to device', "
+            "'' using 1:3 with linespoints lw 2 title 'driver, host to device', "
+            "'' using 1:4 with linespoints lw 2 title 'pinmem, device to host', "
+            "'' using 1:5 with linespoints lw 2 title 'driver, device to host', "
+            "'' using 1:6 with lines dt 2 lw 2 title 'driver from pinned memory, host to device'\n",
+            base, device, base);
+    fclose(f);
+    char cmd[2300];
+    snprintf(cmd, sizeof cmd, "cd \"$(dirname '%s')\" && gnuplot '%s.gp' 2>&1", file, base);
+    int rc = system(cmd);
+    printf(rc == 0 ? "plot: wrote %s\n"
+                   : "plot: gnuplot is missing or failed; %s.dat and %s.gp are there to draw it\n",
+           file, file);
+}
+
+int bench_copy(bool quick, const char *plot_file)
+{
+    pm_result r = PM_SUCCESS;
+    pm__instance *inst = pm__instance_get(&r);
+    if (!inst) {
+        printf("bench copy: no backend: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    const pm__backend *b = &inst->backend;
+    const size_t max = quick ? (size_t)64 << 20 : (size_t)1 << 30;
+    uint8_t *pageable = malloc(max), *pinned = NULL;
+    pm_deviceptr dev = 0;
+    if (!pageable || pm_mem_alloc_host((void **)&pinned, max) != PM_SUCCESS ||
+        b->device_alloc(&dev, max) != PM_SUCCESS) {
+        printf("bench copy: setup failed: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    memset(pageable, 1, max);
+    memset(pinned, 2, max);
+    pm_copy_config cfg = {.struct_size = sizeof cfg};
+    pm_copy_get_config(&cfg);
+    printf("copies, median (backend %s: %u workers, %zu KiB chunks, %u buffers; driver's own "
+           "path up to %zu KiB)\n",
+           b->name, cfg.workers, cfg.chunk_bytes >> 10, cfg.buffers, cfg.direct_max >> 10);
+    printf("%-9s | %-28s | %-28s | %-22s | %s\n", "size", "pageable -> device GB/s",
+           "device -> pageable GB/s", "pinned -> device GB/s", "staged only, -> device");
+    printf("%-9s | %8s %8s %9s | %8s %8s %9s | %8s %8s %6s | %s\n", "", "pinmem", "driver",
+           "ratio", "pinmem", "driver", "ratio", "pinmem", "driver", "%", "time vs driver");
+    char rows[4096] = "";
+    bool failed = false;
+    for (size_t n = 4096; n <= max; n *= 4) {
+        double ph, dh, pd, dd, pp, dp, sh, dh2;
+        time_pair(b, pinmem_htod, driver_htod, dev, pageable, n, &ph, &dh, &failed);
+        time_pair(b, pinmem_dtoh, driver_dtoh, dev, pageable, n, &pd, &dd, &failed);
+        time_pair(b, pinmem_htod, driver_htod, dev, pinned, n, &pp, &dp, &failed);
+        set_cache(false, (size_t)-1); /* everything through the staging ring */
+        time_pair(b, pinmem_htod, driver_htod, dev, pageable, n, &sh, &dh2, &failed);
+        set_cache(false, cfg.direct_max);
+        char sz[32];
+        printf("%-9s | %8.1f %8.1f %8.2fx | %8.1f %8.1f %8.2fx | %8.1f %8.1f %5.1f%% | %.2fx\n",
+               human_size(n, sz, sizeof sz), gbps(n, ph), gbps(n, dh), dh / ph, gbps(n, pd),
+               gbps(n, dd), dd / pd, gbps(n, pp), gbps(n, dp), 100 * dp / pp, sh / dh2);
+        size_t used = strlen(rows);
+        snprintf(rows + used, sizeof rows - used, "%zu %.3f %.3f %.3f %.3f %.3f\n", n, gbps(n, ph),
+                 gbps(n, dh), gbps(n, pd), gbps(n, dd), gbps(n, dp));
+    }
+    /* Repeated copies of one large pageable buffer, the cache warm. */
+    set_cache(true, cfg.direct_max);
+    double first = now_ns();
+    failed |= pm_memcpy_htod(dev, pageable, max) != PM_SUCCESS;
+    first = now_ns() - first;
+    double t[10];
+    for (int k = 0; k < 10; k++) {
+        double t0 = now_ns();
+        failed |= pm_memcpy_htod(dev, pageable, max) != PM_SUCCESS;
+        t[k] = now_ns() - t0;
+    }
+    double warm = median(t, 10);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    pm_copy_get_stats(&st);
+    char sz[32];
+    printf("\nregistration cache (%s), repeated copies of one %s pageable buffer to the device: "
+           "first %.1f GB/s, then %.1f GB/s (median of 10); %llu registrations, %llu hits\n",
+           st.cache_listening ? "hears unmaps" : "off: no userfaultfd", human_size(max, sz, sizeof sz),
+           gbps(max, first), gbps(max, warm), st.cache_registrations, st.cache_hits);
+    set_cache(false, cfg.direct_max);
+    if (failed)
+        printf("(a copy failed: %s)\n", pm_last_error_detail());
+    if (plot_file)
+        plot(plot_file, inst->backend.caps.device_name, rows);
+    b->device_free(dev);
+    pm_mem_free_host(pinned);
+    free(pageable);
+    return failed;
+}
