@@ -24,15 +24,16 @@ static size_t env_size(const char *name, size_t fallback)
     return pm__parse_size(getenv(name), &v) && v > 0 ? (size_t)v : fallback;
 }
 
-/* Twelve threads filling 2 MiB buffers kept the H100's copy engine busy
- * (driver-behavior.md); fewer on smaller machines, leaving a core to the
- * caller, which works on its own copy as well. */
+/* One worker per core but the caller's, which works on its own copy as
+ * well, up to 15; 1 MiB pieces. Of the shapes measured on the H100 (8, 12
+ * and 15 workers; 1, 2 and 4 MiB), this one was best from 16 MiB to 256 MiB
+ * and within noise of the best at 1 GiB (bench/results). */
 static void choose_defaults(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned workers = cpus > 13 ? 12 : cpus > 2 ? (unsigned)cpus - 1 : 1;
+    unsigned workers = cpus > 16 ? 15 : cpus > 2 ? (unsigned)cpus - 1 : 1;
     settings.workers = (unsigned)env_size("PINMEM_COPY_WORKERS", workers);
-    settings.chunk_bytes = env_size("PINMEM_COPY_CHUNK", (size_t)2 << 20);
+    settings.chunk_bytes = env_size("PINMEM_COPY_CHUNK", (size_t)1 << 20);
     settings.buffers = (unsigned)env_size("PINMEM_COPY_BUFFERS", 2 * (settings.workers + 1) + 4);
     /* Measured on the H100: one staged piece is slower than the driver's own
      * pipelined path until a copy spans a few pieces. */
