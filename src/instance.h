@@ -16,6 +16,14 @@ typedef struct pm__instance {
  * no backend could be initialised. The same answer on every call. */
 pm__instance *pm__instance_get(pm_result *r);
 
+/* The backend, for internal code that runs only after a public call has
+ * initialised the instance. */
+static inline const pm__backend *pm__instance_backend(void)
+{
+    pm_result ignored;
+    return &pm__instance_get(&ignored)->backend;
+}
+
 /* Runs the preamble every public call starts with. */
 #define PM__INSTANCE_OR_RETURN(inst)          \
     pm_result init_result_ = PM_SUCCESS;      \

@@ -55,8 +55,6 @@ const pm__copy_settings *pm__copy_enter(void)
 
 void pm__copy_leave(void) { pthread_rwlock_unlock(&gate); }
 
-static size_t at_least_one(size_t v) { return v ? v : 1; }
-
 pm_result pm_copy_get_config(pm_copy_config *config)
 {
     PM__INSTANCE_OR_RETURN(inst);
@@ -101,7 +99,7 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
     if (config->chunk_bytes)
         fresh.chunk_bytes = (config->chunk_bytes + 4095) & ~(size_t)4095;
     if (config->buffers)
-        fresh.buffers = (unsigned)at_least_one(config->buffers);
+        fresh.buffers = config->buffers;
     if (config->direct_max)
         fresh.direct_max = config->direct_max == (size_t)-1 ? 0 : config->direct_max;
     fresh.registration_cache = config->registration_cache == 1;
@@ -154,18 +152,15 @@ bool pm__copy_injected(_Atomic int *countdown)
     return false;
 }
 
-pm_result pm__copy_backend_htod(const pm__backend *b, pm_deviceptr d, const void *src, size_t n,
-                                pm_stream_t s, bool pinned)
+pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
+                           size_t n, pm_stream_t s, pm__copy_via via)
 {
     if (pm__copy_injected(&pm__copy_fail_copy_countdown))
-        return pm__fail(PM_ERROR_UNKNOWN, "host-to-device copy failed (injected fault)");
-    return b->copy_htod_async(d, src, n, s, pinned);
-}
-
-pm_result pm__copy_backend_dtoh(const pm__backend *b, void *dst, pm_deviceptr d, size_t n,
-                                pm_stream_t s, bool pinned)
-{
-    if (pm__copy_injected(&pm__copy_fail_copy_countdown))
-        return pm__fail(PM_ERROR_UNKNOWN, "device-to-host copy failed (injected fault)");
-    return b->copy_dtoh_async(dst, d, n, s, pinned);
+        return pm__fail(PM_ERROR_UNKNOWN, "%s copy failed (injected fault)",
+                        dir == PM__HTOD ? "host-to-device" : "device-to-host");
+    if (via == PM__VIA_SYNC)
+        return dir == PM__HTOD ? b->copy_htod(dev, host, n) : b->copy_dtoh(host, dev, n);
+    bool pinned = via == PM__VIA_PINNED;
+    return dir == PM__HTOD ? b->copy_htod_async(dev, host, n, s, pinned)
+                           : b->copy_dtoh_async(host, dev, n, s, pinned);
 }

@@ -43,13 +43,6 @@ static piece next_piece(pm__ranges *ranges, uintptr_t at, uintptr_t end)
     return (piece){end, false};
 }
 
-static pm_result backend_copy(const pm__backend *b, pm__direction dir, uint8_t *host,
-                              pm_deviceptr dev, size_t n, pm_stream_t s, bool pinned)
-{
-    return dir == PM__HTOD ? pm__copy_backend_htod(b, dev, host, n, s, pinned)
-                           : pm__copy_backend_dtoh(b, host, dev, n, s, pinned);
-}
-
 static void count(_Atomic unsigned long long *counter, size_t n)
 {
     atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
@@ -60,7 +53,7 @@ static void count(_Atomic unsigned long long *counter, size_t n)
 static pm_result cached_copy(const pm__backend *b, pm__regcache_entry *e, pm__direction dir,
                              uint8_t *host, pm_deviceptr dev, size_t n, pm_stream_t s)
 {
-    pm_result r = backend_copy(b, dir, host, dev, n, s, true);
+    pm_result r = pm__copy_backend(b, dir, host, dev, n, s, PM__VIA_PINNED);
     pm__marker done;
     if (r == PM_SUCCESS && (r = b->marker_record(s, &done)) == PM_SUCCESS) {
         r = b->marker_synchronize(&done);
@@ -80,11 +73,8 @@ static pm_result cached_copy(const pm__backend *b, pm__regcache_entry *e, pm__di
 static pm_result driver_copy(const pm__backend *b, pm__direction dir, uint8_t *host,
                              pm_deviceptr dev, size_t n, pm_stream_t s, bool sync)
 {
-    pm_result r = !sync ? backend_copy(b, dir, host, dev, n, s, false)
-                  : pm__copy_injected(&pm__copy_fail_copy_countdown)
-                      ? pm__fail(PM_ERROR_UNKNOWN, "copy failed (injected fault)")
-                  : dir == PM__HTOD ? b->copy_htod(dev, host, n)
-                                    : b->copy_dtoh(host, dev, n);
+    pm_result r =
+        pm__copy_backend(b, dir, host, dev, n, s, sync ? PM__VIA_SYNC : PM__VIA_PAGEABLE);
     if (r == PM_SUCCESS)
         count(&pm__copy_count.driver_bytes, n);
     return r;
@@ -137,7 +127,7 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
         piece p = next_piece(inst->ranges, at, end);
         size_t n = p.end - at, off = at - start;
         if (p.pinned) {
-            r = backend_copy(b, dir, (uint8_t *)at, dev + off, n, s, true);
+            r = pm__copy_backend(b, dir, (uint8_t *)at, dev + off, n, s, PM__VIA_PINNED);
             queued = true;
             if (r == PM_SUCCESS)
                 count(&pm__copy_count.direct_bytes, n);

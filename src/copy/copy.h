@@ -71,10 +71,11 @@ static inline void pm__regcache_evict(uintptr_t lo, uintptr_t hi)
 }
 bool pm__regcache_listening(void);
 
+/* How a piece reaches the backend: queued on the stream with the host side
+ * page-locked or pageable, or through the driver's synchronous call. */
+typedef enum { PM__VIA_PINNED, PM__VIA_PAGEABLE, PM__VIA_SYNC } pm__copy_via;
 /* The backend's copy calls, with the fault hook in front. */
-pm_result pm__copy_backend_htod(const pm__backend *b, pm_deviceptr d, const void *src, size_t n,
-                                pm_stream_t s, bool pinned);
-pm_result pm__copy_backend_dtoh(const pm__backend *b, void *dst, pm_deviceptr d, size_t n,
-                                pm_stream_t s, bool pinned);
+pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
+                           size_t n, pm_stream_t s, pm__copy_via via);
 
 #endif

@@ -66,12 +66,6 @@ static struct {
         .wake_fd = -1};
 static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
 
-static const pm__backend *backend(void)
-{
-    pm_result ignored;
-    return &pm__instance_get(&ignored)->backend;
-}
-
 static void wake_monitor(void)
 {
     uint64_t one = 1;
@@ -150,7 +144,7 @@ static void undo_doomed(void)
     if (!todo)
         return;
     for (size_t i = 0; i < n; i++) {
-        backend()->cache_unregister((void *)todo[i]->lo, todo[i]->hi - todo[i]->lo);
+        pm__instance_backend()->cache_unregister((void *)todo[i]->lo, todo[i]->hi - todo[i]->lo);
         pm__budget_give(todo[i]->hi - todo[i]->lo);
     }
     free(todo);
@@ -255,7 +249,7 @@ static bool register_range(uintptr_t lo, uintptr_t hi)
 {
     if (pm__budget_take(hi - lo, "registration cache") != PM_SUCCESS)
         return false;
-    const pm__backend *b = backend();
+    const pm__backend *b = pm__instance_backend();
     if (b->cache_register((void *)lo, hi - lo) != PM_SUCCESS) {
         pm__budget_give(hi - lo);
         return false;

@@ -59,12 +59,6 @@ static struct {
          .progressed = PTHREAD_COND_INITIALIZER,
          .buffer_freed = PTHREAD_COND_INITIALIZER};
 
-static const pm__backend *backend(void)
-{
-    pm_result ignored;
-    return &pm__instance_get(&ignored)->backend;
-}
-
 static buffer *take_buffer(void)
 {
     pthread_mutex_lock(&eng.lock);
@@ -75,7 +69,7 @@ static buffer *take_buffer(void)
     eng.queue_count--;
     pthread_mutex_unlock(&eng.lock);
     if (b->pending) {
-        const pm__backend *be = backend();
+        const pm__backend *be = pm__instance_backend();
         if (be->marker_synchronize(&b->mark) != PM_SUCCESS)
             be->stream_synchronize(NULL); /* cannot tell: wait for everything */
         b->pending = false;
@@ -95,20 +89,20 @@ static void give_buffer(buffer *b)
 /* One piece of a job, through one buffer. */
 static pm_result run_piece(const job *j, size_t index)
 {
-    const pm__backend *be = backend();
+    const pm__backend *be = pm__instance_backend();
     size_t off = index * j->chunk;
     size_t n = j->bytes - off < j->chunk ? j->bytes - off : j->chunk;
     buffer *b = take_buffer();
     pm_result r;
     if (j->dir == PM__HTOD) {
         memcpy(b->p, j->host + off, n);
-        r = pm__copy_backend_htod(be, j->dev + off, b->p, n, j->stream, true);
+        r = pm__copy_backend(be, PM__HTOD, b->p, j->dev + off, n, j->stream, PM__VIA_PINNED);
         if (r == PM_SUCCESS && be->marker_rerecord(j->stream, &b->mark) == PM_SUCCESS)
             b->pending = true;
         else if (r == PM_SUCCESS)
             r = be->stream_synchronize(j->stream); /* no marker: the buffer must be free now */
     } else {
-        r = pm__copy_backend_dtoh(be, b->p, j->dev + off, n, j->stream, true);
+        r = pm__copy_backend(be, PM__DTOH, b->p, j->dev + off, n, j->stream, PM__VIA_PINNED);
         if (r == PM_SUCCESS)
             r = be->marker_rerecord(j->stream, &b->mark);
         if (r == PM_SUCCESS)
@@ -193,7 +187,7 @@ static void *worker_main(void *unused)
 /* Frees whatever the ring holds (gate held for writing, or during start). */
 static void free_ring(void)
 {
-    const pm__backend *be = backend();
+    const pm__backend *be = pm__instance_backend();
     for (unsigned i = 0; i < eng.n_buffers; i++) {
         if (eng.ring[i].pending)
             be->marker_synchronize(&eng.ring[i].mark);
