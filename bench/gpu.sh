@@ -28,14 +28,18 @@ echo "== differential test, verbose"
 echo "== tests, POSIX backend on the same machine"
 (cd build-gpu && PINMEM_BACKEND=posix ctest -j4 -E differential) 2>&1 | tee "$OUT/tests-posix.log" | tail -4
 echo "== benchmarks"
-# PINMEM_BENCH selects (default: pool and copy); "all" adds cold allocation and the registry.
-for what in ${PINMEM_BENCH:-pool copy}; do
+# PINMEM_BENCH selects (default: pool, copy and staging); "all" adds cold
+# allocation and the registry.
+for what in ${PINMEM_BENCH:-pool copy staging}; do
     ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
 done
 
-# PINMEM_SWEEP="workers:chunk ..." also measures copies with other staging shapes.
+# PINMEM_SWEEP="workers:chunk[:buffers] ..." measures staged copies with other
+# staging shapes (pinmem bench staging).
 for shape in ${PINMEM_SWEEP:-}; do
-    echo "== copy, ${shape%%:*} workers, ${shape##*:} chunks"
-    PINMEM_COPY_WORKERS=${shape%%:*} PINMEM_COPY_CHUNK=${shape##*:} \
-        ./build-gpu/tools/pinmem bench copy 2>&1 | tee "$OUT/sweep-${shape/:/-}.txt" | grep -E "MiB|GiB" | grep -v cache
+    IFS=: read -r workers chunk buffers <<<"$shape"
+    echo "== staging, $workers workers, $chunk pieces, ${buffers:-default} buffers"
+    PINMEM_COPY_WORKERS=$workers PINMEM_COPY_CHUNK=$chunk PINMEM_COPY_BUFFERS=${buffers:-} \
+        ./build-gpu/tools/pinmem bench staging 2>&1 | tee "$OUT/sweep-${shape//:/-}.txt" |
+        grep -E "^(staged|[0-9]+ [MG]iB .*(htod|dtoh))"
 done

@@ -252,11 +252,19 @@ PM_API pm_result pm_memcpy_dtoh_async(void *dst, pm_deviceptr src, size_t bytes,
  * cannot hear (see pm_copy_config.registration_cache). */
 PM_API pm_result pm_mem_invalidate(void *p, size_t bytes);
 
+/* How staging workers write into or out of their buffers. */
+typedef enum {
+    PM_COPY_STORES_DEFAULT = 0,
+    PM_COPY_STORES_CACHED = 1,    /* memcpy */
+    PM_COPY_STORES_STREAMING = 2  /* non-temporal stores (x86-64; elsewhere memcpy) */
+} pm_copy_stores;
+
 /* How copies work. A zero field means the default, chosen from the machine;
  * pm_copy_get_config reports the values in effect. Environment variables set
  * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_CHUNK, PINMEM_COPY_BUFFERS,
- * PINMEM_COPY_DIRECT_MAX, PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET
- * (sizes take K, M and G suffixes). */
+ * PINMEM_COPY_DIRECT_MAX, PINMEM_COPY_STORES=cached|streaming,
+ * PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET (sizes take K, M and G
+ * suffixes). */
 typedef struct pm_copy_config {
     size_t struct_size;          /* set by the caller */
     unsigned workers;            /* staging threads (the caller helps as well) */
@@ -273,6 +281,7 @@ typedef struct pm_copy_config {
     unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
                                          Past it, allocations fail with OUT_OF_MEMORY and the
                                          cache stops registering; staged copies go on. */
+    pm_copy_stores staging_stores;
 } pm_copy_config;
 
 PM_API pm_result pm_copy_get_config(pm_copy_config *config);
@@ -289,6 +298,11 @@ typedef struct pm_copy_stats {
     unsigned long long cache_registrations, cache_hits, cache_invalidations;
     unsigned long long pinned_bytes;    /* pinned by the process now, all kinds */
     int cache_listening;                /* 1: the cache hears unmaps (userfaultfd) */
+    /* Where staging time goes, summed over all threads that ran pieces: */
+    unsigned long long staged_pieces;
+    unsigned long long staging_copy_ns;  /* CPU copies into or out of the buffers */
+    unsigned long long staging_wait_ns;  /* waiting for a free buffer or for a DMA */
+    unsigned long long staging_queue_ns; /* queuing DMAs and markers with the backend */
 } pm_copy_stats;
 
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);

@@ -11,6 +11,10 @@ int bench_registry(bool quick);
 int bench_pool(bool quick);
 /* plot_file: where --plot draws bandwidth against size, or NULL. */
 int bench_copy(bool quick, const char *plot_file);
+/* Staged copies alone: the DMA rate for pieces queued from pinned memory, and
+ * staged copies of 16 MiB and up, cached against streaming stores, with the
+ * engine's time counters. */
+int bench_staging(bool quick);
 
 /* Shared by the benchmarks. */
 double now_ns(void);

@@ -13,6 +13,7 @@ static int usage(FILE *to)
                 "       pinmem bench registry [--quick]   range lookups with up to 1,000,000 live ranges\n"
                 "       pinmem bench pool [--quick]       pool pairs, threads, copy speed, footprint\n"
                 "       pinmem bench copy [--quick]       copies from and to pageable and pinned memory\n"
+                "       pinmem bench staging [--quick]    where a staged copy's time goes\n"
                 "       pinmem bench all [--quick]        all of the above\n"
                 "       (bench also takes --plot FILE.png: copy bandwidth against size)\n"
                 "       pinmem version\n");
@@ -59,11 +60,14 @@ int main(int argc, char **argv)
         return bench_pool(quick);
     if (strcmp(what, "copy") == 0)
         return bench_copy(quick, plot);
+    if (strcmp(what, "staging") == 0)
+        return bench_staging(quick);
     if (strcmp(what, "all") == 0) {
         int rc = bench_host(quick);
         rc = rc ? rc : bench_registry(quick);
         rc = rc ? rc : bench_pool(quick);
-        return rc ? rc : bench_copy(quick, plot);
+        rc = rc ? rc : bench_copy(quick, plot);
+        return rc ? rc : bench_staging(quick);
     }
     return usage(stderr);
 }

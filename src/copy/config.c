@@ -38,6 +38,9 @@ static void choose_defaults(void)
     /* Measured on the H100: one staged piece is slower than the driver's own
      * pipelined path until a copy spans a few pieces. */
     settings.direct_max = env_size("PINMEM_COPY_DIRECT_MAX", (size_t)4 << 20);
+    const char *stores = getenv("PINMEM_COPY_STORES");
+    settings.streaming_stores = pm__streaming_stores_available() &&
+                                !(stores && strcmp(stores, "cached") == 0);
     const char *cache = getenv("PINMEM_REGISTRATION_CACHE");
     settings.registration_cache = cache && strcmp(cache, "1") == 0;
     settings.cache_min_bytes = (size_t)64 << 20;
@@ -73,6 +76,7 @@ pm_result pm_copy_get_config(pm_copy_config *config)
         .cache_min_bytes = s->cache_min_bytes,
         .cache_max_bytes = s->cache_max_bytes,
         .pinned_budget = pm__budget_cap(),
+        .staging_stores = s->streaming_stores ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED,
     };
     pm__copy_leave();
     return PM_SUCCESS;
@@ -87,6 +91,10 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
                         "pm_copy_set_config: config is NULL or its struct_size is too small");
     if (config->registration_cache < 0 || config->registration_cache > 1)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_copy_set_config: registration_cache is 0 or 1");
+    if (config->staging_stores < PM_COPY_STORES_DEFAULT ||
+        config->staging_stores > PM_COPY_STORES_STREAMING)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_copy_set_config: staging_stores is not a pm_copy_stores value");
     if (config->workers > 256 || config->buffers > 4096 ||
         config->chunk_bytes > ((size_t)1 << 30))
         return pm__fail(PM_ERROR_INVALID_VALUE,
@@ -103,6 +111,9 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
     if (config->direct_max)
         fresh.direct_max = config->direct_max == (size_t)-1 ? 0 : config->direct_max;
     fresh.registration_cache = config->registration_cache == 1;
+    if (config->staging_stores != PM_COPY_STORES_DEFAULT)
+        fresh.streaming_stores = config->staging_stores == PM_COPY_STORES_STREAMING &&
+                                 pm__streaming_stores_available();
     if (config->cache_min_bytes)
         fresh.cache_min_bytes = config->cache_min_bytes;
     if (config->cache_max_bytes)
@@ -139,6 +150,10 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .cache_invalidations = atomic_load(&c->cache_invalidations),
         .pinned_bytes = pm__budget_pinned(),
         .cache_listening = pm__regcache_listening(),
+        .staged_pieces = atomic_load(&c->staged_pieces),
+        .staging_copy_ns = atomic_load(&c->staging_copy_ns),
+        .staging_wait_ns = atomic_load(&c->staging_wait_ns),
+        .staging_queue_ns = atomic_load(&c->staging_queue_ns),
     };
     return PM_SUCCESS;
 }

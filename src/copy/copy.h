@@ -25,11 +25,13 @@ typedef struct pm__copy_settings {
     size_t direct_max;
     bool registration_cache;
     size_t cache_min_bytes, cache_max_bytes;
+    bool streaming_stores;
 } pm__copy_settings;
 
 typedef struct pm__copy_counters {
     _Atomic unsigned long long direct_bytes, staged_bytes, driver_bytes, cached_bytes;
     _Atomic unsigned long long cache_registrations, cache_hits, cache_invalidations;
+    _Atomic unsigned long long staged_pieces, staging_copy_ns, staging_wait_ns, staging_queue_ns;
 } pm__copy_counters;
 
 extern pm__copy_counters pm__copy_count;
@@ -52,6 +54,10 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
                           pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool *no_ring);
 /* Stops the workers and frees the ring (the gate held for writing). */
 void pm__staging_stop(void);
+
+/* memcopy.c: memcpy, or with streaming stores where the machine has them. */
+void pm__copy_bytes(void *dst, const void *src, size_t n, bool streaming);
+bool pm__streaming_stores_available(void);
 
 /* regcache.c */
 typedef struct pm__regcache_entry pm__regcache_entry;

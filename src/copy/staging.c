@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../clock.h"
 #include "../errors.h"
 #include "../instance.h"
 #include "copy.h"
@@ -31,6 +32,7 @@ typedef struct job {
     pm_deviceptr dev;
     size_t bytes, chunk;
     pm_stream_t stream;
+    bool streaming; /* streaming stores for the CPU copies */
     size_t pieces, next, done; /* guarded by the engine lock */
     pm_result error;           /* the first failure */
     char detail[256];          /* its detail, recorded on the thread it happened on */
@@ -59,8 +61,14 @@ static struct {
          .progressed = PTHREAD_COND_INITIALIZER,
          .buffer_freed = PTHREAD_COND_INITIALIZER};
 
+static void count_ns(_Atomic unsigned long long *counter, unsigned long long since)
+{
+    atomic_fetch_add_explicit(counter, pm__now_ns() - since, memory_order_relaxed);
+}
+
 static buffer *take_buffer(void)
 {
+    unsigned long long t0 = pm__now_ns();
     pthread_mutex_lock(&eng.lock);
     while (eng.queue_count == 0)
         pthread_cond_wait(&eng.buffer_freed, &eng.lock);
@@ -74,6 +82,7 @@ static buffer *take_buffer(void)
             be->stream_synchronize(NULL); /* cannot tell: wait for everything */
         b->pending = false;
     }
+    count_ns(&pm__copy_count.staging_wait_ns, t0);
     return b;
 }
 
@@ -86,6 +95,14 @@ static void give_buffer(buffer *b)
     pthread_mutex_unlock(&eng.lock);
 }
 
+/* The CPU half of a piece, timed for the statistics. */
+static void cpu_copy(const job *j, void *dst, const void *src, size_t n)
+{
+    unsigned long long t0 = pm__now_ns();
+    pm__copy_bytes(dst, src, n, j->streaming);
+    count_ns(&pm__copy_count.staging_copy_ns, t0);
+}
+
 /* One piece of a job, through one buffer. */
 static pm_result run_piece(const job *j, size_t index)
 {
@@ -94,25 +111,33 @@ static pm_result run_piece(const job *j, size_t index)
     size_t n = j->bytes - off < j->chunk ? j->bytes - off : j->chunk;
     buffer *b = take_buffer();
     pm_result r;
+    unsigned long long t0;
     if (j->dir == PM__HTOD) {
-        memcpy(b->p, j->host + off, n);
+        cpu_copy(j, b->p, j->host + off, n);
+        t0 = pm__now_ns();
         r = pm__copy_backend(be, PM__HTOD, b->p, j->dev + off, n, j->stream, PM__VIA_PINNED);
         if (r == PM_SUCCESS && be->marker_rerecord(j->stream, &b->mark) == PM_SUCCESS)
             b->pending = true;
         else if (r == PM_SUCCESS)
             r = be->stream_synchronize(j->stream); /* no marker: the buffer must be free now */
+        count_ns(&pm__copy_count.staging_queue_ns, t0);
     } else {
+        t0 = pm__now_ns();
         r = pm__copy_backend(be, PM__DTOH, b->p, j->dev + off, n, j->stream, PM__VIA_PINNED);
         if (r == PM_SUCCESS)
             r = be->marker_rerecord(j->stream, &b->mark);
+        count_ns(&pm__copy_count.staging_queue_ns, t0);
+        t0 = pm__now_ns();
         if (r == PM_SUCCESS)
             r = be->marker_synchronize(&b->mark);
         else
             be->stream_synchronize(j->stream); /* the DMA may have been queued */
+        count_ns(&pm__copy_count.staging_wait_ns, t0);
         if (r == PM_SUCCESS)
-            memcpy(j->host + off, b->p, n);
+            cpu_copy(j, j->host + off, b->p, n);
     }
     give_buffer(b);
+    atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);
     return r;
 }
 
@@ -278,7 +303,8 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
         }
     }
     job j = {.dir = dir, .host = host, .dev = dev, .bytes = bytes, .chunk = eng.chunk,
-             .stream = stream, .pieces = (bytes + eng.chunk - 1) / eng.chunk};
+             .stream = stream, .streaming = set->streaming_stores,
+             .pieces = (bytes + eng.chunk - 1) / eng.chunk};
     if (j.pieces > 1) { /* a single piece is the caller's alone: no hand-off */
         j.listed = true;
         j.following = eng.jobs;

@@ -4,9 +4,9 @@
  * Everything here runs under pool->lock. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../budget.h"
+#include "../clock.h"
 #include "../errors.h"
 #include "../instance.h"
 #include "pool_internal.h"
@@ -119,13 +119,6 @@ static void set_pages(pm__span *s)
         atomic_store_explicit(&s->chunk->pages[s->first + i], s, memory_order_release);
 }
 
-static unsigned long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
-}
-
 static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
 {
     size_t need = npages_needed * PM__POOL_PAGE;
@@ -160,7 +153,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
             retire_span(pool, span);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
     }
-    unsigned long long t0 = now_ns();
+    unsigned long long t0 = pm__now_ns();
     void *base = NULL;
     pm_result r = pm__budget_take(len, "memory pool");
     if (r == PM_SUCCESS) {
@@ -168,7 +161,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
         if (r != PM_SUCCESS)
             pm__budget_give(len);
     }
-    pool->pin_ns += now_ns() - t0;
+    pool->pin_ns += pm__now_ns() - t0;
     if (r != PM_SUCCESS) {
         free(chunk);
         retire_span(pool, span);
@@ -275,10 +268,10 @@ static void release_chunk(pm__pool *pool, size_t index)
     if (pm__ranges_retire(inst->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
         pm__ranges_withdraw(inst->ranges, r.pin_base);
     pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
-    unsigned long long t0 = now_ns();
+    unsigned long long t0 = pm__now_ns();
     pm__pool_backend()->chunk_unpin(c->base, c->len);
     pm__budget_give(c->len);
-    pool->pin_ns += now_ns() - t0;
+    pool->pin_ns += pm__now_ns() - t0;
     pool->reserved -= c->len;
     pool->chunks_released++;
     pool->chunks[index] = pool->chunks[--pool->n_chunks];

@@ -1,0 +1,60 @@
+/* The CPU half of a staged copy. Staging moves far more bytes than any cache
+ * holds, so ordinary stores first read every destination line they are about
+ * to overwrite and later write it back: two memory passes for one. Streaming
+ * (non-temporal) stores write whole lines straight to memory, which leaves
+ * more of the memory system to the DMA engine reading or writing the other
+ * side of the ring at the same time. */
+#include <stdint.h>
+#include <string.h>
+
+#include "copy.h"
+
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <emmintrin.h>
+
+static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    /* Streaming stores need 16-byte aligned destinations: the head up to the
+     * first aligned byte, and the tail shorter than a block, use memcpy. */
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    size_t blocks = n / 64;
+    for (size_t i = 0; i < blocks; i++, dst += 64, src += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+    memcpy(dst, src, n % 64);
+    /* Streaming stores are weakly ordered: make them visible before the
+     * caller hands the buffer to the DMA engine or to the user. */
+    _mm_sfence();
+}
+#define HAVE_STREAMING 1
+#else
+#define HAVE_STREAMING 0
+#endif
+
+bool pm__streaming_stores_available(void) { return HAVE_STREAMING; }
+
+void pm__copy_bytes(void *dst, const void *src, size_t n, bool streaming)
+{
+#if HAVE_STREAMING
+    if (streaming) {
+        copy_streaming(dst, src, n);
+        return;
+    }
+#else
+    (void)streaming;
+#endif
+    memcpy(dst, src, n);
+}

@@ -1,0 +1,128 @@
+/* Where a staged copy's time goes: large pageable copies forced through the
+ * staging ring, with cached and with streaming stores, side by side, and the
+ * engine's own time counters per piece (CPU copy, waiting for a buffer or a
+ * DMA, queuing the DMA). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "commands.h"
+#include "instance.h"
+#include "pinmem.h"
+
+static void configure(pm_copy_stores stores, size_t direct_max)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    pm_copy_get_config(&c);
+    c.staging_stores = stores;
+    c.direct_max = direct_max;
+    pm_copy_set_config(&c);
+}
+
+static void row(bool htod, pm_copy_stores stores, pm_deviceptr dev, uint8_t *host, size_t n,
+                bool *failed)
+{
+    enum { REPS = 7 };
+    double t[REPS];
+    pm_copy_stats before = {.struct_size = sizeof before}, after = before;
+    configure(stores, (size_t)-1);
+    *failed |= (htod ? pm_memcpy_htod(dev, host, n) : pm_memcpy_dtoh(host, dev, n)) != PM_SUCCESS;
+    pm_copy_get_stats(&before);
+    for (int k = 0; k < REPS; k++) {
+        double t0 = now_ns();
+        *failed |= (htod ? pm_memcpy_htod(dev, host, n) : pm_memcpy_dtoh(host, dev, n)) != PM_SUCCESS;
+        t[k] = now_ns() - t0;
+    }
+    pm_copy_get_stats(&after);
+    double pieces = (double)(after.staged_pieces - before.staged_pieces);
+    if (pieces < 1)
+        pieces = 1;
+    double copy_us = (double)(after.staging_copy_ns - before.staging_copy_ns) / pieces / 1e3;
+    double wait_us = (double)(after.staging_wait_ns - before.staging_wait_ns) / pieces / 1e3;
+    double queue_us = (double)(after.staging_queue_ns - before.staging_queue_ns) / pieces / 1e3;
+    pm_copy_config c = {.struct_size = sizeof c};
+    pm_copy_get_config(&c);
+    char sz[32];
+    printf("%-9s %-6s %-9s | %7.1f | %9.1f %9.1f %9.1f | %7.2f\n", human_size(n, sz, sizeof sz),
+           htod ? "htod" : "dtoh", stores == PM_COPY_STORES_STREAMING ? "streaming" : "cached",
+           (double)n / median(t, REPS), copy_us, wait_us, queue_us,
+           copy_us > 0 ? (double)c.chunk_bytes / copy_us / 1e3 : 0);
+}
+
+/* The DMA engine's own rate for pieces queued back to back from page-locked
+ * memory, with and without a marker behind each piece as the ring records:
+ * the ceiling for a staged copy of that piece size. */
+static void dma_ceiling(const pm__backend *b, pm_deviceptr dev, uint8_t *pinned, size_t total,
+                        bool *failed)
+{
+    enum { REPS = 5 };
+    pm__marker mark = {0};
+    *failed |= b->marker_record(NULL, &mark) != PM_SUCCESS;
+    char sz[32];
+    printf("\nDMA from page-locked memory, %s in pieces queued on one stream (median of %d)\n",
+           human_size(total, sz, sizeof sz), REPS);
+    for (size_t piece = (size_t)256 << 10; piece <= ((size_t)4 << 20); piece *= 2) {
+        double t[2][REPS];
+        for (int k = 0; k < REPS; k++)
+            for (int marked = 0; marked < 2; marked++) {
+                double t0 = now_ns();
+                for (size_t off = 0; off < total; off += piece) {
+                    *failed |= b->copy_htod_async(dev + off, pinned + off, piece, NULL, true) !=
+                               PM_SUCCESS;
+                    if (marked)
+                        *failed |= b->marker_rerecord(NULL, &mark) != PM_SUCCESS;
+                }
+                *failed |= b->stream_synchronize(NULL) != PM_SUCCESS;
+                t[marked][k] = now_ns() - t0;
+            }
+        printf("%-9s pieces: %5.1f GB/s, with a marker behind each %5.1f GB/s\n",
+               human_size(piece, sz, sizeof sz), (double)total / median(t[0], REPS),
+               (double)total / median(t[1], REPS));
+    }
+    b->marker_release(&mark);
+}
+
+int bench_staging(bool quick)
+{
+    pm_result r = PM_SUCCESS;
+    pm__instance *inst = pm__instance_get(&r);
+    if (!inst) {
+        printf("bench staging: no backend: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    const pm__backend *b = &inst->backend;
+    const size_t max = quick ? (size_t)64 << 20 : (size_t)1 << 30;
+    uint8_t *pageable = malloc(max), *pinned = NULL;
+    pm_deviceptr dev = 0;
+    if (!pageable || pm_mem_alloc_host((void **)&pinned, max) != PM_SUCCESS ||
+        b->device_alloc(&dev, max) != PM_SUCCESS) {
+        printf("bench staging: setup failed: %s\n", pm_last_error_detail());
+        free(pageable);
+        return 1;
+    }
+    memset(pageable, 1, max);
+    memset(pinned, 2, max);
+    bool failed = false;
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    pm_copy_get_config(&saved);
+    dma_ceiling(b, dev, pinned, max < ((size_t)256 << 20) ? max : (size_t)256 << 20, &failed);
+    printf("\nstaged copies only (%s: %u workers, %zu KiB pieces, %u buffers), median of 7; "
+           "time per piece summed over the threads that ran it\n",
+           b->name, saved.workers, saved.chunk_bytes >> 10, saved.buffers);
+    printf("%-9s %-6s %-9s | %7s | %9s %9s %9s | %s\n", "size", "dir", "stores", "GB/s",
+           "copy us", "wait us", "queue us", "CPU GB/s per thread");
+    for (size_t n = (size_t)16 << 20; n <= max; n *= 4)
+        for (int dir = 0; dir < 2; dir++)
+            for (int s = 0; s < 2; s++)
+                row(dir == 0, s ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED, dev, pageable,
+                    n, &failed);
+    pm_copy_set_config(&saved);
+    if (failed)
+        printf("(a copy failed: %s)\n", pm_last_error_detail());
+    b->device_free(dev);
+    pm_mem_free_host(pinned);
+    free(pageable);
+    return failed;
+}
