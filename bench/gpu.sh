@@ -34,12 +34,12 @@ for what in ${PINMEM_BENCH:-pool copy staging}; do
     ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
 done
 
-# PINMEM_SWEEP="workers:chunk[:buffers] ..." measures staged copies with other
-# staging shapes (pinmem bench staging).
+# PINMEM_SWEEP="workers:chunk[:buffers[:slice]] ..." measures staged copies
+# with other staging shapes (pinmem bench staging), all into sweep.txt.
 for shape in ${PINMEM_SWEEP:-}; do
-    IFS=: read -r workers chunk buffers <<<"$shape"
-    echo "== staging, $workers workers, $chunk pieces, ${buffers:-default} buffers"
+    IFS=: read -r workers chunk buffers slice <<<"$shape"
+    echo "== staging, $workers workers, $chunk pieces, ${buffers:-default} buffers, ${slice:-default} slices"
     PINMEM_COPY_WORKERS=$workers PINMEM_COPY_CHUNK=$chunk PINMEM_COPY_BUFFERS=${buffers:-} \
-        ./build-gpu/tools/pinmem bench staging 2>&1 | tee "$OUT/sweep-${shape//:/-}.txt" |
+        PINMEM_COPY_SLICE=${slice:-} ./build-gpu/tools/pinmem bench staging 2>&1 |
         grep -E "^(staged|[0-9]+ [MG]iB .*(htod|dtoh))"
-done
+done 2>&1 | tee "$OUT/sweep.txt"

@@ -261,14 +261,14 @@ typedef enum {
 
 /* How copies work. A zero field means the default, chosen from the machine;
  * pm_copy_get_config reports the values in effect. Environment variables set
- * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_CHUNK, PINMEM_COPY_BUFFERS,
- * PINMEM_COPY_DIRECT_MAX, PINMEM_COPY_STORES=cached|streaming,
+ * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_CHUNK, PINMEM_COPY_SLICE,
+ * PINMEM_COPY_BUFFERS, PINMEM_COPY_DIRECT_MAX, PINMEM_COPY_STORES=cached|streaming,
  * PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET (sizes take K, M and G
  * suffixes). */
 typedef struct pm_copy_config {
     size_t struct_size;          /* set by the caller */
     unsigned workers;            /* staging threads (the caller helps as well) */
-    size_t chunk_bytes;          /* size of one staging buffer */
+    size_t chunk_bytes;          /* size of one staging buffer, moved by one DMA */
     unsigned buffers;            /* staging buffers in the ring */
     size_t direct_max;           /* pageable copies up to this size go through the
                                     driver's own path, which is cheaper for them;
@@ -281,7 +281,9 @@ typedef struct pm_copy_config {
     unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
                                          Past it, allocations fail with OUT_OF_MEMORY and the
                                          cache stops registering; staged copies go on. */
-    pm_copy_stores staging_stores;
+    pm_copy_stores staging_stores; /* DEFAULT: cached stores into the ring (the DMA finds
+                                      the bytes in the CPU's cache), streaming ones out */
+    size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
 } pm_copy_config;
 
 PM_API pm_result pm_copy_get_config(pm_copy_config *config);
@@ -299,7 +301,7 @@ typedef struct pm_copy_stats {
     unsigned long long pinned_bytes;    /* pinned by the process now, all kinds */
     int cache_listening;                /* 1: the cache hears unmaps (userfaultfd) */
     /* Where staging time goes, summed over all threads that ran pieces: */
-    unsigned long long staged_pieces;
+    unsigned long long staged_pieces;    /* DMAs through a staging buffer */
     unsigned long long staging_copy_ns;  /* CPU copies into or out of the buffers */
     unsigned long long staging_wait_ns;  /* waiting for a free buffer or for a DMA */
     unsigned long long staging_queue_ns; /* queuing DMAs and markers with the backend */

@@ -54,6 +54,7 @@ static inline void small_copy_config(int registration_cache)
     CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
     c.workers = 3;
     c.chunk_bytes = 64 << 10;
+    c.slice_bytes = 16 << 10; /* four threads fill a buffer */
     c.buffers = 6;
     c.direct_max = 4 << 10;
     c.registration_cache = registration_cache;

@@ -20,13 +20,24 @@ typedef enum { PM__HTOD, PM__DTOH } pm__direction;
 /* The settings in effect (pm_copy_config with the defaults filled in). */
 typedef struct pm__copy_settings {
     unsigned workers;
-    size_t chunk_bytes;
+    size_t chunk_bytes; /* one buffer, one DMA */
+    size_t slice_bytes; /* one CPU copy */
     unsigned buffers;
     size_t direct_max;
     bool registration_cache;
     size_t cache_min_bytes, cache_max_bytes;
-    bool streaming_stores;
+    pm_copy_stores stores;
 } pm__copy_settings;
+
+/* Whether the CPU copies of a staged copy in direction dir use streaming
+ * stores. By default only those out of the ring into the user's memory do:
+ * into the ring, cached stores leave the bytes in the CPU's cache, where the
+ * DMA finds them (measured on the H100: 45.8 against 40.8 GB/s at 1 GiB). */
+static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir)
+{
+    return set->stores == PM_COPY_STORES_STREAMING ||
+           (set->stores == PM_COPY_STORES_DEFAULT && dir == PM__DTOH);
+}
 
 typedef struct pm__copy_counters {
     _Atomic unsigned long long direct_bytes, staged_bytes, driver_bytes, cached_bytes;
@@ -57,7 +68,6 @@ void pm__staging_stop(void);
 
 /* memcopy.c: memcpy, or with streaming stores where the machine has them. */
 void pm__copy_bytes(void *dst, const void *src, size_t n, bool streaming);
-bool pm__streaming_stores_available(void);
 
 /* regcache.c */
 typedef struct pm__regcache_entry pm__regcache_entry;

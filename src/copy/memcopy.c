@@ -44,8 +44,6 @@ static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
 #define HAVE_STREAMING 0
 #endif
 
-bool pm__streaming_stores_available(void) { return HAVE_STREAMING; }
-
 void pm__copy_bytes(void *dst, const void *src, size_t n, bool streaming)
 {
 #if HAVE_STREAMING
