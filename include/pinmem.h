@@ -281,8 +281,9 @@ typedef struct pm_copy_config {
     unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
                                          Past it, allocations fail with OUT_OF_MEMORY and the
                                          cache stops registering; staged copies go on. */
-    pm_copy_stores staging_stores; /* DEFAULT: cached stores into the ring (the DMA finds
-                                      the bytes in the CPU's cache), streaming ones out */
+    pm_copy_stores staging_stores; /* DEFAULT: streaming stores, except into the ring for
+                                      copies of 256 MiB and more (the DMA then finds the
+                                      bytes in the CPU's cache) */
     size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
 } pm_copy_config;
 

@@ -29,14 +29,18 @@ typedef struct pm__copy_settings {
     pm_copy_stores stores;
 } pm__copy_settings;
 
-/* Whether the CPU copies of a staged copy in direction dir use streaming
- * stores. By default only those out of the ring into the user's memory do:
- * into the ring, cached stores leave the bytes in the CPU's cache, where the
- * DMA finds them (measured on the H100: 45.8 against 40.8 GB/s at 1 GiB). */
-static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir)
+/* Whether the CPU copies of a staged copy of bytes in direction dir use
+ * streaming stores. By default (measured on the H100, bench/results) those
+ * out of the ring into the user's memory do, and those into the ring do up to
+ * 256 MiB: beyond that cached stores win, as the DMA then finds the bytes in
+ * the CPU's cache (51-52 against 45-48 GB/s at 1 GiB; 43-45 against 30-41 at
+ * 64 MiB the other way round). */
+static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir,
+                                           size_t bytes)
 {
-    return set->stores == PM_COPY_STORES_STREAMING ||
-           (set->stores == PM_COPY_STORES_DEFAULT && dir == PM__DTOH);
+    if (set->stores != PM_COPY_STORES_DEFAULT)
+        return set->stores == PM_COPY_STORES_STREAMING;
+    return dir == PM__DTOH || bytes < ((size_t)256 << 20);
 }
 
 typedef struct pm__copy_counters {

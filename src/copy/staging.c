@@ -48,6 +48,7 @@ typedef struct job {
     bool streaming; /* streaming stores for the CPU copies */
     /* Guarded by the engine lock: */
     size_t next_offset;          /* where the next piece starts */
+    unsigned pieces_started;
     buffer *current;             /* the piece whose slices are being handed out */
     unsigned next_slice;         /* of current */
     size_t slices, slices_done;  /* in the whole job */
@@ -95,6 +96,31 @@ static void count_ns(_Atomic unsigned long long *counter, unsigned long long sin
 
 static unsigned slices_of(size_t bytes, size_t slice) { return (unsigned)((bytes + slice - 1) / slice); }
 
+/* The size of piece k, starting at offset. The first pieces ramp up from one
+ * slice, doubling, to a whole buffer: the first DMA starts as soon as one
+ * slice is copied, while the workers are still waking, instead of waiting
+ * for a whole buffer to fill. */
+static size_t piece_bytes(const job *j, unsigned k, size_t offset)
+{
+    size_t ramp = k < 16 ? j->slice << k : j->chunk;
+    size_t n = ramp < j->chunk ? ramp : j->chunk;
+    return j->bytes - offset < n ? j->bytes - offset : n;
+}
+
+/* Slices in the whole job: the ramp piece by piece, then whole buffers. */
+static size_t slices_in(const job *j)
+{
+    size_t off = 0, slices = 0;
+    unsigned k = 0;
+    for (; off < j->bytes && piece_bytes(j, k, off) < j->chunk; k++) {
+        slices += slices_of(piece_bytes(j, k, off), j->slice);
+        off += piece_bytes(j, k, off);
+    }
+    size_t rest = j->bytes - off;
+    return slices + rest / j->chunk * slices_of(j->chunk, j->slice) +
+           slices_of(rest % j->chunk, j->slice);
+}
+
 static void record_error(job *j, pm_result r)
 {
     if (r != PM_SUCCESS && j->error == PM_SUCCESS) {
@@ -135,7 +161,7 @@ static void claim_from(job *j, claim *c)
         eng.queue_head = (eng.queue_head + 1) % eng.n_buffers;
         eng.queue_count--;
         b->offset = j->next_offset;
-        b->bytes = j->bytes - b->offset < j->chunk ? j->bytes - b->offset : j->chunk;
+        b->bytes = piece_bytes(j, j->pieces_started++, b->offset);
         b->slices = b->slices_left = slices_of(b->bytes, j->slice);
         b->dma = DMA_NOT_QUEUED;
         j->next_offset += b->bytes;
@@ -444,8 +470,8 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
     }
     job j = {.dir = dir, .host = host, .dev = dev, .bytes = bytes, .chunk = eng.chunk,
              .slice = set->slice_bytes < eng.chunk ? set->slice_bytes : eng.chunk, .stream = stream,
-             .streaming = pm__copy_streams_stores(set, dir)};
-    j.slices = bytes / j.chunk * slices_of(j.chunk, j.slice) + slices_of(bytes % j.chunk, j.slice);
+             .streaming = pm__copy_streams_stores(set, dir, bytes)};
+    j.slices = slices_in(&j);
     if (j.slices > 1) { /* a single slice is the caller's alone: no hand-off */
         j.listed = true;
         j.following = eng.jobs;
