@@ -19,13 +19,25 @@ static pthread_key_t exit_key;
 static _Thread_local pm__cache *thread_caches[PM__MAX_CACHED_POOLS]
     __attribute__((tls_model("initial-exec")));
 
-static void lock_cache(pm__cache *c)
+static void lock_cache(pm__cache *c) { pm__foreign_enter(&c->guard); }
+static void unlock_cache(pm__cache *c) { pm__foreign_leave(&c->guard); }
+
+/* A cache entered by its owner's fast entry, or taken over (slow paths). */
+static void leave_cache(pm__cache *c, bool taken)
 {
-    while (atomic_flag_test_and_set_explicit(&c->lock, memory_order_acquire))
-        ;
+    if (taken)
+        unlock_cache(c);
+    else
+        pm__owner_leave(&c->guard);
 }
 
-static void unlock_cache(pm__cache *c) { atomic_flag_clear_explicit(&c->lock, memory_order_release); }
+static bool is_tagged(pm__cache *c) { return atomic_load_explicit(&c->tagged, memory_order_relaxed); }
+static pm_stream_t tag_of(pm__cache *c) { return atomic_load_explicit(&c->tag, memory_order_relaxed); }
+static void set_tag(pm__cache *c, bool tagged, pm_stream_t s)
+{
+    atomic_store_explicit(&c->tag, s, memory_order_relaxed);
+    atomic_store_explicit(&c->tagged, tagged, memory_order_relaxed);
+}
 
 static long long load(_Atomic long long *v) { return atomic_load_explicit(v, memory_order_relaxed); }
 /* Only the holder of the lock that guards a counter writes it, so no
@@ -47,16 +59,16 @@ static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
         n += bin->n;
         bin->n = 0;
     }
-    if (n && pm__pending_add(pool, c->tag, blocks, n) != PM_SUCCESS) {
+    if (n && pm__pending_add(pool, tag_of(c), blocks, n) != PM_SUCCESS) {
         /* No marker could be recorded: wait for the stream instead, and the
          * blocks are free at once. */
-        pm__pool_backend()->stream_synchronize(c->tag);
+        pm__pool_backend()->stream_synchronize(tag_of(c));
         for (size_t i = 0; i < n; i++) {
             pm__chunk *chunk;
             pm__central_free_block(pool, pm__span_of((uintptr_t)blocks[i], &chunk), blocks[i]);
         }
     }
-    c->tagged = false;
+    set_tag(c, false, tag_of(c));
 }
 
 /* c->lock held; takes pool->lock. Everything cached goes back to the pool. */
@@ -72,7 +84,7 @@ static void flush_locked(pm__pool *pool, pm__cache *c)
         }
         bin->n = 0;
     }
-    if (c->tagged)
+    if (is_tagged(c))
         flush_tagged_locked(pool, c);
     add(&pool->used, load(&c->used));
     pool->requested += load(&c->requested);
@@ -123,11 +135,11 @@ static void on_thread_exit(void *unused)
 
 static void make_key(void) { pthread_key_create(&exit_key, on_thread_exit); }
 
-/* The calling thread's cache for pool, locked; NULL when the pool has none. */
-static pm__cache *acquire_cache(pm__pool *pool)
+/* The slow way in: the calling thread's cache for pool, taken over (as any
+ * other thread would), attached to pool first if need be; NULL when the pool
+ * has none. */
+static __attribute__((noinline)) pm__cache *take_own_cache(pm__pool *pool)
 {
-    if (pool->slot >= PM__MAX_CACHED_POOLS)
-        return NULL;
     pm__cache *c = thread_caches[pool->slot];
     if (c) {
         lock_cache(c);
@@ -142,9 +154,11 @@ static pm__cache *acquire_cache(pm__pool *pool)
         if (c)
             spare_caches = c->spare_next;
         pthread_mutex_unlock(&spare_lock);
-        if (!c && !(c = calloc(1, sizeof *c)))
-            return NULL;
-        atomic_flag_clear(&c->lock);
+        if (!c) {
+            if (!(c = calloc(1, sizeof *c)))
+                return NULL;
+            pm__ownership_init(&c->guard);
+        }
         pthread_setspecific(exit_key, c); /* any non-NULL value arms the destructor */
         thread_caches[pool->slot] = c;
         lock_cache(c);
@@ -157,7 +171,7 @@ static pm__cache *acquire_cache(pm__pool *pool)
     }
     c->pool = pool;
     c->pool_generation = pool->generation;
-    c->tagged = false;
+    set_tag(c, false, NULL);
     c->pool_prev = NULL;
     c->pool_next = pool->caches;
     if (c->pool_next)
@@ -165,6 +179,24 @@ static pm__cache *acquire_cache(pm__pool *pool)
     pool->caches = c;
     pthread_mutex_unlock(&pool->lock);
     return c;
+}
+
+/* The calling thread's cache for pool, entered; *taken says which way (for
+ * leave_cache). NULL when the pool has none. */
+static inline pm__cache *enter_cache(pm__pool *pool, bool *taken)
+{
+    if (pool->slot >= PM__MAX_CACHED_POOLS)
+        return NULL;
+    pm__cache *c = thread_caches[pool->slot];
+    if (c && pm__owner_enter(&c->guard)) {
+        if (c->pool == pool && c->pool_generation == pool->generation) {
+            *taken = false;
+            return c;
+        }
+        pm__owner_leave(&c->guard);
+    }
+    *taken = true;
+    return take_own_cache(pool);
 }
 
 static pm__cache **snapshot_caches(pm__pool *pool, size_t *n)
@@ -205,8 +237,10 @@ void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s)
     pm__cache **all = snapshot_caches(pool, &n);
     for (size_t i = 0; all && i < n; i++) {
         pm__cache *c = all[i];
+        if (!is_tagged(c) || tag_of(c) != s)
+            continue; /* nothing of s: the owner's own frees on s are already seen here */
         lock_cache(c);
-        if (c->pool == pool && c->tagged && c->tag == s) {
+        if (c->pool == pool && is_tagged(c) && tag_of(c) == s) {
             pthread_mutex_lock(&pool->lock);
             flush_tagged_locked(pool, c);
             pthread_mutex_unlock(&pool->lock);
@@ -239,15 +273,16 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
     if (bytesize > ((size_t)1 << 46))
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%zu bytes is more than a pool can hold", bytesize);
     const unsigned cls = bytesize <= PM__POOL_SMALL_MAX ? pm__class_of(bytesize) : PM__POOL_CLASSES;
-    pm__cache *c = cls < PM__POOL_CLASSES ? acquire_cache(pool) : NULL;
+    bool taken = false;
+    pm__cache *c = cls < PM__POOL_CLASSES ? enter_cache(pool, &taken) : NULL;
     if (c) {
-        pm__bin *bin = async && c->tagged && c->tag == s && c->tagged_bins[cls].n
+        pm__bin *bin = async && is_tagged(c) && tag_of(c) == s && c->tagged_bins[cls].n
                            ? &c->tagged_bins[cls]
                            : &c->ready[cls];
         if (bin->n == 0) {
             pm_result r = refill(pool, bin, cls, async, s);
             if (r != PM_SUCCESS) {
-                unlock_cache(c);
+                leave_cache(c, taken);
                 return r;
             }
         }
@@ -268,7 +303,7 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
         long long total = load(&pool->used) + load(&c->used);
         if (total > load(&c->used_peak))
             atomic_store_explicit(&c->used_peak, total, memory_order_relaxed);
-        unlock_cache(c);
+        leave_cache(c, taken);
         *pp = block;
         return PM_SUCCESS;
     }
@@ -335,26 +370,24 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = span->chunk->pool;
-    pm__cache *c = span->kind == SPAN_RUN ? acquire_cache(pool) : NULL;
+    bool taken = false;
+    pm__cache *c = span->kind == SPAN_RUN ? enter_cache(pool, &taken) : NULL;
     if (c) {
         const unsigned cls = span->cls;
         const unsigned cap = pm__class_cache_cap(cls);
-        if (async && c->tagged && c->tag != s) {
+        if (async && is_tagged(c) && tag_of(c) != s) {
             pthread_mutex_lock(&pool->lock);
             flush_tagged_locked(pool, c);
             pthread_mutex_unlock(&pool->lock);
         }
-        if (async) {
-            c->tag = s;
-            c->tagged = true;
-        }
+        if (async && (!is_tagged(c) || tag_of(c) != s))
+            set_tag(c, true, s);
         pm__bin *bin = async ? &c->tagged_bins[cls] : &c->ready[cls];
         if (bin->n == cap) {
             pthread_mutex_lock(&pool->lock);
             if (async) {
                 flush_tagged_locked(pool, c);
-                c->tag = s;
-                c->tagged = true;
+                set_tag(c, true, s);
             } else {
                 for (uint32_t i = cap / 2; i < cap; i++) {
                     pm__chunk *chunk;
@@ -370,7 +403,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         add(&c->requested, -(long long)bytes);
         add(&c->frees, 1);
         add(&c->live, -1);
-        unlock_cache(c);
+        leave_cache(c, taken);
         return PM_SUCCESS;
     }
     pthread_mutex_lock(&pool->lock);

@@ -2,7 +2,7 @@
  *
  * Locks, in the order they may be taken:
  *   0. pools_lock (pool.c): the list of live pools
- *   1. a thread cache's lock (its owner's, or anyone flushing it)
+ *   1. a thread cache (its owner's entry, or anyone's taking it over)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
  *      of thread caches
  * Nothing here takes a process-wide lock on the allocation fast path.
@@ -20,6 +20,7 @@
 
 #include "../backend/backend.h"
 #include "classes.h"
+#include "ownership.h"
 #include "pinmem.h"
 
 #define PM__CHUNK_STEP ((size_t)32 << 20) /* reservation step and chunk alignment */
@@ -74,17 +75,19 @@ typedef struct pm__bin {
     void *slots[32];
 } pm__bin;
 
-/* One thread's cache for one pool. Its owner takes its lock on every
- * operation (uncontended: a few nanoseconds); trim, destroy, statistics and
- * stream synchronization take it to flush the cache from other threads.
- * Cache structs are recycled, never freed, so a pointer to one stays safe to
- * lock; after locking, `pool` says whether it still serves that pool. */
+/* One thread's cache for one pool. Its owner enters it on every operation
+ * with plain stores (ownership.h); trim, destroy, statistics and stream
+ * synchronization take it over to flush it from other threads. Cache structs
+ * are recycled, never freed, so a pointer to one stays safe to enter; once
+ * inside, `pool` says whether it still serves that pool. */
 typedef struct pm__cache {
-    atomic_flag lock;
+    pm__ownership guard;
     pm__pool *pool;
     unsigned long long pool_generation;
-    pm_stream_t tag; /* the stream the tagged bins were freed on */
-    bool tagged;
+    /* the stream the tagged bins were freed on; atomics so that a stream's
+     * synchronization can skip caches that hold nothing of it unentered */
+    _Atomic(pm_stream_t) tag;
+    _Atomic bool tagged;
     /* counters since the cache was attached, folded into the pool on flush;
      * atomics because statistics read them without the lock */
     _Atomic long long used, requested, allocs, frees, live;
