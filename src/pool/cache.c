@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../errors.h"
-#include "pool_internal.h"
+#include "fast.h"
 
 /* Process-wide (part of the lazily created instance): spare caches, and the
  * key whose destructor flushes a thread's caches when it exits. */
@@ -15,8 +15,8 @@ static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
 static pm__cache *spare_caches;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t exit_key;
-/* initial-exec: the fast path must not call __tls_get_addr. */
-static _Thread_local pm__cache *thread_caches[PM__MAX_CACHED_POOLS]
+/* One slot per cached pool, and one always NULL for pools without caches. */
+_Thread_local pm__cache *pm__thread_caches[PM__MAX_CACHED_POOLS + 1]
     __attribute__((tls_model("initial-exec")));
 
 static void lock_cache(pm__cache *c) { pm__foreign_enter(&c->guard); }
@@ -40,13 +40,8 @@ static void set_tag(pm__cache *c, bool tagged, pm_stream_t s)
 }
 
 static long long load(_Atomic long long *v) { return atomic_load_explicit(v, memory_order_relaxed); }
-/* Only the holder of the lock that guards a counter writes it, so no
- * read-modify-write is needed: a cache's counters are guarded by its lock,
- * the pool's by the pool's. */
-static void add(_Atomic long long *v, long long d)
-{
-    atomic_store_explicit(v, load(v) + d, memory_order_relaxed);
-}
+/* Only the holder of a counter's cache, or of its pool's lock, writes it. */
+static void add(_Atomic long long *v, long long d) { pm__cache_add(v, d); }
 
 /* c->lock and pool->lock held. */
 static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
@@ -90,12 +85,11 @@ static void flush_locked(pm__pool *pool, pm__cache *c)
     pool->requested += load(&c->requested);
     pool->allocs += load(&c->allocs);
     pool->frees += load(&c->frees);
-    pool->live += load(&c->live);
+    pool->live += load(&c->allocs) - load(&c->frees);
     atomic_store(&c->used, 0);
     atomic_store(&c->requested, 0);
     atomic_store(&c->allocs, 0);
     atomic_store(&c->frees, 0);
-    atomic_store(&c->live, 0);
     atomic_store(&c->used_peak, 0);
     pthread_mutex_unlock(&pool->lock);
 }
@@ -118,10 +112,10 @@ static void on_thread_exit(void *unused)
 {
     (void)unused;
     for (unsigned i = 0; i < PM__MAX_CACHED_POOLS; i++) {
-        pm__cache *c = thread_caches[i];
+        pm__cache *c = pm__thread_caches[i];
         if (!c)
             continue;
-        thread_caches[i] = NULL;
+        pm__thread_caches[i] = NULL;
         lock_cache(c);
         if (c->pool)
             detach_locked(c->pool, c);
@@ -140,7 +134,7 @@ static void make_key(void) { pthread_key_create(&exit_key, on_thread_exit); }
  * has none. */
 static __attribute__((noinline)) pm__cache *take_own_cache(pm__pool *pool)
 {
-    pm__cache *c = thread_caches[pool->slot];
+    pm__cache *c = pm__thread_caches[pool->slot];
     if (c) {
         lock_cache(c);
         if (c->pool == pool && c->pool_generation == pool->generation)
@@ -160,7 +154,7 @@ static __attribute__((noinline)) pm__cache *take_own_cache(pm__pool *pool)
             pm__ownership_init(&c->guard);
         }
         pthread_setspecific(exit_key, c); /* any non-NULL value arms the destructor */
-        thread_caches[pool->slot] = c;
+        pm__thread_caches[pool->slot] = c;
         lock_cache(c);
     }
     pthread_mutex_lock(&pool->lock);
@@ -187,7 +181,7 @@ static inline pm__cache *enter_cache(pm__pool *pool, bool *taken)
 {
     if (pool->slot >= PM__MAX_CACHED_POOLS)
         return NULL;
-    pm__cache *c = thread_caches[pool->slot];
+    pm__cache *c = pm__thread_caches[pool->slot];
     if (c && pm__owner_enter(&c->guard)) {
         if (c->pool == pool && c->pool_generation == pool->generation) {
             *taken = false;
@@ -262,8 +256,8 @@ static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, 
     pthread_mutex_lock(&pool->lock);
     if (pool->pending)
         pm__pending_reclaim(pool, s, async);
-    bin->n = (uint32_t)pm__central_take(pool, cls, bin->slots, pm__class_cache_cap(cls) / 2 + 1,
-                                        &why);
+    bin->n = (uint32_t)pm__central_take(pool, cls, bin->slots, bin->req,
+                                        pm__class_cache_cap(cls) / 2 + 1, &why);
     pthread_mutex_unlock(&pool->lock);
     return bin->n ? PM_SUCCESS : why;
 }
@@ -286,18 +280,12 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
                 return r;
             }
         }
-        void *block = bin->slots[--bin->n];
-        pm__chunk *chunk;
-        pm__span *run = pm__span_of((uintptr_t)block, &chunk);
-        size_t size = pm__class_size(cls);
-        note_allocated(run,
-                       pm__class_index(cls, (size_t)((uint8_t *)block -
-                                                     (chunk->base + run->first * PM__POOL_PAGE))),
-                       bytesize);
-        add(&c->used, (long long)size);
+        uint32_t top = --bin->n;
+        void *block = bin->slots[top];
+        atomic_store_explicit(bin->req[top], bytesize, memory_order_release);
+        add(&c->used, (long long)pm__class_size(cls));
         add(&c->requested, (long long)bytesize);
         add(&c->allocs, 1);
-        add(&c->live, 1);
         /* Exact when one thread uses the pool; with several, other threads'
          * caches are not counted here (the pool's own events count them). */
         long long total = load(&pool->used) + load(&c->used);
@@ -337,7 +325,8 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
 
 /* The span and block index of a live pool allocation starting at p, with its
  * requested size taken (so a second free of p fails). */
-static pm_result claim_free(void *p, pm__span **out_span, size_t *out_bytes)
+static pm_result claim_free(void *p, pm__span **out_span, _Atomic uint64_t **out_req,
+                            size_t *out_bytes)
 {
     pm__chunk *chunk;
     pm__span *span = pm__span_of((uintptr_t)p, &chunk);
@@ -354,10 +343,12 @@ static pm_result claim_free(void *p, pm__span **out_span, size_t *out_bytes)
     } else if (span->kind != SPAN_LARGE || base != (uint8_t *)p) {
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not a pool allocation", p);
     }
-    uint64_t bytes = atomic_exchange_explicit(pm__requested(span, index), 0, memory_order_acq_rel);
+    _Atomic uint64_t *req = pm__requested(span, index);
+    uint64_t bytes = atomic_exchange_explicit(req, 0, memory_order_acq_rel);
     if (bytes == 0)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not allocated (double free?)", p);
     *out_span = span;
+    *out_req = req;
     *out_bytes = bytes;
     return PM_SUCCESS;
 }
@@ -365,8 +356,9 @@ static pm_result claim_free(void *p, pm__span **out_span, size_t *out_bytes)
 pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
 {
     pm__span *span = NULL;
+    _Atomic uint64_t *req = NULL;
     size_t bytes = 0;
-    pm_result r = claim_free(p, &span, &bytes);
+    pm_result r = claim_free(p, &span, &req, &bytes);
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = span->chunk->pool;
@@ -398,11 +390,11 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
             }
             pthread_mutex_unlock(&pool->lock);
         }
+        bin->req[bin->n] = req;
         bin->slots[bin->n++] = p;
         add(&c->used, -(long long)pm__class_size(cls));
         add(&c->requested, -(long long)bytes);
         add(&c->frees, 1);
-        add(&c->live, -1);
         leave_cache(c, taken);
         return PM_SUCCESS;
     }

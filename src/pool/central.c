@@ -73,7 +73,8 @@ static pm__span *new_run(pm__pool *pool, unsigned cls, pm_result *why)
     return run;
 }
 
-size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, size_t want, pm_result *why)
+size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64_t **req,
+                        size_t want, pm_result *why)
 {
     const size_t size = pm__class_size(cls);
     size_t got = 0;
@@ -82,8 +83,12 @@ size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, size_t want, p
         if (!run && !(run = new_run(pool, cls, why)))
             break;
         uint8_t *base = run->chunk->base + run->first * PM__POOL_PAGE;
-        while (got < want && run->nfree > 0)
-            out[got++] = base + (size_t)run->free_idx[--run->nfree] * size;
+        while (got < want && run->nfree > 0) {
+            uint32_t index = run->free_idx[--run->nfree];
+            if (req)
+                req[got] = pm__requested(run, index);
+            out[got++] = base + (size_t)index * size;
+        }
         if (run->nfree == 0)
             partial_remove(pool, run);
     }
@@ -110,7 +115,7 @@ void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result
 {
     if (cls < PM__POOL_CLASSES) {
         void *block = NULL;
-        if (pm__central_take(pool, cls, &block, 1, why) != 1)
+        if (pm__central_take(pool, cls, &block, NULL, 1, why) != 1)
             return NULL;
         return block;
     }

@@ -7,7 +7,7 @@
 
 #include "../errors.h"
 #include "../instance.h"
-#include "pool_internal.h"
+#include "fast.h"
 
 /* Process-wide (part of the instance): live pools, for handle checks, stream
  * synchronization and statistics; and which thread-cache slots are taken. */
@@ -60,7 +60,7 @@ static pm_result check_pool(pm_mem_pool_t handle)
     pm__pool *pool = (pm__pool *)handle;
     unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
     if (pool && pool == checked_pool && epoch == checked_epoch)
-        return PM_SUCCESS;
+        return PM_SUCCESS; /* as checked_recently */
     bool live = false;
     pthread_mutex_lock(&pools_lock);
     for (size_t i = 0; i < n_pools && !live; i++)
@@ -257,7 +257,17 @@ static pm_result check_alloc_args(void **pp, pm_mem_pool_t pool)
     return check_pool(pool);
 }
 
-pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
+/* The handle check's first step: the pool this thread last checked, with no
+ * pool destroyed since. */
+static inline bool checked_recently(pm_mem_pool_t pool)
+{
+    return pool && (pm__pool *)pool == checked_pool &&
+           atomic_load_explicit(&pools_epoch, memory_order_acquire) == checked_epoch;
+}
+
+/* Kept out of line, so that the fast paths need no stack frame. */
+static __attribute__((noinline)) pm_result alloc_general(void **pp, size_t bytesize,
+                                                        pm_mem_pool_t pool)
 {
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
@@ -269,6 +279,14 @@ pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
         return PM_SUCCESS;
     }
     return pm__pool_alloc((pm__pool *)pool, pp, bytesize, false, NULL);
+}
+
+pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
+{
+    if (pp && bytesize - 1 < PM__POOL_SMALL_MAX && checked_recently(pool) &&
+        pm__pool_try_alloc_fast((pm__pool *)pool, bytesize, pp, false, NULL))
+        return PM_SUCCESS;
+    return alloc_general(pp, bytesize, pool);
 }
 
 pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t pool,
@@ -284,16 +302,26 @@ pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t
         *pp = NULL;
         return PM_SUCCESS;
     }
+    if (bytesize <= PM__POOL_SMALL_MAX &&
+        pm__pool_try_alloc_fast((pm__pool *)pool, bytesize, pp, true, stream))
+        return PM_SUCCESS;
     return pm__pool_alloc((pm__pool *)pool, pp, bytesize, true, stream);
 }
 
-pm_result pm_mem_free(void *p)
+static __attribute__((noinline)) pm_result free_general(void *p)
 {
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     if (!p)
         return PM_SUCCESS;
     return pm__pool_free(p, false, NULL);
+}
+
+pm_result pm_mem_free(void *p)
+{
+    if (p && pm__pool_try_free_fast(p, false, NULL))
+        return PM_SUCCESS;
+    return free_general(p);
 }
 
 pm_result pm_mem_free_async(void *p, pm_stream_t stream)
@@ -303,6 +331,8 @@ pm_result pm_mem_free_async(void *p, pm_stream_t stream)
     if (r != PM_SUCCESS)
         return r;
     if (!p)
+        return PM_SUCCESS;
+    if (pm__pool_try_free_fast(p, true, stream))
         return PM_SUCCESS;
     return pm__pool_free(p, true, stream);
 }
@@ -484,7 +514,8 @@ static void add_stats(pm__pool *pool, pm_pool_stats *st)
         requested += atomic_load_explicit(&c->requested, memory_order_relaxed);
         allocs += atomic_load_explicit(&c->allocs, memory_order_relaxed);
         frees += atomic_load_explicit(&c->frees, memory_order_relaxed);
-        live += atomic_load_explicit(&c->live, memory_order_relaxed);
+        live += atomic_load_explicit(&c->allocs, memory_order_relaxed) -
+                atomic_load_explicit(&c->frees, memory_order_relaxed);
     }
     st->requested += requested > 0 ? (unsigned long long)requested : 0;
     st->allocs += (unsigned long long)allocs;

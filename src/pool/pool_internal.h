@@ -70,9 +70,12 @@ typedef struct pm__pending {
     struct pm__pending *next;
 } pm__pending;
 
+/* Cached blocks of one class, each with its requested-size entry, so that
+ * an allocation from the cache needs no lookup. */
 typedef struct pm__bin {
     uint32_t n;
     void *slots[32];
+    _Atomic uint64_t *req[32];
 } pm__bin;
 
 /* One thread's cache for one pool. Its owner enters it on every operation
@@ -90,7 +93,7 @@ typedef struct pm__cache {
     _Atomic bool tagged;
     /* counters since the cache was attached, folded into the pool on flush;
      * atomics because statistics read them without the lock */
-    _Atomic long long used, requested, allocs, frees, live;
+    _Atomic long long used, requested, allocs, frees; /* live = allocs - frees */
     /* the highest pool-wide used this cache saw: the pool's own plus its */
     _Atomic long long used_peak;
     struct pm__cache *pool_prev, *pool_next, *spare_next;
@@ -165,7 +168,10 @@ void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result
 void pm__central_free_block(pm__pool *pool, pm__span *run, void *block);
 /* Gives runs with no block in use back to the pages (trim, teardown). */
 void pm__central_release_empty_runs(pm__pool *pool);
-size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, size_t want, pm_result *why);
+/* Up to want blocks of class cls into out, and their requested-size entries
+ * into req (NULL: not wanted). */
+size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64_t **req,
+                        size_t want, pm_result *why);
 
 /* cache.c: per-thread caches and the allocation paths. */
 /* Empties every cache of the pool into it; detach also unhooks them. */

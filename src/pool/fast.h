@@ -1,0 +1,106 @@
+/* The pool fast paths, inlined into pm_mem_alloc_from_pool and pm_mem_free:
+ * a small block from, or back to, the calling thread's cache for a pool it
+ * used before. Each either completes, or changes nothing and answers false,
+ * and the caller takes the general path (which also reports any error). */
+#ifndef PINMEM_POOL_FAST_H
+#define PINMEM_POOL_FAST_H
+
+#include "pool_internal.h"
+
+/* cache.c; initial-exec: the fast path must not call __tls_get_addr. */
+extern _Thread_local pm__cache *pm__thread_caches[PM__MAX_CACHED_POOLS + 1]
+    __attribute__((tls_model("initial-exec")));
+
+/* Only the holder of a cache writes its counters: no read-modify-write. */
+static inline void pm__cache_add(_Atomic long long *v, long long d)
+{
+    atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+}
+
+/* The bin an allocation on stream s (async) takes from: blocks freed on s
+ * itself first, reusable at once in stream order. */
+static inline pm__bin *pm__alloc_bin(pm__cache *c, unsigned cls, bool async, pm_stream_t s)
+{
+    if (async && atomic_load_explicit(&c->tagged, memory_order_relaxed) &&
+        atomic_load_explicit(&c->tag, memory_order_relaxed) == s && c->tagged_bins[cls].n)
+        return &c->tagged_bins[cls];
+    return &c->ready[cls];
+}
+
+/* pool: a live pool (checked by the caller); 1 <= bytesize <= PM__POOL_SMALL_MAX;
+ * s: a checked stream when async. */
+static inline bool pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void **pp, bool async,
+                                           pm_stream_t s)
+{
+    pm__cache *c = pm__thread_caches[pool->slot]; /* the extra slot is always NULL */
+    if (!c || !pm__owner_enter(&c->guard))
+        return false;
+    const unsigned cls = pm__class_of(bytesize);
+    pm__bin *bin = pm__alloc_bin(c, cls, async, s);
+    if (c->pool != pool || c->pool_generation != pool->generation || bin->n == 0) {
+        pm__owner_leave(&c->guard);
+        return false;
+    }
+    uint32_t top = --bin->n;
+    void *block = bin->slots[top];
+    atomic_store_explicit(bin->req[top], bytesize, memory_order_release);
+    pm__cache_add(&c->used, (long long)pm__class_size(cls));
+    pm__cache_add(&c->requested, (long long)bytesize);
+    pm__cache_add(&c->allocs, 1);
+    /* Exact when one thread uses the pool; with several, other threads'
+     * caches are not counted here (the pool's own events count them). */
+    long long total = atomic_load_explicit(&pool->used, memory_order_relaxed) +
+                      atomic_load_explicit(&c->used, memory_order_relaxed);
+    if (total > atomic_load_explicit(&c->used_peak, memory_order_relaxed))
+        atomic_store_explicit(&c->used_peak, total, memory_order_relaxed);
+    pm__owner_leave(&c->guard);
+    *pp = block;
+    return true;
+}
+
+/* s: a checked stream when async. A free on a stream other than the one the
+ * cache's tagged bins hold goes the general way, which flushes them. */
+static inline bool pm__pool_try_free_fast(void *p, bool async, pm_stream_t s)
+{
+    pm__chunk *chunk;
+    pm__span *run = pm__span_of((uintptr_t)p, &chunk);
+    if (!run || run->kind != SPAN_RUN)
+        return false;
+    uint8_t *base = chunk->base + run->first * PM__POOL_PAGE;
+    const unsigned cls = run->cls;
+    size_t index = pm__class_index(cls, (size_t)((uint8_t *)p - base));
+    if (index >= run->nblocks || base + index * pm__class_size(cls) != (uint8_t *)p)
+        return false;
+    pm__pool *pool = chunk->pool;
+    pm__cache *c = pm__thread_caches[pool->slot];
+    if (!c || !pm__owner_enter(&c->guard))
+        return false;
+    bool tagged = atomic_load_explicit(&c->tagged, memory_order_relaxed);
+    pm__bin *bin = async ? &c->tagged_bins[cls] : &c->ready[cls];
+    if (c->pool != pool || c->pool_generation != pool->generation ||
+        bin->n == pm__class_cache_cap(cls) ||
+        (async && tagged && atomic_load_explicit(&c->tag, memory_order_relaxed) != s)) {
+        pm__owner_leave(&c->guard);
+        return false;
+    }
+    _Atomic uint64_t *req = pm__requested(run, index);
+    uint64_t bytes = atomic_exchange_explicit(req, 0, memory_order_acq_rel);
+    if (bytes == 0) { /* not allocated: the general path says so */
+        pm__owner_leave(&c->guard);
+        return false;
+    }
+    if (async && !tagged) {
+        atomic_store_explicit(&c->tag, s, memory_order_relaxed);
+        atomic_store_explicit(&c->tagged, true, memory_order_relaxed);
+    }
+    bin->req[bin->n] = req;
+    bin->slots[bin->n++] = p;
+    pm__cache_add(&c->used, -(long long)pm__class_size(cls));
+    pm__cache_add(&c->requested, -(long long)bytes);
+    pm__cache_add(&c->frees, 1);
+    pm__owner_leave(&c->guard);
+    return true;
+}
+
+#endif
