@@ -30,7 +30,7 @@ static inline pm__bin *pm__alloc_bin(pm__cache *c, unsigned cls, bool async, pm_
 
 /* pool: a live pool (checked by the caller); 1 <= bytesize <= PM__POOL_SMALL_MAX;
  * s: a checked stream when async. */
-static inline bool pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void **pp, bool async,
+static inline __attribute__((always_inline)) bool pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void **pp, bool async,
                                            pm_stream_t s)
 {
     pm__cache *c = pm__thread_caches[pool->slot]; /* the extra slot is always NULL */
@@ -61,7 +61,7 @@ static inline bool pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void
 
 /* s: a checked stream when async. A free on a stream other than the one the
  * cache's tagged bins hold goes the general way, which flushes them. */
-static inline bool pm__pool_try_free_fast(void *p, bool async, pm_stream_t s)
+static inline __attribute__((always_inline)) bool pm__pool_try_free_fast(void *p, bool async, pm_stream_t s)
 {
     pm__chunk *chunk;
     pm__span *run = pm__span_of((uintptr_t)p, &chunk);
