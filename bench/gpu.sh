@@ -34,6 +34,10 @@ for what in ${PINMEM_BENCH:-pool copy staging}; do
     ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
 done
 
+# The pools on the POSIX backend of the same machine, against glibc malloc.
+echo "== pool benchmark, POSIX backend"
+PINMEM_BACKEND=posix ./build-gpu/tools/pinmem bench pool --quick 2>&1 | tee "$OUT/bench-posix-pool.txt"
+
 # PINMEM_SWEEP="workers:chunk[:buffers[:slice]] ..." measures staged copies
 # with other staging shapes (pinmem bench staging), all into sweep.txt.
 for shape in ${PINMEM_SWEEP:-}; do

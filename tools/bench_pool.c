@@ -163,13 +163,21 @@ static size_t mixed_size(uint64_t *rng)
     return n + (size_t)((*rng >> 8) % n);
 }
 
-/* The steady state: 2048 live allocations of sizes drawn log-uniformly from
- * 64 B to 2 MiB (one in ten from 1 to 16 MiB); 200,000 steps each free a
- * random one and allocate a new size in its place. Then reserved over used. */
-static void steady_state(pm_mem_pool_t pool)
+/* The steady state, in a pool of its own: 2048 live allocations of sizes
+ * drawn log-uniformly from 64 B to 2 MiB (one in ten from 1 to 16 MiB);
+ * 200,000 steps each free a random one and allocate a new size in its place.
+ * Then reserved over used, at the end and sampled over the second half. */
+static void steady_state(void)
 {
-    enum { slots = 2048, steps = 200000 };
+    enum { slots = 2048, steps = 200000, samples = 20 };
     static void *live[slots];
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    pm_mem_pool_t pool = NULL;
+    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS) {
+        printf("steady state: %s\n", pm_last_error_detail());
+        return;
+    }
+    double worst = 0, sum = 0;
     uint64_t rng = 12345;
     for (int s = 0; s < slots; s++)
         pm_mem_alloc_from_pool(&live[s], mixed_size(&rng), pool);
@@ -179,6 +187,14 @@ static void steady_state(pm_mem_pool_t pool)
         pm_mem_free(live[s]);
         live[s] = NULL;
         pm_mem_alloc_from_pool(&live[s], mixed_size(&rng), pool);
+        if (i >= steps / 2 && (i + 1) % (steps / 2 / samples) == 0) {
+            uint64_t reserved = 0, used = 0;
+            pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+            pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+            double ratio = (double)reserved / (double)used;
+            sum += ratio;
+            worst = ratio > worst ? ratio : worst;
+        }
     }
     uint64_t reserved = 0, used = 0, used_high = 0;
     pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
@@ -192,9 +208,12 @@ static void steady_state(pm_mem_pool_t pool)
            st.requested / 1048576.0, used / 1048576.0, used_high / 1048576.0,
            reserved / 1048576.0, (double)reserved / (double)used,
            (double)reserved / (double)used_high, (double)reserved / (double)st.requested);
+    printf("  reserved/used sampled %d times over the second half: mean %.3f, worst %.3f\n", samples,
+           sum / samples, worst);
     for (int s = 0; s < slots; s++)
         if (live[s])
             pm_mem_free(live[s]);
+    pm_mem_pool_destroy(pool);
 }
 
 int bench_pool(bool quick)
@@ -246,7 +265,7 @@ int bench_pool(bool quick)
            mone / 1e6, msixteen / 1e6, msixteen / mone);
     if (!quick)
         copy_speed(b, pool);
-    steady_state(pool);
+    steady_state();
     pm_stream_destroy(stream);
     b->baseline_pool_close(baseline_pool);
     pm_mem_pool_destroy(pool);
