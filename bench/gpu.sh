@@ -18,6 +18,7 @@ cat "$OUT/env.txt"
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON >"$OUT/build.log" 2>&1 &&
     cmake --build build-gpu -j"$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+rm -f "$OUT/build.log" # only a failed build's log comes back: few files do
 
 ./build-gpu/tools/pinmem info | tee -a "$OUT/env.txt"
 
@@ -40,10 +41,12 @@ PINMEM_BACKEND=posix ./build-gpu/tools/pinmem bench pool --quick 2>&1 | tee "$OU
 
 # PINMEM_SWEEP="workers:chunk[:buffers[:slice]] ..." measures staged copies
 # with other staging shapes (pinmem bench staging), all into sweep.txt.
-for shape in ${PINMEM_SWEEP:-}; do
+if [ -n "${PINMEM_SWEEP:-}" ]; then
+for shape in $PINMEM_SWEEP; do
     IFS=: read -r workers chunk buffers slice <<<"$shape"
     echo "== staging, $workers workers, $chunk pieces, ${buffers:-default} buffers, ${slice:-default} slices"
     PINMEM_COPY_WORKERS=$workers PINMEM_COPY_CHUNK=$chunk PINMEM_COPY_BUFFERS=${buffers:-} \
         PINMEM_COPY_SLICE=${slice:-} ./build-gpu/tools/pinmem bench staging 2>&1 |
         grep -E "^(staged|[0-9]+ [MG]iB .*(htod|dtoh))"
 done 2>&1 | tee "$OUT/sweep.txt"
+fi
