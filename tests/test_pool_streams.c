@@ -112,6 +112,70 @@ static void no_opportunistic_reuse(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* With REUSE_ALLOW_INTERNAL_DEPENDENCIES (on by default), an allocation on b
+ * that the pool could serve only by growing past max_size takes the block
+ * freed on a while a is still busy, and b's later work runs after a's;
+ * without it, the allocation fails. */
+static atomic_int a_done, b_saw_a;
+
+static void mark_a_done(void *arg)
+{
+    (void)arg;
+    atomic_store(&a_done, 1);
+}
+
+static void look_for_a(void *arg)
+{
+    (void)arg;
+    atomic_store(&b_saw_a, atomic_load(&a_done) ? 1 : -1);
+}
+
+static void internal_dependencies(void)
+{
+    const size_t big = (size_t)24 << 20;
+    for (int allowed = 1; allowed >= 0; allowed--) {
+        pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0},
+                                   .max_size = (size_t)32 << 20};
+        pm_mem_pool_t pool = NULL;
+        CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_set_attribute(
+                         pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &allowed),
+                     PM_SUCCESS);
+        pm_stream_t a = NULL, b = NULL;
+        CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+        void *p = NULL, *q = NULL;
+        CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, big, pool, a), PM_SUCCESS);
+        atomic_store(&gate_open, 0);
+        atomic_store(&a_done, 0);
+        atomic_store(&b_saw_a, 0);
+        CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
+        pm_result r = pm_mem_alloc_from_pool_async(&q, big, pool, b);
+        if (allowed) {
+            CHECK_RESULT(r, PM_SUCCESS);
+            CHECK(q == p);
+            CHECK_RESULT(pm_stream_launch_host_func(b, look_for_a, NULL), PM_SUCCESS);
+            usleep(20000);
+            CHECK(atomic_load(&b_saw_a) == 0); /* b waits behind a's gate */
+            atomic_store(&gate_open, 1);
+            CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+            CHECK(atomic_load(&b_saw_a) == 1);
+            CHECK_RESULT(pm_mem_free_async(q, b), PM_SUCCESS);
+        } else {
+            CHECK_RESULT(r, PM_ERROR_OUT_OF_MEMORY);
+            atomic_store(&gate_open, 1);
+        }
+        CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+        CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+        CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    }
+}
+
 /* ---------------------------------------------------------------- the race */
 
 enum { n_threads = 8, iterations = 1500 };
@@ -267,6 +331,7 @@ int main(void)
     printf("backend: %s\n", pm_backend_name());
     reuse_rules();
     no_opportunistic_reuse();
+    internal_dependencies();
     reuse_race();
     sync_while_destroying();
     bad_streams();

@@ -250,12 +250,35 @@ static void note_allocated(pm__span *span, size_t index, size_t bytesize)
 }
 
 /* Refills a bin from the pool: completed stream frees first, then runs. */
+/* pool->lock held. With REUSE_ALLOW_INTERNAL_DEPENDENCIES, an allocation
+ * on s that the pool could serve only by pinning more memory takes a block
+ * freed on another stream instead, behind a dependency of s on that free. */
+static void *take_ordered(pm__pool *pool, size_t bytesize, unsigned cls, bool async, pm_stream_t s)
+{
+    if (!async || !pool->reuse_internal_deps || !pool->pending ||
+        pm__central_fits(pool, bytesize, cls))
+        return NULL;
+    return pm__pending_take_ordered(pool, s, bytesize, cls);
+}
+
 static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, pm_stream_t s)
 {
     pm_result why = PM_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&pool->lock);
     if (pool->pending)
         pm__pending_reclaim(pool, s, async);
+    void *ordered = take_ordered(pool, pm__class_size(cls), cls, async, s);
+    if (ordered) { /* for this allocation only: popped at once */
+        pm__chunk *chunk;
+        pm__span *run = pm__span_of((uintptr_t)ordered, &chunk);
+        bin->slots[0] = ordered;
+        bin->req[0] = pm__requested(
+            run, pm__class_index(cls, (size_t)((uint8_t *)ordered -
+                                               (chunk->base + run->first * PM__POOL_PAGE))));
+        bin->n = 1;
+        pthread_mutex_unlock(&pool->lock);
+        return PM_SUCCESS;
+    }
     bin->n = (uint32_t)pm__central_take(pool, cls, bin->slots, bin->req,
                                         pm__class_cache_cap(cls) / 2 + 1, &why);
     pthread_mutex_unlock(&pool->lock);
@@ -300,7 +323,9 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
     pthread_mutex_lock(&pool->lock);
     if (pool->pending)
         pm__pending_reclaim(pool, s, async);
-    void *block = pm__central_alloc(pool, bytesize, cls, &why);
+    void *block = take_ordered(pool, bytesize, cls, async, s);
+    if (!block)
+        block = pm__central_alloc(pool, bytesize, cls, &why);
     if (block) {
         pm__chunk *chunk = NULL;
         pm__span *span = pm__span_of((uintptr_t)block, &chunk);

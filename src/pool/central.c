@@ -111,6 +111,13 @@ void pm__central_free_block(pm__pool *pool, pm__span *run, void *block)
     }
 }
 
+bool pm__central_fits(pm__pool *pool, size_t bytesize, unsigned cls)
+{
+    if (cls < PM__POOL_CLASSES)
+        return pool->partial[cls] || pm__pages_fit(pool, pm__class_run_pages(cls));
+    return pm__pages_fit(pool, (bytesize + PM__POOL_PAGE - 1) / PM__POOL_PAGE);
+}
+
 void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result *why)
 {
     if (cls < PM__POOL_CLASSES) {

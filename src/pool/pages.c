@@ -201,6 +201,8 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
     return PM_SUCCESS;
 }
 
+bool pm__pages_fit(pm__pool *pool, size_t npages) { return bin_find(pool, npages) != NULL; }
+
 pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why)
 {
     pm__span *s = bin_find(pool, npages);

@@ -67,6 +67,45 @@ size_t pm__pending_reclaim(pm__pool *pool, pm_stream_t s, bool async)
     return reclaimed;
 }
 
+/* Whether block (pending, so still allocated in its run or span) serves
+ * bytesize of class cls: the same class, or a large span rounded up by no
+ * more than an allocation of its own would be, plus 1/8. */
+static bool serves(void *block, size_t bytesize, unsigned cls)
+{
+    pm__chunk *chunk;
+    pm__span *span = pm__span_of((uintptr_t)block, &chunk);
+    if (cls < PM__POOL_CLASSES)
+        return span->kind == SPAN_RUN && span->cls == cls;
+    size_t have = span->npages * PM__POOL_PAGE;
+    return span->kind == SPAN_LARGE && have >= bytesize && have - bytesize <= bytesize / 8 + PM__POOL_PAGE;
+}
+
+void *pm__pending_take_ordered(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls)
+{
+    const pm__backend *b = pm__pool_backend();
+    for (pm__pending **link = &pool->pending; *link; link = &(*link)->next) {
+        pm__pending *p = *link;
+        if (p->stream == s)
+            continue;
+        for (size_t i = 0; i < p->n; i++) {
+            if (!serves(p->blocks[i], bytesize, cls))
+                continue;
+            if (b->marker_wait(s, &p->marker) != PM_SUCCESS)
+                return NULL; /* no dependency, no reuse */
+            void *block = p->blocks[i];
+            p->blocks[i] = p->blocks[--p->n];
+            if (p->n == 0) {
+                *link = p->next;
+                b->marker_release(&p->marker);
+                free(p->blocks);
+                free(p);
+            }
+            return block;
+        }
+    }
+    return NULL;
+}
+
 void pm__pending_release_all(pm__pool *pool)
 {
     while (pool->pending) {

@@ -135,6 +135,8 @@ struct pm__pool {
 /* pages.c: chunks and the page allocator (pool->lock held). */
 pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
 void pm__pages_free(pm__pool *pool, pm__span *span);
+/* Whether npages free pages in a row are there without pinning more. */
+bool pm__pages_fit(pm__pool *pool, size_t npages);
 void pm__pages_release_free_chunks(pm__pool *pool, unsigned long long keep);
 void pm__pages_release_all(pm__pool *pool);
 /* Frees p with the pool, not before: lock-free readers may still hold it. */
@@ -166,6 +168,9 @@ static inline pm__chunk *pm__chunk_map_get(uintptr_t addr)
 /* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
 void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result *why);
 void pm__central_free_block(pm__pool *pool, pm__span *run, void *block);
+/* Whether pm__central_alloc of bytesize (class cls) would be served without
+ * pinning a new chunk. */
+bool pm__central_fits(pm__pool *pool, size_t bytesize, unsigned cls);
 /* Gives runs with no block in use back to the pages (trim, teardown). */
 void pm__central_release_empty_runs(pm__pool *pool);
 /* Up to want blocks of class cls into out, and their requested-size entries
@@ -185,6 +190,10 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s);
 pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n);
 /* Returns blocks whose stream work is done to their runs; how many. */
 size_t pm__pending_reclaim(pm__pool *pool, pm_stream_t s, bool async);
+/* REUSE_ALLOW_INTERNAL_DEPENDENCIES: a block for bytesize (class cls) freed
+ * on another stream whose work may still run, taken out of its batch after
+ * making s wait for that work; NULL when there is none. */
+void *pm__pending_take_ordered(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls);
 /* Returns every pending block, done or not: only for a pool being torn down
  * after its streams were synchronized. */
 void pm__pending_release_all(pm__pool *pool);
