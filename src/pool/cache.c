@@ -293,9 +293,7 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
     bool taken = false;
     pm__cache *c = cls < PM__POOL_CLASSES ? enter_cache(pool, &taken) : NULL;
     if (c) {
-        pm__bin *bin = async && is_tagged(c) && tag_of(c) == s && c->tagged_bins[cls].n
-                           ? &c->tagged_bins[cls]
-                           : &c->ready[cls];
+        pm__bin *bin = pm__alloc_bin(c, cls, async, s);
         if (bin->n == 0) {
             pm_result r = refill(pool, bin, cls, async, s);
             if (r != PM_SUCCESS) {
@@ -303,17 +301,7 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
                 return r;
             }
         }
-        uint32_t top = --bin->n;
-        void *block = bin->slots[top];
-        atomic_store_explicit(bin->req[top], bytesize, memory_order_release);
-        add(&c->used, (long long)pm__class_size(cls));
-        add(&c->requested, (long long)bytesize);
-        add(&c->allocs, 1);
-        /* Exact when one thread uses the pool; with several, other threads'
-         * caches are not counted here (the pool's own events count them). */
-        long long total = load(&pool->used) + load(&c->used);
-        if (total > load(&c->used_peak))
-            atomic_store_explicit(&c->used_peak, total, memory_order_relaxed);
+        void *block = pm__cache_pop(pool, c, bin, cls, bytesize);
         leave_cache(c, taken);
         *pp = block;
         return PM_SUCCESS;
@@ -415,11 +403,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
             }
             pthread_mutex_unlock(&pool->lock);
         }
-        bin->req[bin->n] = req;
-        bin->slots[bin->n++] = p;
-        add(&c->used, -(long long)pm__class_size(cls));
-        add(&c->requested, -(long long)bytes);
-        add(&c->frees, 1);
+        pm__cache_push(c, bin, cls, p, req, bytes);
         leave_cache(c, taken);
         return PM_SUCCESS;
     }

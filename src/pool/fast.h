@@ -18,6 +18,35 @@ static inline void pm__cache_add(_Atomic long long *v, long long d)
                           memory_order_relaxed);
 }
 
+/* Takes the top block of bin (not empty) for bytesize, counted in c (entered). */
+static inline void *pm__cache_pop(pm__pool *pool, pm__cache *c, pm__bin *bin, unsigned cls,
+                                  size_t bytesize)
+{
+    uint32_t top = --bin->n;
+    atomic_store_explicit(bin->req[top], bytesize, memory_order_release);
+    pm__cache_add(&c->used, (long long)pm__class_size(cls));
+    pm__cache_add(&c->requested, (long long)bytesize);
+    pm__cache_add(&c->allocs, 1);
+    /* Exact when one thread uses the pool; with several, other threads'
+     * caches are not counted here (the pool's own events count them). */
+    long long total = atomic_load_explicit(&pool->used, memory_order_relaxed) +
+                      atomic_load_explicit(&c->used, memory_order_relaxed);
+    if (total > atomic_load_explicit(&c->used_peak, memory_order_relaxed))
+        atomic_store_explicit(&c->used_peak, total, memory_order_relaxed);
+    return bin->slots[top];
+}
+
+/* Puts freed block p (bytes requested; its entry req) on bin (not full). */
+static inline void pm__cache_push(pm__cache *c, pm__bin *bin, unsigned cls, void *p,
+                                  _Atomic uint64_t *req, uint64_t bytes)
+{
+    bin->req[bin->n] = req;
+    bin->slots[bin->n++] = p;
+    pm__cache_add(&c->used, -(long long)pm__class_size(cls));
+    pm__cache_add(&c->requested, -(long long)bytes);
+    pm__cache_add(&c->frees, 1);
+}
+
 /* The bin an allocation on stream s (async) takes from: blocks freed on s
  * itself first, reusable at once in stream order. */
 static inline pm__bin *pm__alloc_bin(pm__cache *c, unsigned cls, bool async, pm_stream_t s)
@@ -30,8 +59,8 @@ static inline pm__bin *pm__alloc_bin(pm__cache *c, unsigned cls, bool async, pm_
 
 /* pool: a live pool (checked by the caller); 1 <= bytesize <= PM__POOL_SMALL_MAX;
  * s: a checked stream when async. */
-static inline __attribute__((always_inline)) bool pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void **pp, bool async,
-                                           pm_stream_t s)
+static inline __attribute__((always_inline)) bool
+pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void **pp, bool async, pm_stream_t s)
 {
     pm__cache *c = pm__thread_caches[pool->slot]; /* the extra slot is always NULL */
     if (!c || !pm__owner_enter(&c->guard))
@@ -42,18 +71,7 @@ static inline __attribute__((always_inline)) bool pm__pool_try_alloc_fast(pm__po
         pm__owner_leave(&c->guard);
         return false;
     }
-    uint32_t top = --bin->n;
-    void *block = bin->slots[top];
-    atomic_store_explicit(bin->req[top], bytesize, memory_order_release);
-    pm__cache_add(&c->used, (long long)pm__class_size(cls));
-    pm__cache_add(&c->requested, (long long)bytesize);
-    pm__cache_add(&c->allocs, 1);
-    /* Exact when one thread uses the pool; with several, other threads'
-     * caches are not counted here (the pool's own events count them). */
-    long long total = atomic_load_explicit(&pool->used, memory_order_relaxed) +
-                      atomic_load_explicit(&c->used, memory_order_relaxed);
-    if (total > atomic_load_explicit(&c->used_peak, memory_order_relaxed))
-        atomic_store_explicit(&c->used_peak, total, memory_order_relaxed);
+    void *block = pm__cache_pop(pool, c, bin, cls, bytesize);
     pm__owner_leave(&c->guard);
     *pp = block;
     return true;
@@ -61,7 +79,8 @@ static inline __attribute__((always_inline)) bool pm__pool_try_alloc_fast(pm__po
 
 /* s: a checked stream when async. A free on a stream other than the one the
  * cache's tagged bins hold goes the general way, which flushes them. */
-static inline __attribute__((always_inline)) bool pm__pool_try_free_fast(void *p, bool async, pm_stream_t s)
+static inline __attribute__((always_inline)) bool pm__pool_try_free_fast(void *p, bool async,
+                                                                         pm_stream_t s)
 {
     pm__chunk *chunk;
     pm__span *run = pm__span_of((uintptr_t)p, &chunk);
@@ -94,11 +113,7 @@ static inline __attribute__((always_inline)) bool pm__pool_try_free_fast(void *p
         atomic_store_explicit(&c->tag, s, memory_order_relaxed);
         atomic_store_explicit(&c->tagged, true, memory_order_relaxed);
     }
-    bin->req[bin->n] = req;
-    bin->slots[bin->n++] = p;
-    pm__cache_add(&c->used, -(long long)pm__class_size(cls));
-    pm__cache_add(&c->requested, -(long long)bytes);
-    pm__cache_add(&c->frees, 1);
+    pm__cache_push(c, bin, cls, p, req, bytes);
     pm__owner_leave(&c->guard);
     return true;
 }
