@@ -54,18 +54,24 @@ static uint8_t *map_at(void *where)
 
 static void unmap_and_map_again(pm_deviceptr dev, uint8_t *back)
 {
-    uint8_t *p = map_at(NULL);
-    fill(p, buffer_bytes, 1);
-    send_and_check(p, dev, 1, back);
-    CHECK_RESULT(munmap(p, buffer_bytes) == 0 ? PM_SUCCESS : PM_ERROR_UNKNOWN, PM_SUCCESS);
-    uint8_t *q = map_at(p);
-    CHECK(q == p);
-    if (!q)
+    /* Between the munmap and the mmap another thread of the process (the
+     * driver's, say) may map memory into the range; then the scenario did not
+     * happen, and it is tried again with a new range. */
+    for (int attempt = 0; attempt < 20; attempt++) {
+        uint8_t *p = map_at(NULL);
+        fill(p, buffer_bytes, 1);
+        send_and_check(p, dev, 1, back);
+        CHECK_RESULT(munmap(p, buffer_bytes) == 0 ? PM_SUCCESS : PM_ERROR_UNKNOWN, PM_SUCCESS);
+        uint8_t *q = map_at(p);
+        if (!q)
+            continue;
+        fill(q, buffer_bytes, 2);
+        send_and_check(q, dev, 2, back);
+        receive_and_check(q, dev, 3, back);
+        munmap(q, buffer_bytes);
         return;
-    fill(q, buffer_bytes, 2);
-    send_and_check(q, dev, 2, back);
-    receive_and_check(q, dev, 3, back);
-    munmap(q, buffer_bytes);
+    }
+    CHECK(!"munmap + mmap at the same address: the range was taken by someone else every time");
 }
 
 static void discard(pm_deviceptr dev, uint8_t *back)
