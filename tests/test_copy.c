@@ -227,6 +227,9 @@ static void bad_arguments(void)
     c.staging_stores = (pm_copy_stores)7;
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     c.staging_stores = PM_COPY_STORES_DEFAULT;
+    c.slice_bytes = (size_t)2 << 30;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
+    c.slice_bytes = 0;
     c.workers = 100000;
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     pm_copy_stats st = {.struct_size = 4};

@@ -115,23 +115,13 @@ static void plot(const char *file, const char *device, const char *rows)
 
 int bench_copy(bool quick, const char *plot_file)
 {
-    pm_result r = PM_SUCCESS;
-    pm__instance *inst = pm__instance_get(&r);
-    if (!inst) {
-        printf("bench copy: no backend: %s\n", pm_last_error_detail());
+    copy_buffers cb;
+    if (!copy_buffers_open(&cb, "bench copy", quick))
         return 1;
-    }
-    const pm__backend *b = &inst->backend;
-    const size_t max = quick ? (size_t)64 << 20 : (size_t)1 << 30;
-    uint8_t *pageable = malloc(max), *pinned = NULL;
-    pm_deviceptr dev = 0;
-    if (!pageable || pm_mem_alloc_host((void **)&pinned, max) != PM_SUCCESS ||
-        b->device_alloc(&dev, max) != PM_SUCCESS) {
-        printf("bench copy: setup failed: %s\n", pm_last_error_detail());
-        return 1;
-    }
-    memset(pageable, 1, max);
-    memset(pinned, 2, max);
+    const pm__backend *b = cb.b;
+    const size_t max = cb.max;
+    uint8_t *pageable = cb.pageable, *pinned = cb.pinned;
+    pm_deviceptr dev = cb.dev;
     pm_copy_config cfg = {.struct_size = sizeof cfg};
     pm_copy_get_config(&cfg);
     printf("copies, median (backend %s: %u workers, %u buffers of %zu KiB, %zu KiB slices; "
@@ -183,9 +173,7 @@ int bench_copy(bool quick, const char *plot_file)
     if (failed)
         printf("(a copy failed: %s)\n", pm_last_error_detail());
     if (plot_file)
-        plot(plot_file, inst->backend.caps.device_name, rows);
-    b->device_free(dev);
-    pm_mem_free_host(pinned);
-    free(pageable);
+        plot(plot_file, b->caps.device_name, rows);
+    copy_buffers_close(&cb);
     return failed;
 }

@@ -4,12 +4,10 @@
  * DMA, queuing the DMA). */
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "commands.h"
-#include "instance.h"
 #include "pinmem.h"
 
 static void configure(pm_copy_stores stores, size_t direct_max)
@@ -86,28 +84,17 @@ static void dma_ceiling(const pm__backend *b, pm_deviceptr dev, uint8_t *pinned,
 
 int bench_staging(bool quick)
 {
-    pm_result r = PM_SUCCESS;
-    pm__instance *inst = pm__instance_get(&r);
-    if (!inst) {
-        printf("bench staging: no backend: %s\n", pm_last_error_detail());
+    copy_buffers cb;
+    if (!copy_buffers_open(&cb, "bench staging", quick))
         return 1;
-    }
-    const pm__backend *b = &inst->backend;
-    const size_t max = quick ? (size_t)64 << 20 : (size_t)1 << 30;
-    uint8_t *pageable = malloc(max), *pinned = NULL;
-    pm_deviceptr dev = 0;
-    if (!pageable || pm_mem_alloc_host((void **)&pinned, max) != PM_SUCCESS ||
-        b->device_alloc(&dev, max) != PM_SUCCESS) {
-        printf("bench staging: setup failed: %s\n", pm_last_error_detail());
-        free(pageable);
-        return 1;
-    }
-    memset(pageable, 1, max);
-    memset(pinned, 2, max);
+    const pm__backend *b = cb.b;
+    const size_t max = cb.max;
+    uint8_t *pageable = cb.pageable;
+    pm_deviceptr dev = cb.dev;
     bool failed = false;
     pm_copy_config saved = {.struct_size = sizeof saved};
     pm_copy_get_config(&saved);
-    dma_ceiling(b, dev, pinned, max < ((size_t)256 << 20) ? max : (size_t)256 << 20, &failed);
+    dma_ceiling(b, dev, cb.pinned, max < ((size_t)256 << 20) ? max : (size_t)256 << 20, &failed);
     printf("\nstaged copies only (%s: %u workers, %u buffers of %zu KiB, %zu KiB slices), median "
            "of 7; time per piece (one DMA) summed over the threads that ran it\n",
            b->name, saved.workers, saved.buffers, saved.chunk_bytes >> 10, saved.slice_bytes >> 10);
@@ -121,8 +108,6 @@ int bench_staging(bool quick)
     pm_copy_set_config(&saved);
     if (failed)
         printf("(a copy failed: %s)\n", pm_last_error_detail());
-    b->device_free(dev);
-    pm_mem_free_host(pinned);
-    free(pageable);
+    copy_buffers_close(&cb);
     return failed;
 }

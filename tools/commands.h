@@ -4,6 +4,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "pinmem.h"
 
 int cmd_info(void);
 int bench_host(bool quick);
@@ -15,6 +18,19 @@ int bench_copy(bool quick, const char *plot_file);
  * staged copies of 16 MiB and up, cached against streaming stores, with the
  * engine's time counters. */
 int bench_staging(bool quick);
+
+/* The copy benchmarks' buffers: pageable, page-locked and device memory of
+ * max bytes each (64 MiB quick, else 1 GiB). open prints why it failed, as
+ * who, and leaves nothing allocated then. */
+struct pm__backend;
+typedef struct copy_buffers {
+    const struct pm__backend *b;
+    uint8_t *pageable, *pinned;
+    pm_deviceptr dev;
+    size_t max;
+} copy_buffers;
+bool copy_buffers_open(copy_buffers *cb, const char *who, bool quick);
+void copy_buffers_close(copy_buffers *cb);
 
 /* Shared by the benchmarks. */
 double now_ns(void);

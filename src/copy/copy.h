@@ -33,8 +33,8 @@ typedef struct pm__copy_settings {
  * streaming stores. By default (measured on the H100, bench/results) those
  * out of the ring into the user's memory do, and those into the ring do up to
  * 256 MiB: beyond that cached stores win, as the DMA then finds the bytes in
- * the CPU's cache (51-52 against 45-48 GB/s at 1 GiB; 43-45 against 30-41 at
- * 64 MiB the other way round). */
+ * the CPU's cache (50.0-52.5 against 45.0-48.3 GB/s at 1 GiB; 42.6-45.4
+ * against 29.5-41.5 at 64 MiB the other way round). */
 static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir,
                                            size_t bytes)
 {

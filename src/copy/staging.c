@@ -239,6 +239,21 @@ static pm_result wait_marker(buffer *b)
     return r;
 }
 
+/* Before b is written again: its last DMA must be done. */
+static void wait_previous_dma(buffer *b)
+{
+    if (b->pending && wait_marker(b) != PM_SUCCESS)
+        pm__instance_backend()->stream_synchronize(NULL); /* cannot tell: wait for everything */
+}
+
+/* Where slice c lies in its buffer (the offset), and its length in *n. */
+static size_t slice_span(const claim *c, size_t *n)
+{
+    size_t off = (size_t)c->index * c->j->slice;
+    *n = c->b->bytes - off < c->j->slice ? c->b->bytes - off : c->j->slice;
+    return off;
+}
+
 /* Queues the DMA of b's piece and re-records b's marker behind it. */
 static pm_result queue_dma(const job *j, buffer *b)
 {
@@ -264,13 +279,12 @@ static void run_htod_slice(const claim *c, bool skip)
 {
     job *j = c->j;
     buffer *b = c->b;
-    size_t off = (size_t)c->index * j->slice;
-    size_t n = b->bytes - off < j->slice ? b->bytes - off : j->slice;
+    size_t n, off = slice_span(c, &n);
     pm_result r = PM_SUCCESS;
     /* pending is written only by the last slice, after every slice of the
      * piece has passed here (ordered by the lock around slices_left). */
-    if (!skip && b->pending && wait_marker(b) != PM_SUCCESS)
-        pm__instance_backend()->stream_synchronize(NULL); /* cannot tell: wait for everything */
+    if (!skip)
+        wait_previous_dma(b);
     if (!skip)
         cpu_copy(j, (uint8_t *)b->p + off, j->host + b->offset + off, n);
     pthread_mutex_lock(&eng.lock);
@@ -293,8 +307,7 @@ static void run_dtoh_slice(const claim *c, bool skip)
 {
     job *j = c->j;
     buffer *b = c->b;
-    size_t off = (size_t)c->index * j->slice;
-    size_t n = b->bytes - off < j->slice ? b->bytes - off : j->slice;
+    size_t n, off = slice_span(c, &n);
     pm_result r = PM_SUCCESS;
     pthread_mutex_lock(&eng.lock);
     bool first = b->dma == DMA_NOT_QUEUED;
@@ -302,8 +315,8 @@ static void run_dtoh_slice(const claim *c, bool skip)
         b->dma = DMA_QUEUING;
     pthread_mutex_unlock(&eng.lock);
     if (first) {
-        if (!skip && b->pending && wait_marker(b) != PM_SUCCESS)
-            pm__instance_backend()->stream_synchronize(NULL);
+        if (!skip)
+            wait_previous_dma(b);
         r = skip ? PM_ERROR_UNKNOWN : queue_dma(j, b);
         pthread_mutex_lock(&eng.lock);
         b->dma = r == PM_SUCCESS ? DMA_QUEUED : DMA_FAILED;
