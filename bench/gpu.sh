@@ -39,14 +39,14 @@ done
 echo "== pool benchmark, POSIX backend"
 PINMEM_BACKEND=posix ./build-gpu/tools/pinmem bench pool --quick 2>&1 | tee "$OUT/bench-posix-pool.txt"
 
-# PINMEM_SWEEP="workers:chunk[:buffers[:slice]] ..." measures staged copies
+# PINMEM_SWEEP="workers:chunk[:buffers[:slice[:htod_workers]]] ..." measures staged copies
 # with other staging shapes (pinmem bench staging), all into sweep.txt.
 if [ -n "${PINMEM_SWEEP:-}" ]; then
 for shape in $PINMEM_SWEEP; do
-    IFS=: read -r workers chunk buffers slice <<<"$shape"
-    echo "== staging, $workers workers, $chunk pieces, ${buffers:-default} buffers, ${slice:-default} slices"
+    IFS=: read -r workers chunk buffers slice htod <<<"$shape"
+    echo "== staging, $workers workers, $chunk pieces, ${buffers:-default} buffers, ${slice:-default} slices, ${htod:-default} of the workers for host to device"
     PINMEM_COPY_WORKERS=$workers PINMEM_COPY_CHUNK=$chunk PINMEM_COPY_BUFFERS=${buffers:-} \
-        PINMEM_COPY_SLICE=${slice:-} ./build-gpu/tools/pinmem bench staging 2>&1 |
+        PINMEM_COPY_SLICE=${slice:-} PINMEM_COPY_HTOD_WORKERS=${htod:-} ./build-gpu/tools/pinmem bench staging 2>&1 |
         grep -E "^(staged|[0-9]+ [MG]iB .*(htod|dtoh))"
 done 2>&1 | tee "$OUT/sweep.txt"
 fi

@@ -261,8 +261,8 @@ typedef enum {
 
 /* How copies work. A zero field means the default, chosen from the machine;
  * pm_copy_get_config reports the values in effect. Environment variables set
- * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_CHUNK, PINMEM_COPY_SLICE,
- * PINMEM_COPY_BUFFERS, PINMEM_COPY_DIRECT_MAX, PINMEM_COPY_STORES=cached|streaming,
+ * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_HTOD_WORKERS, PINMEM_COPY_CHUNK,
+ * PINMEM_COPY_SLICE, PINMEM_COPY_BUFFERS, PINMEM_COPY_DIRECT_MAX, PINMEM_COPY_STORES=cached|streaming,
  * PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET (sizes take K, M and G
  * suffixes). */
 typedef struct pm_copy_config {
@@ -285,6 +285,10 @@ typedef struct pm_copy_config {
                                       copies of 256 MiB and more (the DMA then finds the
                                       bytes in the CPU's cache) */
     size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
+    unsigned htod_workers;       /* of the workers, how many fill buffers for host-to-device
+                                    copies (the caller helps as well): the DMA engine reads
+                                    those buffers from the same memory, and more threads
+                                    copying slow it down */
 } pm_copy_config;
 
 PM_API pm_result pm_copy_get_config(pm_copy_config *config);

@@ -53,6 +53,7 @@ static inline void small_copy_config(int registration_cache)
     pm_copy_config c = {.struct_size = sizeof c};
     CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
     c.workers = 3;
+    c.htod_workers = 2; /* one worker serves device-to-host copies only */
     c.chunk_bytes = 64 << 10;
     c.slice_bytes = 16 << 10; /* four threads fill a buffer */
     c.buffers = 6;

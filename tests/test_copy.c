@@ -220,7 +220,7 @@ static void bad_arguments(void)
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     c.struct_size = sizeof c;
     CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
-    CHECK(c.workers >= 1 && c.chunk_bytes >= 4096 && c.buffers >= 1);
+    CHECK(c.workers >= 1 && c.htod_workers >= 1 && c.chunk_bytes >= 4096 && c.buffers >= 1);
     c.registration_cache = 2;
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     c.registration_cache = 0;
@@ -231,6 +231,9 @@ static void bad_arguments(void)
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     c.slice_bytes = 0;
     c.workers = 100000;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
+    c.workers = 0;
+    c.htod_workers = 100000;
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     pm_copy_stats st = {.struct_size = 4};
     CHECK_RESULT(pm_copy_get_stats(&st), PM_ERROR_INVALID_VALUE);

@@ -124,10 +124,10 @@ int bench_copy(bool quick, const char *plot_file)
     pm_deviceptr dev = cb.dev;
     pm_copy_config cfg = {.struct_size = sizeof cfg};
     pm_copy_get_config(&cfg);
-    printf("copies, median (backend %s: %u workers, %u buffers of %zu KiB, %zu KiB slices; "
-           "driver's own path up to %zu KiB)\n",
-           b->name, cfg.workers, cfg.buffers, cfg.chunk_bytes >> 10, cfg.slice_bytes >> 10,
-           cfg.direct_max >> 10);
+    printf("copies, median (backend %s: %u workers, %u of them to the device, %u buffers of %zu "
+           "KiB, %zu KiB slices; driver's own path up to %zu KiB)\n",
+           b->name, cfg.workers, cfg.htod_workers, cfg.buffers, cfg.chunk_bytes >> 10,
+           cfg.slice_bytes >> 10, cfg.direct_max >> 10);
     printf("%-9s | %-28s | %-28s | %-22s | %s\n", "size", "pageable -> device GB/s",
            "device -> pageable GB/s", "pinned -> device GB/s", "staged only, -> device");
     printf("%-9s | %8s %8s %9s | %8s %8s %9s | %8s %8s %6s | %s\n", "", "pinmem", "driver",

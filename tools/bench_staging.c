@@ -95,9 +95,11 @@ int bench_staging(bool quick)
     pm_copy_config saved = {.struct_size = sizeof saved};
     pm_copy_get_config(&saved);
     dma_ceiling(b, dev, cb.pinned, max < ((size_t)256 << 20) ? max : (size_t)256 << 20, &failed);
-    printf("\nstaged copies only (%s: %u workers, %u buffers of %zu KiB, %zu KiB slices), median "
-           "of 7; time per piece (one DMA) summed over the threads that ran it\n",
-           b->name, saved.workers, saved.buffers, saved.chunk_bytes >> 10, saved.slice_bytes >> 10);
+    printf("\nstaged copies only (%s: %u workers, %u of them to the device, %u buffers of %zu KiB, "
+           "%zu KiB slices), median of 7; time per piece (one DMA) summed over the threads that "
+           "ran it\n",
+           b->name, saved.workers, saved.htod_workers, saved.buffers, saved.chunk_bytes >> 10,
+           saved.slice_bytes >> 10);
     printf("%-9s %-6s %-9s | %7s | %9s %9s %9s | %s\n", "size", "dir", "stores", "GB/s",
            "copy us", "wait us", "queue us", "CPU GB/s per thread");
     for (size_t n = (size_t)16 << 20; n <= max; n *= 4)

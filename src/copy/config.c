@@ -25,16 +25,21 @@ static size_t env_size(const char *name, size_t fallback)
 }
 
 /* One worker per core but the caller's, which works on its own copy as
- * well, up to 15. Buffers of 4 MiB, one DMA each: on the H100, DMAs queued
- * back to back reach 47 GB/s at 1 MiB, 51 at 2 MiB and 53 at 4 MiB. CPU
- * copies of 512 KiB slices, so that a buffer fills from several cores at once
- * and the first DMA starts early. Enough buffers for every thread to fill a
- * slice while as many again wait in the DMA queue (bench/results). */
+ * well, up to 15; eight of them fill buffers for host-to-device copies: the
+ * DMA engine reads those buffers from the memory the threads copy through,
+ * and fifteen threads copying at once slowed it on some H100 machines (64
+ * MiB: 46.1 GB/s with 8 workers against 43.9 with 15; bench/results), while
+ * fewer than eight starved it on others. Buffers of 4 MiB, one DMA each: on
+ * the H100, DMAs queued back to back reach 47 GB/s at 1 MiB, 51 at 2 MiB and
+ * 53 at 4 MiB. CPU copies of 512 KiB slices, so that a buffer fills from
+ * several cores at once and the first DMA starts early. Enough buffers for
+ * every thread to fill a slice while as many again wait in the DMA queue. */
 static void choose_defaults(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned workers = cpus > 16 ? 15 : cpus > 2 ? (unsigned)cpus - 1 : 1;
     settings.workers = (unsigned)env_size("PINMEM_COPY_WORKERS", workers);
+    settings.htod_workers = (unsigned)env_size("PINMEM_COPY_HTOD_WORKERS", 8);
     settings.chunk_bytes = env_size("PINMEM_COPY_CHUNK", (size_t)4 << 20);
     settings.slice_bytes = env_size("PINMEM_COPY_SLICE", (size_t)512 << 10);
     size_t filling = ((settings.workers + 1) * settings.slice_bytes + settings.chunk_bytes - 1) /
@@ -76,6 +81,7 @@ pm_result pm_copy_get_config(pm_copy_config *config)
     *config = (pm_copy_config){
         .struct_size = sizeof *config,
         .workers = s->workers,
+        .htod_workers = s->htod_workers,
         .chunk_bytes = s->chunk_bytes,
         .buffers = s->buffers,
         .direct_max = s->direct_max,
@@ -103,7 +109,7 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
         config->staging_stores > PM_COPY_STORES_STREAMING)
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_copy_set_config: staging_stores is not a pm_copy_stores value");
-    if (config->workers > 256 || config->buffers > 4096 ||
+    if (config->workers > 256 || config->htod_workers > 256 || config->buffers > 4096 ||
         config->chunk_bytes > ((size_t)1 << 30) || config->slice_bytes > ((size_t)1 << 30))
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_copy_set_config: at most 256 workers, 4096 buffers of 1 GiB each");
@@ -112,6 +118,8 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
     pm__copy_settings fresh = settings;
     if (config->workers)
         fresh.workers = config->workers;
+    if (config->htod_workers)
+        fresh.htod_workers = config->htod_workers;
     if (config->chunk_bytes)
         fresh.chunk_bytes = (config->chunk_bytes + 4095) & ~(size_t)4095;
     if (config->buffers)
@@ -129,7 +137,8 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
         fresh.cache_max_bytes = config->cache_max_bytes;
     /* A new shape of engine starts with the next staged copy; otherwise the
      * ring stays (it keeps staged copies working under a new budget). */
-    if (fresh.workers != settings.workers || fresh.chunk_bytes != settings.chunk_bytes ||
+    if (fresh.workers != settings.workers || fresh.htod_workers != settings.htod_workers ||
+        fresh.chunk_bytes != settings.chunk_bytes ||
         fresh.buffers != settings.buffers)
         pm__staging_stop();
     settings = fresh;

@@ -20,6 +20,7 @@ typedef enum { PM__HTOD, PM__DTOH } pm__direction;
 /* The settings in effect (pm_copy_config with the defaults filled in). */
 typedef struct pm__copy_settings {
     unsigned workers;
+    unsigned htod_workers; /* of them, those that fill buffers for host-to-device copies */
     size_t chunk_bytes; /* one buffer, one DMA */
     size_t slice_bytes; /* one CPU copy */
     unsigned buffers;

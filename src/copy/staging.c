@@ -7,7 +7,9 @@
  *
  * Worker threads (started on first use, never per call) take slices from all
  * jobs in turn, so several callers are served at once and fairly, and each
- * caller works on its own job too.
+ * caller works on its own job too. Only some of the workers take slices of
+ * host-to-device copies: the DMA engine reads the buffers from the same memory
+ * the threads copy through, and too many threads copying at once slow it.
  *
  * Host to device: the threads copy a piece's slices into its buffer; the one
  * that finishes the last slice queues the DMA and a marker behind it.
@@ -71,11 +73,13 @@ typedef enum { CLAIMED, NEED_BUFFER, NOTHING } claim_result;
  * list change only with the copy gate held for writing. */
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t has_work, progressed, buffer_freed, dma_ready;
+    /* has_work: for the workers that take every kind of slice; dtoh_work:
+     * for those that take only device-to-host ones */
+    pthread_cond_t has_work, dtoh_work, progressed, buffer_freed, dma_ready;
     job *jobs;       /* active jobs with slices left to take */
     job *turn;       /* the job whose turn it is */
     pthread_t *threads;
-    unsigned n_threads;
+    unsigned n_threads, htod_workers;
     bool stopping, started;
     buffer *ring;
     unsigned n_buffers;
@@ -85,6 +89,7 @@ static struct {
     pm_mem_pool_t pool;
 } eng = {.lock = PTHREAD_MUTEX_INITIALIZER,
          .has_work = PTHREAD_COND_INITIALIZER,
+         .dtoh_work = PTHREAD_COND_INITIALIZER,
          .progressed = PTHREAD_COND_INITIALIZER,
          .buffer_freed = PTHREAD_COND_INITIALIZER,
          .dma_ready = PTHREAD_COND_INITIALIZER};
@@ -179,8 +184,8 @@ static void claim_from(job *j, claim *c)
 }
 
 /* lock held: a slice of only, or (only NULL) of the first claimable job from
- * the one whose turn it is. */
-static claim_result claim_slice(job *only, claim *c)
+ * the one whose turn it is, skipping host-to-device jobs unless may_htod. */
+static claim_result claim_slice(job *only, claim *c, bool may_htod)
 {
     if (only) {
         if (!only->current && only->next_offset == only->bytes)
@@ -193,15 +198,18 @@ static claim_result claim_slice(job *only, claim *c)
     if (!eng.jobs)
         return NOTHING;
     job *start = eng.turn ? eng.turn : eng.jobs, *j = start;
+    bool any = false;
     do {
-        if (claimable(j)) {
+        bool mine = may_htod || j->dir != PM__HTOD;
+        any |= mine;
+        if (mine && claimable(j)) {
             eng.turn = j->following; /* the next claim serves the next job */
             claim_from(j, c);
             return CLAIMED;
         }
         j = j->following ? j->following : eng.jobs;
     } while (j != start);
-    return NEED_BUFFER;
+    return any ? NEED_BUFFER : NOTHING;
 }
 
 /* lock held: b goes back to the free queue. */
@@ -361,19 +369,20 @@ static void finish_slice(const claim *c)
     pthread_mutex_unlock(&eng.lock);
 }
 
-static void *worker_main(void *unused)
+static void *worker_main(void *index)
 {
-    (void)unused;
+    const bool may_htod = (uintptr_t)index < eng.htod_workers;
+    pthread_cond_t *idle = may_htod ? &eng.has_work : &eng.dtoh_work;
     pthread_mutex_lock(&eng.lock);
     for (;;) {
         claim c;
         claim_result got = NOTHING;
         bool woke_for_buffer = false;
-        while (!eng.stopping && (got = claim_slice(NULL, &c)) != CLAIMED) {
+        while (!eng.stopping && (got = claim_slice(NULL, &c, may_htod)) != CLAIMED) {
             if (woke_for_buffer)
                 pass_on_buffer_wake();
             woke_for_buffer = got == NEED_BUFFER;
-            pthread_cond_wait(woke_for_buffer ? &eng.buffer_freed : &eng.has_work, &eng.lock);
+            pthread_cond_wait(woke_for_buffer ? &eng.buffer_freed : idle, &eng.lock);
         }
         if (woke_for_buffer)
             pass_on_buffer_wake();
@@ -410,6 +419,7 @@ void pm__staging_stop(void)
     pthread_mutex_lock(&eng.lock);
     eng.stopping = true;
     pthread_cond_broadcast(&eng.has_work);
+    pthread_cond_broadcast(&eng.dtoh_work);
     pthread_cond_broadcast(&eng.buffer_freed);
     pthread_mutex_unlock(&eng.lock);
     for (unsigned i = 0; i < eng.n_threads; i++)
@@ -457,9 +467,10 @@ static pm_result start_locked(const pm__copy_settings *set)
         return r;
     }
     eng.chunk = set->chunk_bytes;
+    eng.htod_workers = set->htod_workers;
     eng.threads = calloc(set->workers, sizeof *eng.threads);
     for (unsigned i = 0; eng.threads && i < set->workers; i++) {
-        if (pthread_create(&eng.threads[i], NULL, worker_main, NULL) != 0)
+        if (pthread_create(&eng.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0)
             break;
         eng.n_threads++;
     }
@@ -492,11 +503,13 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
             eng.jobs->prev = &j;
         eng.jobs = &j;
         pthread_cond_broadcast(&eng.has_work);
+        if (dir == PM__DTOH)
+            pthread_cond_broadcast(&eng.dtoh_work);
     }
     claim c;
     claim_result got;
     bool woke_for_buffer = false;
-    while ((got = claim_slice(&j, &c)) != NOTHING) {
+    while ((got = claim_slice(&j, &c, true)) != NOTHING) {
         if (woke_for_buffer)
             pass_on_buffer_wake();
         woke_for_buffer = got == NEED_BUFFER;
