@@ -149,6 +149,31 @@ PM_API pm_result pm_stream_synchronize(pm_stream_t stream);
  * fn must not call pinmem's stream functions. */
 PM_API pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg);
 
+/* ------------------------------------------------------------------- events */
+
+/* A point in a stream's work (cuda: a CUevent, created without timing). Pools
+ * learn stream order from events: with
+ * PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, memory freed on stream A
+ * before an event recorded on A serves allocations on stream B at once, once B
+ * waits for that event, directly or through other streams' events. Waits
+ * pinmem does not see (cuStreamWaitEvent called on the driver, the legacy
+ * default stream's implicit ones) create no such reuse. */
+typedef struct pm_event_s *pm_event_t;
+
+PM_API pm_result pm_event_create(pm_event_t *event);
+/* The event may still be pending: its resources go when it completes. */
+PM_API pm_result pm_event_destroy(pm_event_t event);
+/* Captures the stream's work enqueued so far; recording again replaces it. */
+PM_API pm_result pm_event_record(pm_event_t event, pm_stream_t stream);
+/* PM_SUCCESS when the captured work is done (or nothing was recorded),
+ * PM_ERROR_NOT_READY when not yet. */
+PM_API pm_result pm_event_query(pm_event_t event);
+/* Waits for the captured work; a record of the same event from another
+ * thread waits until this returns. */
+PM_API pm_result pm_event_synchronize(pm_event_t event);
+/* Work enqueued on stream after this call waits for the event's captured work. */
+PM_API pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event);
+
 /* -------------------------------------------------------------------- pools */
 
 typedef struct pm_mem_pool_s *pm_mem_pool_t;

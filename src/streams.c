@@ -2,6 +2,7 @@
 #include "errors.h"
 #include "instance.h"
 #include "pool/pool.h"
+#include "stream_order.h"
 
 pm_result pm_stream_create(pm_stream_t *stream)
 {
@@ -34,6 +35,9 @@ pm_result pm_stream_destroy(pm_stream_t stream)
         return r;
     /* Blocks freed on it must not wait on a stream that is gone. */
     pm__pools_after_sync(stream);
+    unsigned long long id;
+    if (inst->backend.stream_id(stream, &id) == PM_SUCCESS)
+        pm__order_forget(id);
     return inst->backend.stream_destroy(stream);
 }
 

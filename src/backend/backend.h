@@ -66,6 +66,9 @@ typedef struct pm__backend {
     pm_result (*stream_destroy)(pm_stream_t s);
     pm_result (*stream_synchronize)(pm_stream_t s);
     pm_result (*stream_launch_host_func)(pm_stream_t s, void (*fn)(void *), void *arg);
+    /* A number for s that no other stream of the process has had or will
+     * have, even one given s's handle after s is destroyed. */
+    pm_result (*stream_id)(pm_stream_t s, unsigned long long *id);
     pm_result (*marker_record)(pm_stream_t s, pm__marker *out);
     bool (*marker_done)(const pm__marker *m);
     /* Work enqueued on s after this waits for m. */

@@ -238,6 +238,11 @@ static pm_result cuda_stream_create(pm_stream_t *out)
     DRIVER_CALL("cuStreamCreate", cu->stream_create((CUstream *)out, CU_STREAM_NON_BLOCKING));
 }
 
+static pm_result cuda_stream_id(pm_stream_t s, unsigned long long *id)
+{
+    DRIVER_CALL("cuStreamGetId", cu->stream_get_id((CUstream)s, id));
+}
+
 static pm_result cuda_stream_check(pm_stream_t s)
 {
     (void)s;
@@ -533,6 +538,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_get_address_range = cuda_foreign_get_address_range;
     out->stream_create = cuda_stream_create;
     out->stream_check = cuda_stream_check;
+    out->stream_id = cuda_stream_id;
     out->stream_destroy = cuda_stream_destroy;
     out->stream_synchronize = cuda_stream_synchronize;
     out->stream_launch_host_func = cuda_stream_launch_host_func;

@@ -46,6 +46,7 @@ static const symbol required[] = {
     SYM(stream_destroy, "cuStreamDestroy", 4000),
     SYM(stream_synchronize, "cuStreamSynchronize", 2000),
     SYM(stream_wait_event, "cuStreamWaitEvent", 3020),
+    SYM(stream_get_id, "cuStreamGetId", 12000),
     SYM(launch_host_func, "cuLaunchHostFunc", 10000),
     SYM(event_create, "cuEventCreate", 2000),
     SYM(event_record, "cuEventRecord", 2000),

@@ -36,6 +36,7 @@ typedef struct pm__cuda_api {
     CUresult (*stream_destroy)(CUstream);
     CUresult (*stream_synchronize)(CUstream);
     CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int);
+    CUresult (*stream_get_id)(CUstream, unsigned long long *);
     CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
     CUresult (*event_create)(CUevent *, unsigned int);
     CUresult (*event_record)(CUevent, CUstream);

@@ -24,6 +24,7 @@ typedef struct posix_stream {
     size_t cap, head, count;
     unsigned long long enqueued;
     _Atomic unsigned long long completed;
+    unsigned long long id; /* never reused */
     int refs; /* the creator's, plus one per live marker or pending wait */
     bool stopping;
     pthread_t thread;
@@ -69,11 +70,14 @@ static void drop_ref(posix_stream *s)
     free(s);
 }
 
+static _Atomic unsigned long long last_id;
+
 static pm_result create(posix_stream **out)
 {
     posix_stream *s = calloc(1, sizeof *s);
     if (!s)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: out of memory");
+    s->id = atomic_fetch_add(&last_id, 1) + 1;
     s->cap = 64;
     s->ring = malloc(s->cap * sizeof *s->ring);
     s->refs = 1;
@@ -262,6 +266,13 @@ static void destroy_stream(posix_stream *s)
     pthread_mutex_unlock(&s->lock);
     pthread_join(s->thread, NULL);
     drop_ref(s);
+}
+
+pm_result pm__posix_stream_id(pm_stream_t handle, unsigned long long *id)
+{
+    RESOLVE_OR_FAIL(s, handle);
+    *id = s->id;
+    return PM_SUCCESS;
 }
 
 pm_result pm__posix_stream_launch_host_func(pm_stream_t handle, void (*fn)(void *), void *arg)

@@ -8,6 +8,7 @@ pm_result pm__posix_stream_create(pm_stream_t *out);
 pm_result pm__posix_stream_check(pm_stream_t s);
 pm_result pm__posix_stream_destroy(pm_stream_t s);
 pm_result pm__posix_stream_synchronize(pm_stream_t s);
+pm_result pm__posix_stream_id(pm_stream_t s, unsigned long long *id);
 pm_result pm__posix_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg);
 pm_result pm__posix_marker_record(pm_stream_t s, pm__marker *out);
 bool pm__posix_marker_done(const pm__marker *m);

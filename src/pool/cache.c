@@ -249,18 +249,24 @@ static void note_allocated(pm__span *span, size_t index, size_t bytesize)
     atomic_store_explicit(pm__requested(span, index), bytesize, memory_order_release);
 }
 
-/* Refills a bin from the pool: completed stream frees first, then runs. */
-/* pool->lock held. With REUSE_ALLOW_INTERNAL_DEPENDENCIES, an allocation
- * on s that the pool could serve only by pinning more memory takes a block
- * freed on another stream instead, behind a dependency of s on that free. */
+/* pool->lock held. An asynchronous allocation on s that the pool could
+ * serve only by pinning more memory may take a block freed on another stream
+ * whose work may still run: with REUSE_FOLLOW_EVENT_DEPENDENCIES one freed
+ * before an event s already waits for, at no cost; else, with
+ * REUSE_ALLOW_INTERNAL_DEPENDENCIES, any, after making s wait for its free. */
 static void *take_ordered(pm__pool *pool, size_t bytesize, unsigned cls, bool async, pm_stream_t s)
 {
-    if (!async || !pool->reuse_internal_deps || !pool->pending ||
-        pm__central_fits(pool, bytesize, cls))
+    if (!async || !pool->pending || pm__central_fits(pool, bytesize, cls))
         return NULL;
-    return pm__pending_take_ordered(pool, s, bytesize, cls);
+    void *block = NULL;
+    if (pool->reuse_follow_event_deps)
+        block = pm__pending_take_followed(pool, s, bytesize, cls);
+    if (!block && pool->reuse_internal_deps)
+        block = pm__pending_take_ordered(pool, s, bytesize, cls);
+    return block;
 }
 
+/* Refills a bin from the pool: completed stream frees first, then runs. */
 static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, pm_stream_t s)
 {
     pm_result why = PM_ERROR_OUT_OF_MEMORY;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../errors.h"
+#include "../stream_order.h"
 #include "pool_internal.h"
 
 pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n)
@@ -25,6 +26,8 @@ pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n
     }
     memcpy(copy, blocks, n * sizeof *copy);
     p->stream = s;
+    p->id_known = pm__pool_backend()->stream_id(s, &p->stream_id) == PM_SUCCESS;
+    p->tick = pm__order_now();
     p->n = p->cap = n;
     p->blocks = copy;
     p->next = pool->pending;
@@ -80,30 +83,77 @@ static bool serves(void *block, size_t bytesize, unsigned cls)
     return span->kind == SPAN_LARGE && have >= bytesize && have - bytesize <= bytesize / 8 + PM__POOL_PAGE;
 }
 
-void *pm__pending_take_ordered(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls)
+/* Block i of the batch at *link, taken out of it (and the batch freed when
+ * it was its last). */
+static void *take_block(pm__pending **link, size_t i)
 {
-    const pm__backend *b = pm__pool_backend();
+    pm__pending *p = *link;
+    void *block = p->blocks[i];
+    p->blocks[i] = p->blocks[--p->n];
+    if (p->n == 0) {
+        *link = p->next;
+        pm__pool_backend()->marker_release(&p->marker);
+        free(p->blocks);
+        free(p);
+    }
+    return block;
+}
+
+/* The first block of another stream's batch that serves the request and
+ * that usable(batch) allows: where it is, as a link and an index. */
+static bool find_serving(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls,
+                         bool (*usable)(const pm__pending *p, const void *arg), const void *arg,
+                         pm__pending ***at, size_t *index)
+{
     for (pm__pending **link = &pool->pending; *link; link = &(*link)->next) {
         pm__pending *p = *link;
-        if (p->stream == s)
+        if (p->stream == s || !usable(p, arg))
             continue;
         for (size_t i = 0; i < p->n; i++) {
-            if (!serves(p->blocks[i], bytesize, cls))
-                continue;
-            if (b->marker_wait(s, &p->marker) != PM_SUCCESS)
-                return NULL; /* no dependency, no reuse */
-            void *block = p->blocks[i];
-            p->blocks[i] = p->blocks[--p->n];
-            if (p->n == 0) {
-                *link = p->next;
-                b->marker_release(&p->marker);
-                free(p->blocks);
-                free(p);
+            if (serves(p->blocks[i], bytesize, cls)) {
+                *at = link;
+                *index = i;
+                return true;
             }
-            return block;
         }
     }
-    return NULL;
+    return false;
+}
+
+static bool any_batch(const pm__pending *p, const void *unused)
+{
+    (void)p;
+    (void)unused;
+    return true;
+}
+
+void *pm__pending_take_ordered(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls)
+{
+    pm__pending **link;
+    size_t i;
+    if (!find_serving(pool, s, bytesize, cls, any_batch, NULL, &link, &i))
+        return NULL;
+    if (pm__pool_backend()->marker_wait(s, &(*link)->marker) != PM_SUCCESS)
+        return NULL; /* no dependency, no reuse */
+    return take_block(link, i);
+}
+
+/* Whether the batch was freed before a point that the stream whose id is
+ * *arg waits for. */
+static bool followed(const pm__pending *p, const void *arg)
+{
+    return p->id_known && pm__order_follows(*(const unsigned long long *)arg, p->stream_id, p->tick);
+}
+
+void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls)
+{
+    unsigned long long id;
+    pm__pending **link;
+    size_t i;
+    if (pm__pool_backend()->stream_id(s, &id) != PM_SUCCESS ||
+        !find_serving(pool, s, bytesize, cls, followed, &id, &link, &i))
+        return NULL;
+    return take_block(link, i); /* s's work already waits for the free */
 }
 
 void pm__pending_release_all(pm__pool *pool)

@@ -480,6 +480,20 @@ pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
     return r;
 }
 
+void pm__pools_flush_stream(pm_stream_t s)
+{
+    pthread_mutex_lock(&pools_lock); /* as in pm__pools_after_sync */
+    for (size_t i = 0; i < n_pools; i++) {
+        pm__pool *pool = pools[i];
+        pthread_mutex_lock(&pool->lock);
+        bool follows = pool->reuse_follow_event_deps;
+        pthread_mutex_unlock(&pool->lock);
+        if (follows)
+            pm__caches_flush_stream(pool, s);
+    }
+    pthread_mutex_unlock(&pools_lock);
+}
+
 void pm__pools_after_sync(pm_stream_t s)
 {
     /* Held throughout, so no pool in the list can be destroyed and torn down

@@ -12,6 +12,9 @@
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
 /* After a stream synchronized: hand its frees back, release above thresholds. */
 void pm__pools_after_sync(pm_stream_t s);
+/* Before an event is recorded on s: blocks freed on s so far go to their
+ * pools' pending batches, so that the event follows them (stream_order.h). */
+void pm__pools_flush_stream(pm_stream_t s);
 /* PINMEM_STATS=1 */
 void pm__pool_stats_print_at_exit(void);
 

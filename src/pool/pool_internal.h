@@ -65,6 +65,10 @@ struct pm__chunk {
 typedef struct pm__pending {
     pm__marker marker;
     pm_stream_t stream;
+    /* for REUSE_FOLLOW_EVENT_DEPENDENCIES (stream_order.h): the stream's id
+     * (when known) and the order counter when the batch was made */
+    bool id_known;
+    unsigned long long stream_id, tick;
     size_t n, cap;
     void **blocks;
     struct pm__pending *next;
@@ -194,6 +198,9 @@ size_t pm__pending_reclaim(pm__pool *pool, pm_stream_t s, bool async);
  * on another stream whose work may still run, taken out of its batch after
  * making s wait for that work; NULL when there is none. */
 void *pm__pending_take_ordered(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls);
+/* REUSE_FOLLOW_EVENT_DEPENDENCIES: a block for bytesize (class cls) freed on
+ * another stream before an event that s's work waits for; NULL when none. */
+void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, unsigned cls);
 /* Returns every pending block, done or not: only for a pool being torn down
  * after its streams were synchronized. */
 void pm__pending_release_all(pm__pool *pool);

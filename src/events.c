@@ -1,0 +1,166 @@
+/* pm_event_* and pm_stream_wait_event: the backend's markers, plus the stream
+ * order pools learn from them (stream_order.h). Handles are checked against
+ * the live events, so a stale or made-up one is refused, not followed. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "errors.h"
+#include "instance.h"
+#include "pool/pool.h"
+#include "stream_order.h"
+
+struct pm_event_s {
+    pthread_mutex_t lock; /* the marker and the order point change together */
+    pm__marker marker;    /* handle NULL until first recorded */
+    pm__order_set order;  /* what the recorded point's stream had waited for, and the point */
+};
+
+/* Part of the process-wide instance: the live events. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm_event_t *live;
+static size_t n_live, cap_live;
+
+static bool add_live(pm_event_t e)
+{
+    pthread_mutex_lock(&live_lock);
+    if (n_live == cap_live) {
+        size_t cap = cap_live ? 2 * cap_live : 16;
+        pm_event_t *bigger = realloc(live, cap * sizeof *bigger);
+        if (!bigger) {
+            pthread_mutex_unlock(&live_lock);
+            return false;
+        }
+        live = bigger;
+        cap_live = cap;
+    }
+    live[n_live++] = e;
+    pthread_mutex_unlock(&live_lock);
+    return true;
+}
+
+/* Whether e is live; removes it when remove. */
+static bool find_live(pm_event_t e, bool remove)
+{
+    bool found = false;
+    pthread_mutex_lock(&live_lock);
+    for (size_t i = n_live; i-- > 0 && !found;) {
+        if (live[i] == e) {
+            found = true;
+            if (remove)
+                live[i] = live[--n_live];
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+    return found;
+}
+
+static pm_result check_event(const char *name, pm_event_t e)
+{
+    if (!e || !find_live(e, false))
+        return pm__fail(PM_ERROR_INVALID_HANDLE, "%s: %p is not a live event", name, (void *)e);
+    return PM_SUCCESS;
+}
+
+pm_result pm_event_create(pm_event_t *event)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!event)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_event_create: event is NULL");
+    pm_event_t e = calloc(1, sizeof *e);
+    if (!e || pthread_mutex_init(&e->lock, NULL) != 0) {
+        free(e);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_create: out of memory");
+    }
+    if (!add_live(e)) {
+        pthread_mutex_destroy(&e->lock);
+        free(e);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_create: out of memory");
+    }
+    *event = e;
+    return PM_SUCCESS;
+}
+
+pm_result pm_event_destroy(pm_event_t event)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!event || !find_live(event, true))
+        return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_event_destroy: %p is not a live event",
+                        (void *)event);
+    inst->backend.marker_release(&event->marker);
+    pm__order_set_free(&event->order);
+    pthread_mutex_destroy(&event->lock);
+    free(event);
+    return PM_SUCCESS;
+}
+
+pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    const pm__backend *b = &inst->backend;
+    pm_result r = check_event("pm_event_record", event);
+    unsigned long long id = 0;
+    if (r == PM_SUCCESS)
+        r = b->stream_check(stream);
+    if (r == PM_SUCCESS)
+        r = b->stream_id(stream, &id);
+    if (r != PM_SUCCESS)
+        return r;
+    /* Blocks freed on the stream until now join their pools' batches before
+     * the event's tick, so that the event is known to follow them. */
+    pm__pools_flush_stream(stream);
+    pthread_mutex_lock(&event->lock);
+    r = b->marker_rerecord(stream, &event->marker);
+    if (r == PM_SUCCESS && !pm__order_snapshot(id, pm__order_next(), &event->order))
+        event->order.n = 0; /* out of memory: waits on it teach nothing, which is safe */
+    pthread_mutex_unlock(&event->lock);
+    return r;
+}
+
+pm_result pm_event_query(pm_event_t event)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    pm_result r = check_event("pm_event_query", event);
+    if (r != PM_SUCCESS)
+        return r;
+    pthread_mutex_lock(&event->lock);
+    bool done = !event->marker.handle || inst->backend.marker_done(&event->marker);
+    pthread_mutex_unlock(&event->lock);
+    return done ? PM_SUCCESS : PM_ERROR_NOT_READY;
+}
+
+pm_result pm_event_synchronize(pm_event_t event)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    pm_result r = check_event("pm_event_synchronize", event);
+    if (r != PM_SUCCESS)
+        return r;
+    /* Held while waiting: a record from another thread would release the
+     * marker this waits on. Such a record waits until this wait is over. */
+    pthread_mutex_lock(&event->lock);
+    if (event->marker.handle)
+        r = inst->backend.marker_synchronize(&event->marker);
+    pthread_mutex_unlock(&event->lock);
+    return r;
+}
+
+pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    const pm__backend *b = &inst->backend;
+    pm_result r = check_event("pm_stream_wait_event", event);
+    unsigned long long id = 0;
+    if (r == PM_SUCCESS)
+        r = b->stream_check(stream);
+    if (r == PM_SUCCESS)
+        r = b->stream_id(stream, &id);
+    if (r != PM_SUCCESS)
+        return r;
+    pthread_mutex_lock(&event->lock);
+    if (event->marker.handle)
+        r = b->marker_wait(stream, &event->marker);
+    if (r == PM_SUCCESS)
+        pm__order_learn(id, &event->order); /* out of memory: nothing learned, which is safe */
+    pthread_mutex_unlock(&event->lock);
+    return r;
+}

@@ -1,0 +1,184 @@
+/* Events, and the stream order pools learn from them: with
+ * REUSE_FOLLOW_EVENT_DEPENDENCIES, memory freed on stream A before an event
+ * recorded on A serves stream B at once once B waits for the event, and
+ * never otherwise. Runs on POSIX streams in CI and CUstreams on a GPU. */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <unistd.h>
+
+#include "pool_util.h"
+
+static atomic_int gate_open, a_done, b_saw_a;
+
+static void wait_gate(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&gate_open))
+        usleep(100);
+}
+
+static void mark_a_done(void *arg)
+{
+    (void)arg;
+    atomic_store(&a_done, 1);
+}
+
+static void look_for_a(void *arg)
+{
+    (void)arg;
+    atomic_store(&b_saw_a, atomic_load(&a_done) ? 1 : -1);
+}
+
+static void bad_arguments(void)
+{
+    pm_event_t e = NULL;
+    CHECK_RESULT(pm_event_create(NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_event_destroy(NULL), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_event_record(NULL, NULL), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_event_query(NULL), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_event_synchronize(NULL), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_stream_wait_event(NULL, NULL), PM_ERROR_INVALID_HANDLE);
+    int not_an_event = 0;
+    CHECK_RESULT(pm_event_query((pm_event_t)&not_an_event), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_event_create(&e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(e), PM_ERROR_INVALID_HANDLE); /* destroyed already */
+    CHECK_RESULT(pm_event_record(e, NULL), PM_ERROR_INVALID_HANDLE);
+}
+
+/* An event captures its stream's work when recorded: not ready while that
+ * work is held up, ready after; never recorded counts as done. */
+static void capture(void)
+{
+    pm_stream_t a = NULL, b = NULL;
+    pm_event_t e = NULL;
+    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    CHECK_RESULT(pm_event_create(&e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_query(e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_synchronize(e), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS); /* nothing to wait for */
+    atomic_store(&gate_open, 0);
+    atomic_store(&a_done, 0);
+    atomic_store(&b_saw_a, 0);
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    CHECK_RESULT(pm_event_query(e), PM_ERROR_NOT_READY);
+    CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(b, look_for_a, NULL), PM_SUCCESS);
+    usleep(20000);
+    CHECK(atomic_load(&b_saw_a) == 0); /* b waits behind a's gate */
+    atomic_store(&gate_open, 1);
+    CHECK_RESULT(pm_event_synchronize(e), PM_SUCCESS);
+    CHECK(atomic_load(&a_done) == 1);
+    CHECK_RESULT(pm_event_query(e), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK(atomic_load(&b_saw_a) == 1);
+    /* Destroying an event whose work is pending is allowed. */
+    atomic_store(&gate_open, 0);
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    atomic_store(&gate_open, 1);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+}
+
+typedef enum {
+    FREE_THEN_RECORD, /* a: free, record; b waits: reuse */
+    RECORD_THEN_FREE, /* the event comes before the free: no reuse */
+    NO_WAIT,          /* b never waits for the event: no reuse */
+    THROUGH_C,        /* b waits for c, which waited for a: reuse */
+} scenario;
+
+/* A pool that holds one block of `size` and room for nothing more (a
+ * `filler` takes the rest), so that an allocation on b is served either by
+ * the block a freed or not at all. Small sizes go through the thread caches,
+ * large ones straight to the pool. */
+static void follow(scenario sc, int follow_on, size_t size)
+{
+    const size_t max = (size_t)32 << 20;
+    pm_mem_pool_t pool = make_pool(max);
+    int off = 0;
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                                           &off),
+                 PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+                                           &follow_on),
+                 PM_SUCCESS);
+    pm_stream_t a = NULL, b = NULL, c = NULL;
+    pm_event_t e = NULL, f = NULL;
+    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_create(&c), PM_SUCCESS);
+    CHECK_RESULT(pm_event_create(&e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_create(&f), PM_SUCCESS);
+    void *p = NULL, *filler = NULL, *q = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, size, pool, a), PM_SUCCESS);
+    size_t room = max - pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&filler, room, pool), PM_SUCCESS);
+    atomic_store(&gate_open, 0);
+    atomic_store(&a_done, 0);
+    atomic_store(&b_saw_a, 0);
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
+    if (sc == RECORD_THEN_FREE)
+        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
+    if (sc != RECORD_THEN_FREE)
+        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    if (sc == THROUGH_C) {
+        CHECK_RESULT(pm_stream_wait_event(c, e), PM_SUCCESS);
+        CHECK_RESULT(pm_event_record(f, c), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_wait_event(b, f), PM_SUCCESS);
+    } else if (sc != NO_WAIT) {
+        CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS);
+    }
+    pm_result r = pm_mem_alloc_from_pool_async(&q, size, pool, b);
+    bool reuse = follow_on && (sc == FREE_THEN_RECORD || sc == THROUGH_C);
+    if (reuse) {
+        CHECK_RESULT(r, PM_SUCCESS);
+        CHECK(q == p);
+        /* b's work after the allocation still runs after a's work before the free. */
+        CHECK_RESULT(pm_stream_launch_host_func(b, look_for_a, NULL), PM_SUCCESS);
+        usleep(20000);
+        CHECK(atomic_load(&b_saw_a) == 0);
+        atomic_store(&gate_open, 1);
+        CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+        CHECK(atomic_load(&b_saw_a) == 1);
+        CHECK_RESULT(pm_mem_free_async(q, b), PM_SUCCESS);
+    } else {
+        CHECK_RESULT(r, PM_ERROR_OUT_OF_MEMORY);
+        CHECK(atomic_load(&a_done) == 0); /* and the free's work still runs */
+        atomic_store(&gate_open, 1);
+    }
+    CHECK_RESULT(pm_mem_free(filler), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(f), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(c), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+int main(void)
+{
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    printf("backend: %s\n", pm_backend_name());
+    bad_arguments();
+    capture();
+    static const size_t sizes[] = {(size_t)1 << 20, (size_t)8 << 20}; /* cached, large */
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        for (int on = 1; on >= 0; on--) {
+            follow(FREE_THEN_RECORD, on, sizes[i]);
+            follow(THROUGH_C, on, sizes[i]);
+        }
+        follow(RECORD_THEN_FREE, 1, sizes[i]);
+        follow(NO_WAIT, 1, sizes[i]);
+    }
+    return check_finish("events");
+}
