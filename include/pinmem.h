@@ -310,10 +310,11 @@ typedef struct pm_copy_config {
                                       copies of 256 MiB and more (the DMA then finds the
                                       bytes in the CPU's cache) */
     size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
-    unsigned htod_workers;       /* of the workers, how many fill buffers for host-to-device
-                                    copies (the caller helps as well): the DMA engine reads
-                                    those buffers from the same memory, and more threads
-                                    copying slow it down */
+    unsigned htod_workers;       /* of the workers, at most how many fill buffers for
+                                    host-to-device copies (the caller helps as well; default:
+                                    all). The engine steers the count below it: the DMA
+                                    engine reads those buffers from the memory the threads
+                                    copy through, and too many threads copying slow it */
 } pm_copy_config;
 
 PM_API pm_result pm_copy_get_config(pm_copy_config *config);
@@ -335,6 +336,8 @@ typedef struct pm_copy_stats {
     unsigned long long staging_copy_ns;  /* CPU copies into or out of the buffers */
     unsigned long long staging_wait_ns;  /* waiting for a free buffer or for a DMA */
     unsigned long long staging_queue_ns; /* queuing DMAs and markers with the backend */
+    unsigned htod_fillers;               /* workers that fill buffers for host-to-device
+                                            copies now (steered between 1 and htod_workers) */
 } pm_copy_stats;
 
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);

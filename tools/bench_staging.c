@@ -43,10 +43,10 @@ static void row(bool htod, pm_copy_stores stores, pm_deviceptr dev, uint8_t *hos
     pm_copy_config c = {.struct_size = sizeof c};
     pm_copy_get_config(&c);
     char sz[32];
-    printf("%-9s %-6s %-9s | %7.1f | %9.1f %9.1f %9.1f | %7.2f\n", human_size(n, sz, sizeof sz),
+    printf("%-9s %-6s %-9s | %7.1f | %9.1f %9.1f %9.1f | %7.2f | %u\n", human_size(n, sz, sizeof sz),
            htod ? "htod" : "dtoh", stores == PM_COPY_STORES_STREAMING ? "streaming" : "cached",
            (double)n / median(t, REPS), copy_us, wait_us, queue_us,
-           copy_us > 0 ? (double)c.chunk_bytes / copy_us / 1e3 : 0);
+           copy_us > 0 ? (double)c.chunk_bytes / copy_us / 1e3 : 0, after.htod_fillers);
 }
 
 /* The DMA engine's own rate for pieces queued back to back from page-locked
@@ -100,8 +100,8 @@ int bench_staging(bool quick)
            "ran it\n",
            b->name, saved.workers, saved.htod_workers, saved.buffers, saved.chunk_bytes >> 10,
            saved.slice_bytes >> 10);
-    printf("%-9s %-6s %-9s | %7s | %9s %9s %9s | %s\n", "size", "dir", "stores", "GB/s",
-           "copy us", "wait us", "queue us", "CPU GB/s per thread");
+    printf("%-9s %-6s %-9s | %7s | %9s %9s %9s | %s | %s\n", "size", "dir", "stores", "GB/s",
+           "copy us", "wait us", "queue us", "CPU GB/s per thread", "fillers after");
     for (size_t n = (size_t)16 << 20; n <= max; n *= 4)
         for (int dir = 0; dir < 2; dir++)
             for (int s = 0; s < 2; s++)

@@ -25,11 +25,8 @@ static size_t env_size(const char *name, size_t fallback)
 }
 
 /* One worker per core but the caller's, which works on its own copy as
- * well, up to 15; eight of them fill buffers for host-to-device copies: the
- * DMA engine reads those buffers from the memory the threads copy through,
- * and fifteen threads copying at once slowed it on some H100 machines (64
- * MiB: 46.1 GB/s with 8 workers against 43.9 with 15; bench/results), while
- * fewer than eight starved it on others. Buffers of 4 MiB, one DMA each: on
+ * well, up to 15; any of them may fill buffers for host-to-device copies (the
+ * engine steers how many do). Buffers of 4 MiB, one DMA each: on
  * the H100, DMAs queued back to back reach 47 GB/s at 1 MiB, 51 at 2 MiB and
  * 53 at 4 MiB. CPU copies of 512 KiB slices, so that a buffer fills from
  * several cores at once and the first DMA starts early. Enough buffers for
@@ -39,7 +36,7 @@ static void choose_defaults(void)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned workers = cpus > 16 ? 15 : cpus > 2 ? (unsigned)cpus - 1 : 1;
     settings.workers = (unsigned)env_size("PINMEM_COPY_WORKERS", workers);
-    settings.htod_workers = (unsigned)env_size("PINMEM_COPY_HTOD_WORKERS", 8);
+    settings.htod_workers = (unsigned)env_size("PINMEM_COPY_HTOD_WORKERS", 0) /* 0: all */;
     settings.chunk_bytes = env_size("PINMEM_COPY_CHUNK", (size_t)4 << 20);
     settings.slice_bytes = env_size("PINMEM_COPY_SLICE", (size_t)512 << 10);
     size_t filling = ((settings.workers + 1) * settings.slice_bytes + settings.chunk_bytes - 1) /
@@ -81,7 +78,8 @@ pm_result pm_copy_get_config(pm_copy_config *config)
     *config = (pm_copy_config){
         .struct_size = sizeof *config,
         .workers = s->workers,
-        .htod_workers = s->htod_workers,
+        .htod_workers = s->htod_workers && s->htod_workers < s->workers ? s->htod_workers
+                                                                          : s->workers,
         .chunk_bytes = s->chunk_bytes,
         .buffers = s->buffers,
         .direct_max = s->direct_max,
@@ -172,6 +170,7 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .staging_copy_ns = atomic_load(&c->staging_copy_ns),
         .staging_wait_ns = atomic_load(&c->staging_wait_ns),
         .staging_queue_ns = atomic_load(&c->staging_queue_ns),
+        .htod_fillers = pm__staging_fillers(),
     };
     return PM_SUCCESS;
 }

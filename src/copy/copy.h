@@ -20,7 +20,7 @@ typedef enum { PM__HTOD, PM__DTOH } pm__direction;
 /* The settings in effect (pm_copy_config with the defaults filled in). */
 typedef struct pm__copy_settings {
     unsigned workers;
-    unsigned htod_workers; /* of them, those that fill buffers for host-to-device copies */
+    unsigned htod_workers; /* of them, the most that fill buffers for host-to-device copies (0: all) */
     size_t chunk_bytes; /* one buffer, one DMA */
     size_t slice_bytes; /* one CPU copy */
     unsigned buffers;
@@ -68,6 +68,8 @@ bool pm__copy_injected(_Atomic int *countdown);
  * pinned (nothing was copied; the caller may take another way). */
 pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
                           pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool *no_ring);
+/* The workers that take host-to-device slices now (0 before the engine starts). */
+unsigned pm__staging_fillers(void);
 /* Stops the workers and frees the ring (the gate held for writing). */
 void pm__staging_stop(void);
 

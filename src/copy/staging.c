@@ -7,9 +7,16 @@
  *
  * Worker threads (started on first use, never per call) take slices from all
  * jobs in turn, so several callers are served at once and fairly, and each
- * caller works on its own job too. Only some of the workers take slices of
- * host-to-device copies: the DMA engine reads the buffers from the same memory
- * the threads copy through, and too many threads copying at once slow it.
+ * caller works on its own job too.
+ *
+ * Only some of the workers (the fillers) take slices of host-to-device
+ * copies: the DMA engine reads the buffers from the memory the threads copy
+ * through, and too many threads copying at once slow it down, while too few
+ * leave it waiting. How many is right differs from machine to machine (on
+ * H100 machines, 4 to 6 of 15 on some and 8 to 15 on others), so the engine
+ * steers it after each large copy by how long its threads waited for DMAs
+ * against how long they copied: threads that hardly wait are too few, and
+ * threads that wait much are more than the DMA engine needs.
  *
  * Host to device: the threads copy a piece's slices into its buffer; the one
  * that finishes the last slice queues the DMA and a marker behind it.
@@ -48,6 +55,9 @@ typedef struct job {
     size_t bytes, chunk, slice;
     pm_stream_t stream;
     bool streaming; /* streaming stores for the CPU copies */
+    /* Time the job's threads spent copying and waiting for DMAs, for the
+     * fillers' count (atomics: threads add without the lock). */
+    _Atomic unsigned long long copy_ns, wait_ns;
     /* Guarded by the engine lock: */
     size_t next_offset;          /* where the next piece starts */
     unsigned pieces_started;
@@ -79,7 +89,9 @@ static struct {
     job *jobs;       /* active jobs with slices left to take */
     job *turn;       /* the job whose turn it is */
     pthread_t *threads;
-    unsigned n_threads, htod_workers;
+    unsigned n_threads;
+    unsigned htod_workers; /* the most fillers */
+    unsigned fillers;      /* workers 0 .. fillers - 1 take host-to-device slices */
     bool stopping, started;
     buffer *ring;
     unsigned n_buffers;
@@ -94,9 +106,14 @@ static struct {
          .buffer_freed = PTHREAD_COND_INITIALIZER,
          .dma_ready = PTHREAD_COND_INITIALIZER};
 
-static void count_ns(_Atomic unsigned long long *counter, unsigned long long since)
+/* Adds the time since `since` to the engine's counter and the job's (if any). */
+static void count_ns(_Atomic unsigned long long *counter, _Atomic unsigned long long *job_counter,
+                     unsigned long long since)
 {
-    atomic_fetch_add_explicit(counter, pm__now_ns() - since, memory_order_relaxed);
+    unsigned long long ns = pm__now_ns() - since;
+    atomic_fetch_add_explicit(counter, ns, memory_order_relaxed);
+    if (job_counter)
+        atomic_fetch_add_explicit(job_counter, ns, memory_order_relaxed);
 }
 
 static unsigned slices_of(size_t bytes, size_t slice) { return (unsigned)((bytes + slice - 1) / slice); }
@@ -230,27 +247,27 @@ static void pass_on_buffer_wake(void)
 }
 
 /* The CPU half of a slice, timed for the statistics. */
-static void cpu_copy(const job *j, void *dst, const void *src, size_t n)
+static void cpu_copy(job *j, void *dst, const void *src, size_t n)
 {
     unsigned long long t0 = pm__now_ns();
     pm__copy_bytes(dst, src, n, j->streaming);
-    count_ns(&pm__copy_count.staging_copy_ns, t0);
+    count_ns(&pm__copy_count.staging_copy_ns, &j->copy_ns, t0);
 }
 
 /* Waits until the DMA behind b's marker is done. */
-static pm_result wait_marker(buffer *b)
+static pm_result wait_marker(job *j, buffer *b)
 {
     unsigned long long t0 = pm__now_ns();
     const pm__backend *be = pm__instance_backend();
     pm_result r = be->marker_synchronize(&b->mark);
-    count_ns(&pm__copy_count.staging_wait_ns, t0);
+    count_ns(&pm__copy_count.staging_wait_ns, &j->wait_ns, t0);
     return r;
 }
 
-/* Before b is written again: its last DMA must be done. */
-static void wait_previous_dma(buffer *b)
+/* Before b is written again for j: its last DMA must be done. */
+static void wait_previous_dma(job *j, buffer *b)
 {
-    if (b->pending && wait_marker(b) != PM_SUCCESS)
+    if (b->pending && wait_marker(j, b) != PM_SUCCESS)
         pm__instance_backend()->stream_synchronize(NULL); /* cannot tell: wait for everything */
 }
 
@@ -277,7 +294,7 @@ static pm_result queue_dma(const job *j, buffer *b)
         be->stream_synchronize(j->stream); /* the DMA may have been queued: let it end */
         b->pending = false;
     }
-    count_ns(&pm__copy_count.staging_queue_ns, t0);
+    count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);
     return r;
 }
@@ -292,7 +309,7 @@ static void run_htod_slice(const claim *c, bool skip)
     /* pending is written only by the last slice, after every slice of the
      * piece has passed here (ordered by the lock around slices_left). */
     if (!skip)
-        wait_previous_dma(b);
+        wait_previous_dma(j, b);
     if (!skip)
         cpu_copy(j, (uint8_t *)b->p + off, j->host + b->offset + off, n);
     pthread_mutex_lock(&eng.lock);
@@ -324,7 +341,7 @@ static void run_dtoh_slice(const claim *c, bool skip)
     pthread_mutex_unlock(&eng.lock);
     if (first) {
         if (!skip)
-            wait_previous_dma(b);
+            wait_previous_dma(j, b);
         r = skip ? PM_ERROR_UNKNOWN : queue_dma(j, b);
         pthread_mutex_lock(&eng.lock);
         b->dma = r == PM_SUCCESS ? DMA_QUEUED : DMA_FAILED;
@@ -340,7 +357,7 @@ static void run_dtoh_slice(const claim *c, bool skip)
     pthread_mutex_unlock(&eng.lock);
     r = PM_SUCCESS;
     if (queued)
-        r = wait_marker(b);
+        r = wait_marker(j, b);
     if (queued && r == PM_SUCCESS)
         cpu_copy(j, j->host + b->offset + off, (uint8_t *)b->p + off, n);
     pthread_mutex_lock(&eng.lock);
@@ -369,19 +386,20 @@ static void finish_slice(const claim *c)
     pthread_mutex_unlock(&eng.lock);
 }
 
-static void *worker_main(void *index)
+static void *worker_main(void *arg)
 {
-    const bool may_htod = (uintptr_t)index < eng.htod_workers;
-    pthread_cond_t *idle = may_htod ? &eng.has_work : &eng.dtoh_work;
+    const unsigned index = (unsigned)(uintptr_t)arg;
     pthread_mutex_lock(&eng.lock);
     for (;;) {
         claim c;
         claim_result got = NOTHING;
         bool woke_for_buffer = false;
-        while (!eng.stopping && (got = claim_slice(NULL, &c, may_htod)) != CLAIMED) {
+        while (!eng.stopping &&
+               (got = claim_slice(NULL, &c, index < eng.fillers)) != CLAIMED) {
             if (woke_for_buffer)
                 pass_on_buffer_wake();
             woke_for_buffer = got == NEED_BUFFER;
+            pthread_cond_t *idle = index < eng.fillers ? &eng.has_work : &eng.dtoh_work;
             pthread_cond_wait(woke_for_buffer ? &eng.buffer_freed : idle, &eng.lock);
         }
         if (woke_for_buffer)
@@ -412,6 +430,14 @@ static void free_ring(void)
     eng.ring = NULL;
     eng.queue = NULL;
     eng.n_buffers = eng.queue_count = eng.queue_head = 0;
+}
+
+unsigned pm__staging_fillers(void)
+{
+    pthread_mutex_lock(&eng.lock);
+    unsigned n = eng.started ? eng.fillers : 0;
+    pthread_mutex_unlock(&eng.lock);
+    return n;
 }
 
 void pm__staging_stop(void)
@@ -467,7 +493,11 @@ static pm_result start_locked(const pm__copy_settings *set)
         return r;
     }
     eng.chunk = set->chunk_bytes;
-    eng.htod_workers = set->htod_workers;
+    eng.htod_workers = set->htod_workers && set->htod_workers < set->workers ? set->htod_workers
+                                                                             : set->workers;
+    eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
+    if (eng.fillers > eng.htod_workers)
+        eng.fillers = eng.htod_workers;
     eng.threads = calloc(set->workers, sizeof *eng.threads);
     for (unsigned i = 0; eng.threads && i < set->workers; i++) {
         if (pthread_create(&eng.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0)
@@ -477,6 +507,25 @@ static pm_result start_locked(const pm__copy_settings *set)
     /* No worker at all still works: callers run their own slices. */
     eng.started = true;
     return PM_SUCCESS;
+}
+
+/* lock held, after a host-to-device job: one filler more when its threads
+ * hardly waited for DMAs (the CPU side could not keep up), one fewer when
+ * they waited for more than a third of the time they copied (the DMA engine
+ * needed fewer, and fewer threads copying let it read faster). Only jobs of
+ * several whole buffers count: the ramp at a copy's start waits little
+ * whatever the count. Measured bands: bench/results. */
+static void steer_fillers(job *j)
+{
+    if (j->bytes < 8 * j->chunk)
+        return;
+    unsigned long long copy = atomic_load(&j->copy_ns), wait = atomic_load(&j->wait_ns);
+    if (wait * 10 < copy && eng.fillers < eng.htod_workers) {
+        eng.fillers++;
+        pthread_cond_broadcast(&eng.dtoh_work); /* a new filler may sleep there */
+    } else if (wait * 3 > copy && eng.fillers > 1) { /* more than a third */
+        eng.fillers--;
+    }
 }
 
 pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
@@ -527,6 +576,8 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
         pthread_cond_wait(&eng.progressed, &eng.lock);
     if (j.listed)
         unlist(&j);
+    if (dir == PM__HTOD && j.error == PM_SUCCESS)
+        steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
     if (j.error != PM_SUCCESS)
         return pm__fail(j.error, "%s", j.detail);
