@@ -273,6 +273,33 @@ static void store_kinds(void)
     free(dst);
 }
 
+/* The engine steers how many workers fill host-to-device buffers, never
+ * past htod_workers, and copies stay right whatever the count. */
+static void steered_fillers(void)
+{
+    const size_t n = 2 << 20; /* 32 small-config buffers: large enough to steer */
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    pm_deviceptr dev = device_alloc(n);
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    CHECK_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    CHECK(saved.htod_workers == 2);
+    for (unsigned most = 2; most >= 1; most--) {
+        pm_copy_config c = saved;
+        c.htod_workers = most;
+        CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+        for (int k = 0; k < 12; k++) {
+            round_trip(src, dst, n, dev, k % 2, NULL, (unsigned)k);
+            pm_copy_stats st = {.struct_size = sizeof st};
+            CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+            CHECK(st.htod_fillers >= 1 && st.htod_fillers <= most);
+        }
+    }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+    device_free(dev);
+    free(src);
+    free(dst);
+}
+
 /* Past the budget, pinning fails with a detail and staged copies go on. */
 static void budget(void)
 {
@@ -312,6 +339,7 @@ int main(void)
     random_sizes();
     boundaries();
     eight_threads();
+    steered_fillers();
     ordering();
     store_kinds();
     budget();
