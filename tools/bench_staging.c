@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "commands.h"
@@ -47,6 +48,37 @@ static void row(bool htod, pm_copy_stores stores, pm_deviceptr dev, uint8_t *hos
            htod ? "htod" : "dtoh", stores == PM_COPY_STORES_STREAMING ? "streaming" : "cached",
            (double)n / median(t, REPS), copy_us, wait_us, queue_us,
            copy_us > 0 ? (double)c.chunk_bytes / copy_us / 1e3 : 0, after.htod_fillers);
+}
+
+/* Copies that start after the engine sat idle (its workers asleep, their
+ * cores idle), as copies between other work do, against copies back to back. */
+static void cold_rows(pm_deviceptr dev, uint8_t *host, size_t max, bool *failed)
+{
+    enum { REPS = 9 };
+    configure(PM_COPY_STORES_DEFAULT, (size_t)-1);
+    printf("\nstaged copies, default stores, median of %d: back to back, and each after 5 ms idle\n",
+           REPS);
+    for (size_t n = (size_t)16 << 20; n <= max && n <= ((size_t)256 << 20); n *= 4) {
+        for (int dir = 0; dir < 2; dir++) {
+            double hot[REPS], cold[REPS];
+            for (int k = 0; k < 2 * REPS + 1; k++) {
+                if (k > REPS)
+                    usleep(5000);
+                double t0 = now_ns();
+                *failed |= (dir == 0 ? pm_memcpy_htod(dev, host, n) : pm_memcpy_dtoh(host, dev, n)) !=
+                           PM_SUCCESS;
+                double t = now_ns() - t0;
+                if (k >= 1 && k <= REPS)
+                    hot[k - 1] = t;
+                else if (k > REPS)
+                    cold[k - REPS - 1] = t;
+            }
+            char sz[32];
+            printf("%-9s %-6s | back to back %5.1f GB/s | after idle %5.1f GB/s\n",
+                   human_size(n, sz, sizeof sz), dir == 0 ? "htod" : "dtoh",
+                   (double)n / median(hot, REPS), (double)n / median(cold, REPS));
+        }
+    }
 }
 
 /* The DMA engine's own rate for pieces queued back to back from page-locked
@@ -107,6 +139,7 @@ int bench_staging(bool quick)
             for (int s = 0; s < 2; s++)
                 row(dir == 0, s ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED, dev, pageable,
                     n, &failed);
+    cold_rows(dev, pageable, max, &failed);
     pm_copy_set_config(&saved);
     if (failed)
         printf("(a copy failed: %s)\n", pm_last_error_detail());
