@@ -307,7 +307,7 @@ typedef struct pm_copy_config {
                                          Past it, allocations fail with OUT_OF_MEMORY and the
                                          cache stops registering; staged copies go on. */
     pm_copy_stores staging_stores; /* DEFAULT: streaming stores, except into the ring for
-                                      copies of 256 MiB and more (the DMA then finds the
+                                      copies of 512 MiB and more (the DMA then finds the
                                       bytes in the CPU's cache) */
     size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
     unsigned htod_workers;       /* of the workers, at most how many fill buffers for

@@ -32,16 +32,17 @@ typedef struct pm__copy_settings {
 
 /* Whether the CPU copies of a staged copy of bytes in direction dir use
  * streaming stores. By default (measured on the H100, bench/results) those
- * out of the ring into the user's memory do, and those into the ring do up to
- * 256 MiB: beyond that cached stores win, as the DMA then finds the bytes in
- * the CPU's cache (50.0-52.5 against 45.0-48.3 GB/s at 1 GiB; 42.6-45.4
- * against 29.5-41.5 at 64 MiB the other way round). */
+ * out of the ring into the user's memory do, and those into the ring do below
+ * 512 MiB: at 1 GiB cached stores win, as the DMA then finds the bytes in the
+ * CPU's cache (50.9-51.9 against 48.8-49.6 GB/s with the fillers steered),
+ * while at 256 MiB and below streaming stores do (256 MiB: 47.8-49.0 against
+ * 45.3-46.7; 64 MiB: 41.4-47.1 against 32.5-33.8). */
 static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir,
                                            size_t bytes)
 {
     if (set->stores != PM_COPY_STORES_DEFAULT)
         return set->stores == PM_COPY_STORES_STREAMING;
-    return dir == PM__DTOH || bytes < ((size_t)256 << 20);
+    return dir == PM__DTOH || bytes < ((size_t)512 << 20);
 }
 
 typedef struct pm__copy_counters {
