@@ -34,9 +34,10 @@ typedef struct pm__copy_settings {
  * streaming stores. By default (measured on the H100, bench/results) those
  * out of the ring into the user's memory do, and those into the ring do below
  * 512 MiB: at 1 GiB cached stores win, as the DMA then finds the bytes in the
- * CPU's cache (50.9-51.9 against 48.8-49.6 GB/s with the fillers steered),
- * while at 256 MiB and below streaming stores do (256 MiB: 47.8-49.0 against
- * 45.3-46.7; 64 MiB: 41.4-47.1 against 32.5-33.8). */
+ * CPU's cache (50.9-51.9 against 42.1-49.6 GB/s with the fillers steered, on
+ * three machines), while at 64 MiB streaming stores do (41.4-47.1 against
+ * 32.5-36.8). 256 MiB is a toss-up: streaming won on two machines (47.8-49.0
+ * against 45.3-46.7) and lost on the third (43.7 against 48.4). */
 static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir,
                                            size_t bytes)
 {
