@@ -94,16 +94,24 @@ pm_result pm_event_destroy(pm_event_t event)
     return PM_SUCCESS;
 }
 
+/* The checks of a call on an event and a stream; *id: the stream's. */
+static pm_result check_pair(const char *name, const pm__backend *b, pm_event_t event,
+                            pm_stream_t stream, unsigned long long *id)
+{
+    pm_result r = check_event(name, event);
+    if (r == PM_SUCCESS)
+        r = b->stream_check(stream);
+    if (r == PM_SUCCESS)
+        r = b->stream_id(stream, id);
+    return r;
+}
+
 pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 {
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
-    pm_result r = check_event("pm_event_record", event);
     unsigned long long id = 0;
-    if (r == PM_SUCCESS)
-        r = b->stream_check(stream);
-    if (r == PM_SUCCESS)
-        r = b->stream_id(stream, &id);
+    pm_result r = check_pair("pm_event_record", b, event, stream, &id);
     if (r != PM_SUCCESS)
         return r;
     /* Blocks freed on the stream until now join their pools' batches before
@@ -148,12 +156,8 @@ pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
 {
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
-    pm_result r = check_event("pm_stream_wait_event", event);
     unsigned long long id = 0;
-    if (r == PM_SUCCESS)
-        r = b->stream_check(stream);
-    if (r == PM_SUCCESS)
-        r = b->stream_id(stream, &id);
+    pm_result r = check_pair("pm_stream_wait_event", b, event, stream, &id);
     if (r != PM_SUCCESS)
         return r;
     pthread_mutex_lock(&event->lock);

@@ -7,27 +7,7 @@
 #include <unistd.h>
 
 #include "pool_util.h"
-
-static atomic_int gate_open, a_done, b_saw_a;
-
-static void wait_gate(void *arg)
-{
-    (void)arg;
-    while (!atomic_load(&gate_open))
-        usleep(100);
-}
-
-static void mark_a_done(void *arg)
-{
-    (void)arg;
-    atomic_store(&a_done, 1);
-}
-
-static void look_for_a(void *arg)
-{
-    (void)arg;
-    atomic_store(&b_saw_a, atomic_load(&a_done) ? 1 : -1);
-}
+#include "stream_util.h"
 
 static void bad_arguments(void)
 {
@@ -58,9 +38,7 @@ static void capture(void)
     CHECK_RESULT(pm_event_query(e), PM_SUCCESS);
     CHECK_RESULT(pm_event_synchronize(e), PM_SUCCESS);
     CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS); /* nothing to wait for */
-    atomic_store(&gate_open, 0);
-    atomic_store(&a_done, 0);
-    atomic_store(&b_saw_a, 0);
+    reset_gate();
     CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
     CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
     CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
@@ -118,9 +96,7 @@ static void follow(scenario sc, int follow_on, size_t size)
     CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, size, pool, a), PM_SUCCESS);
     size_t room = max - pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT);
     CHECK_RESULT(pm_mem_alloc_from_pool(&filler, room, pool), PM_SUCCESS);
-    atomic_store(&gate_open, 0);
-    atomic_store(&a_done, 0);
-    atomic_store(&b_saw_a, 0);
+    reset_gate();
     CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
     CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
     if (sc == RECORD_THEN_FREE)

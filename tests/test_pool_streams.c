@@ -10,15 +10,7 @@
 #include <unistd.h>
 
 #include "pool_util.h"
-
-static atomic_int gate_open;
-
-static void wait_gate(void *arg)
-{
-    (void)arg;
-    while (!atomic_load(&gate_open))
-        usleep(100);
-}
+#include "stream_util.h"
 
 static bool among(void *p, size_t size, pm_mem_pool_t pool, bool async, pm_stream_t s)
 {
@@ -116,20 +108,6 @@ static void no_opportunistic_reuse(void)
  * that the pool could serve only by growing past max_size takes the block
  * freed on a while a is still busy, and b's later work runs after a's;
  * without it, the allocation fails. */
-static atomic_int a_done, b_saw_a;
-
-static void mark_a_done(void *arg)
-{
-    (void)arg;
-    atomic_store(&a_done, 1);
-}
-
-static void look_for_a(void *arg)
-{
-    (void)arg;
-    atomic_store(&b_saw_a, atomic_load(&a_done) ? 1 : -1);
-}
-
 static void internal_dependencies(void)
 {
     const size_t big = (size_t)24 << 20;
@@ -146,9 +124,7 @@ static void internal_dependencies(void)
         CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
         void *p = NULL, *q = NULL;
         CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, big, pool, a), PM_SUCCESS);
-        atomic_store(&gate_open, 0);
-        atomic_store(&a_done, 0);
-        atomic_store(&b_saw_a, 0);
+        reset_gate();
         CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
         CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
         CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
