@@ -5,6 +5,8 @@
  *   1. a thread cache (its owner's entry, or anyone's taking it over)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
  *      of thread caches
+ *   3. the stream-order lock (stream_order.c), taken last: it never waits
+ *      for another
  * Nothing here takes a process-wide lock on the allocation fast path.
  *
  * pinmem never writes into pool memory: free blocks are tracked in side
