@@ -2,8 +2,11 @@
  * REUSE_FOLLOW_EVENT_DEPENDENCIES, memory freed on stream A before an event
  * recorded on A serves stream B at once once B waits for the event, and
  * never otherwise. Runs on POSIX streams in CI and CUstreams on a GPU. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "pool_util.h"
@@ -141,6 +144,115 @@ static void follow(scenario sc, int follow_on, size_t size)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* ------------------------------------------------------------- the race */
+
+/* Threads share a pool too small to grow into, each frees on its own stream,
+ * records its event, and makes its stream wait for another thread's event;
+ * an allocation the pool cannot serve otherwise may then take a block another
+ * stream freed before that event. Work on each stream checks that its blocks
+ * were never handed on while it still used them. */
+enum { racers = 8, race_iterations = 400 };
+static atomic_long violations, retries;
+static pm_event_t race_events[racers];
+
+typedef struct use {
+    uint32_t *p;
+    size_t words;
+    uint32_t tag;
+    unsigned pause_us;
+} use;
+
+static void fill(void *arg)
+{
+    use *u = arg;
+    for (size_t i = 0; i < u->words; i++)
+        u->p[i] = u->tag;
+}
+
+/* Plays the device reading the block: it must still hold this use's tag. */
+static void verify_and_release(void *arg)
+{
+    use *u = arg;
+    if (u->pause_us)
+        usleep(u->pause_us);
+    for (size_t i = 0; i < u->words; i++)
+        if (u->p[i] != u->tag) {
+            atomic_fetch_add(&violations, 1);
+            break;
+        }
+    free(u);
+}
+
+typedef struct racer {
+    pm_mem_pool_t pool;
+    pm_stream_t stream;
+    uint32_t id;
+} racer;
+
+static void *race(void *arg)
+{
+    racer *me = arg;
+    uint64_t rng = 0x9E3779B97F4A7C15ull * (me->id + 1);
+    for (uint32_t i = 0; i < race_iterations; i++) {
+        rng = rng * 6364136223846793005ull + 1;
+        size_t size = (rng >> 40) & 1 ? (size_t)1 << 20 : (size_t)3 << 20; /* cached, large */
+        void *p = NULL;
+        pm_result r = pm_mem_alloc_from_pool_async(&p, size, me->pool, me->stream);
+        /* The pool is full: wait for other streams' events (their frees may
+         * then serve this stream), and at last for this stream's own frees. */
+        for (uint32_t k = 1; r == PM_ERROR_OUT_OF_MEMORY && k < racers; k++) {
+            CHECK_RESULT(pm_stream_wait_event(me->stream, race_events[(me->id + k) % racers]),
+                         PM_SUCCESS);
+            r = pm_mem_alloc_from_pool_async(&p, size, me->pool, me->stream);
+        }
+        if (r == PM_ERROR_OUT_OF_MEMORY) {
+            atomic_fetch_add(&retries, 1);
+            CHECK_RESULT(pm_stream_synchronize(me->stream), PM_SUCCESS);
+            continue;
+        }
+        CHECK_RESULT(r, PM_SUCCESS);
+        use *u = malloc(sizeof *u);
+        *u = (use){p, size / 4, (me->id << 24) | (i & 0xFFFFFF), (unsigned)((rng >> 45) % 200)};
+        CHECK_RESULT(pm_stream_launch_host_func(me->stream, fill, u), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_launch_host_func(me->stream, verify_and_release, u), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free_async(p, me->stream), PM_SUCCESS);
+        CHECK_RESULT(pm_event_record(race_events[me->id], me->stream), PM_SUCCESS);
+        uint32_t other = (me->id + 1 + (uint32_t)((rng >> 20) % (racers - 1))) % racers;
+        CHECK_RESULT(pm_stream_wait_event(me->stream, race_events[other]), PM_SUCCESS);
+    }
+    CHECK_RESULT(pm_stream_synchronize(me->stream), PM_SUCCESS);
+    return NULL;
+}
+
+static void event_race(void)
+{
+    pm_mem_pool_t pool = make_pool((size_t)32 << 20);
+    int off = 0;
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                                           &off),
+                 PM_SUCCESS);
+    racer rs[racers];
+    pthread_t tids[racers];
+    for (uint32_t t = 0; t < racers; t++) {
+        rs[t] = (racer){pool, NULL, t};
+        CHECK_RESULT(pm_stream_create(&rs[t].stream), PM_SUCCESS);
+        CHECK_RESULT(pm_event_create(&race_events[t]), PM_SUCCESS);
+    }
+    for (uint32_t t = 0; t < racers; t++)
+        pthread_create(&tids[t], NULL, race, &rs[t]);
+    for (int t = 0; t < racers; t++)
+        pthread_join(tids[t], NULL);
+    for (int t = 0; t < racers; t++) {
+        CHECK_RESULT(pm_stream_destroy(rs[t].stream), PM_SUCCESS);
+        CHECK_RESULT(pm_event_destroy(race_events[t]), PM_SUCCESS);
+    }
+    printf("race: %d threads x %d uses, %ld violations, %ld waits for a full pool\n", racers,
+           race_iterations, atomic_load(&violations), atomic_load(&retries));
+    CHECK(atomic_load(&violations) == 0);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 int main(void)
 {
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
@@ -156,5 +268,6 @@ int main(void)
         follow(RECORD_THEN_FREE, 1, sizes[i]);
         follow(NO_WAIT, 1, sizes[i]);
     }
+    event_race();
     return check_finish("events");
 }
