@@ -2,10 +2,12 @@
  * directions, sync and async, across every kind of boundary, from several
  * threads, in stream order; bad arguments; the pinned budget. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include "copy/copy.h"
 #include "copy_util.h"
 
 static uint64_t rng_state = 42;
@@ -300,6 +302,90 @@ static void steered_fillers(void)
     free(dst);
 }
 
+/* Memory pinmem maps and pins itself is registered in pieces (256 GiB on the
+ * CUDA backend) and no DMA may cross from one piece to the next. With 1 MiB
+ * pieces set on whichever backend runs, the DMAs of copies from and into a
+ * pinned allocation and a pool allocation each stay inside one piece (a
+ * wrapper around the backend's copies checks), and the bytes arrive. */
+static size_t test_piece;
+static uintptr_t test_piece_base;
+static atomic_int crossings;
+static pm_result (*real_htod_async)(pm_deviceptr, const void *, size_t, pm_stream_t, bool);
+static pm_result (*real_dtoh_async)(void *, pm_deviceptr, size_t, pm_stream_t, bool);
+
+static void check_piece(const void *host, size_t n)
+{
+    uintptr_t a = (uintptr_t)host;
+    if (a >= test_piece_base &&
+        (a - test_piece_base) / test_piece != (a + n - 1 - test_piece_base) / test_piece)
+        atomic_fetch_add(&crossings, 1);
+}
+
+static pm_result checked_htod(pm_deviceptr d, const void *src, size_t n, pm_stream_t s, bool pinned)
+{
+    if (pinned)
+        check_piece(src, n);
+    return real_htod_async(d, src, n, s, pinned);
+}
+
+static pm_result checked_dtoh(void *dst, pm_deviceptr d, size_t n, pm_stream_t s, bool pinned)
+{
+    if (pinned)
+        check_piece(dst, n);
+    return real_dtoh_async(dst, d, n, s, pinned);
+}
+
+static void registration_pieces(void)
+{
+    pm_result ignored;
+    pm__instance *inst = pm__instance_get(&ignored);
+    pm__backend *b = &inst->backend;
+    const size_t saved_piece = b->registration_piece, n = (5 << 20) + 123;
+    real_htod_async = b->copy_htod_async;
+    real_dtoh_async = b->copy_dtoh_async;
+    b->copy_htod_async = checked_htod;
+    b->copy_dtoh_async = checked_dtoh;
+    test_piece = 1 << 20;
+    b->registration_piece = test_piece;
+    pm_mem_pool_t pool = NULL;
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    void *host = NULL, *pooled = NULL;
+    CHECK_RESULT(pm_mem_host_alloc(&host, n, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&pooled, n, pool), PM_SUCCESS);
+    uint8_t *dst = malloc(n);
+    pm_deviceptr dev = device_alloc(n);
+    void *buffers[] = {host, pooled};
+    for (int i = 0; i < 2; i++) {
+        pm__range r;
+        CHECK(pm__ranges_find_extent(inst->ranges, (uintptr_t)buffers[i], &r));
+        test_piece_base = r.pin_base;
+        atomic_store(&crossings, 0);
+        for (size_t off = 0; off < 3; off++) { /* odd starts inside the pieces */
+            uint8_t *pinned = (uint8_t *)buffers[i] + off * 4099;
+            round_trip(pinned, dst, n - off * 4099, dev, off == 1, NULL, (unsigned)(i * 7 + off));
+            round_trip(dst, pinned, n - off * 4099, dev, off == 2, NULL, (unsigned)(i * 5 + off));
+        }
+        CHECK(atomic_load(&crossings) == 0);
+    }
+    /* A user's registration is one registration, as the user made it: it is not cut. */
+    pm__range user = {.base = 4096, .size = 8u << 20, .pin_base = 4096, .pin_len = 8u << 20,
+                      .kind = PM__RANGE_REGISTERED};
+    CHECK(pm__copy_pinned_end(&user, test_piece, 4096 + 10, 4096 + (3u << 20)) == 4096 + (3u << 20));
+    pm__range own = user;
+    own.kind = PM__RANGE_POOL;
+    CHECK(pm__copy_pinned_end(&own, test_piece, 4096 + 10, 4096 + (3u << 20)) == 4096 + (1u << 20));
+    CHECK(pm__copy_pinned_end(&own, 0, 4096 + 10, 4096 + (3u << 20)) == 4096 + (3u << 20));
+    b->copy_htod_async = real_htod_async;
+    b->copy_dtoh_async = real_dtoh_async;
+    b->registration_piece = saved_piece;
+    CHECK_RESULT(pm_mem_free(pooled), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(host), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    device_free(dev);
+    free(dst);
+}
+
 /* Past the budget, pinning fails with a detail and staged copies go on. */
 static void budget(void)
 {
@@ -340,6 +426,7 @@ int main(void)
     boundaries();
     eight_threads();
     steered_fillers();
+    registration_pieces();
     ordering();
     store_kinds();
     budget();

@@ -49,6 +49,11 @@ typedef struct pm__backend {
      * the memory (unmap it, discard it). */
     pm_result (*cache_register)(void *p, size_t bytesize);
     void (*cache_unregister)(void *p, size_t bytesize);
+    /* Memory pinmem maps and pins itself (host allocations, pool chunks) and
+     * cache registrations are registered in pieces of this many bytes from
+     * their first page (0: one piece), and a DMA must stay inside one piece:
+     * the driver refuses a copy that runs past a registration's end. */
+    size_t registration_piece;
     /* p lies in a range pinmem pinned through this backend. */
     pm_result (*device_pointer)(pm_deviceptr *out, void *p);
 

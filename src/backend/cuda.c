@@ -561,6 +561,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->copy_htod = cuda_copy_htod;
     out->copy_dtoh = cuda_copy_dtoh;
     out->cache_register = cuda_cache_register;
+    out->registration_piece = max_single_registration;
     out->cache_unregister = cuda_cache_unregister;
     out->copy_htod_async = cuda_copy_htod_async;
     out->copy_dtoh_async = cuda_copy_dtoh_async;

@@ -24,16 +24,31 @@ static void pinned_bytes(const pm__range *r, uintptr_t *lo, uintptr_t *hi)
 
 static uintptr_t min_addr(uintptr_t a, uintptr_t b) { return a < b ? a : b; }
 
+uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
+                              uintptr_t end)
+{
+    uintptr_t lo, hi;
+    pinned_bytes(r, &lo, &hi);
+    end = min_addr(hi, end);
+    /* A user's registration is one driver registration, as the user made it;
+     * pinmem's own mappings are registered in pieces from their start. */
+    if (r->kind == PM__RANGE_REGISTERED || registration_piece == 0)
+        return end;
+    uintptr_t next = lo + ((at - lo) / registration_piece + 1) * registration_piece;
+    return min_addr(next, end);
+}
+
 /* The longest piece from at (before end) that is all page-locked in one
  * registration, or all pageable. */
-static piece next_piece(pm__ranges *ranges, uintptr_t at, uintptr_t end)
+static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
+                        uintptr_t end)
 {
     pm__range r;
     uintptr_t lo, hi;
     if (pm__ranges_find_extent(ranges, at, &r)) {
         pinned_bytes(&r, &lo, &hi);
         if (at >= lo && at < hi)
-            return (piece){min_addr(hi, end), true};
+            return (piece){pm__copy_pinned_end(&r, registration_piece, at, end), true};
         return (piece){min_addr(at < lo ? lo : r.pin_base + r.pin_len, end), false};
     }
     if (pm__ranges_next_extent(ranges, at, &r)) {
@@ -124,7 +139,7 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
     bool queued = false;
     const uintptr_t start = (uintptr_t)host, end = start + bytes;
     for (uintptr_t at = start; at < end && r == PM_SUCCESS;) {
-        piece p = next_piece(inst->ranges, at, end);
+        piece p = next_piece(inst->ranges, b->registration_piece, at, end);
         size_t n = p.end - at, off = at - start;
         if (p.pinned) {
             r = pm__copy_backend(b, dir, (uint8_t *)at, dev + off, n, s, PM__VIA_PINNED);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../ranges.h"
 #include "pinmem.h"
 
 typedef enum { PM__HTOD, PM__DTOH } pm__direction;
@@ -95,6 +96,12 @@ static inline void pm__regcache_evict(uintptr_t lo, uintptr_t hi)
     pm__regcache_invalidate(lo, hi, true);
 }
 bool pm__regcache_listening(void);
+
+/* Where a page-locked piece of a copy from at (in r's pinned bytes) must end,
+ * at end at the latest: the end of r's pinned bytes, or of the registration
+ * piece at lies in (backend.h). */
+uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
+                              uintptr_t end);
 
 /* How a piece reaches the backend: queued on the stream with the host side
  * page-locked or pageable, or through the driver's synchronous call. */

@@ -290,7 +290,11 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         blocked = true;
     }
     entry *fresh = NULL;
-    if (!blocked && hi - lo <= set->cache_max_bytes && make_room_locked(hi - lo, set->cache_max_bytes))
+    /* A registration of more than one piece would have boundaries inside it
+     * that a cached copy's single DMA must not cross. */
+    size_t piece = pm__instance_backend()->registration_piece;
+    bool fits = hi - lo <= set->cache_max_bytes && (piece == 0 || hi - lo <= piece);
+    if (!blocked && fits && make_room_locked(hi - lo, set->cache_max_bytes))
         fresh = calloc(1, sizeof *fresh);
     if (fresh) {
         *fresh = (entry){.lo = lo, .hi = hi, .refs = 1, .last_use = ++rc.tick, .next = rc.entries};
