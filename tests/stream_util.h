@@ -1,11 +1,16 @@
 /* Host functions that hold up and observe stream work, shared by the
  * stream-order tests: a gate stream A's work waits at, a mark A's work sets
- * once past it, and a look from stream B at whether A had got there. */
+ * once past it, a look from stream B at whether A had got there, and the
+ * fill and check of each use of a block in the race tests. */
 #ifndef PINMEM_TEST_STREAM_UTIL_H
 #define PINMEM_TEST_STREAM_UTIL_H
 
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <unistd.h>
+
+#include "pinmem.h"
 
 static atomic_int gate_open, a_done, b_saw_a;
 
@@ -28,6 +33,46 @@ static inline void look_for_a(void *arg)
     (void)arg;
     atomic_store(&b_saw_a, atomic_load(&a_done) ? 1 : -1);
 }
+
+/* The race tests: each use of a block is filled with its tag by work on the
+ * block's stream, and checked (after a pause) by later work on that stream,
+ * which counts a violation if anyone else wrote the block meanwhile. */
+static atomic_long violations;
+
+typedef struct use {
+    uint32_t *p;
+    size_t words;
+    uint32_t tag;
+    unsigned pause_us;
+} use;
+
+static inline void fill(void *arg)
+{
+    use *u = arg;
+    for (size_t i = 0; i < u->words; i++)
+        u->p[i] = u->tag;
+}
+
+/* Plays the device reading the block: it must still hold this use's tag. */
+static inline void verify_and_release(void *arg)
+{
+    use *u = arg;
+    if (u->pause_us)
+        usleep(u->pause_us);
+    for (size_t i = 0; i < u->words; i++)
+        if (u->p[i] != u->tag) {
+            atomic_fetch_add(&violations, 1);
+            break;
+        }
+    free(u);
+}
+
+/* One racing thread: its pool, its stream, its number. */
+typedef struct racer {
+    pm_mem_pool_t pool;
+    pm_stream_t stream;
+    uint32_t id;
+} racer;
 
 /* Closes the gate and forgets earlier marks and looks. */
 static inline void reset_gate(void)

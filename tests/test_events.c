@@ -152,42 +152,8 @@ static void follow(scenario sc, int follow_on, size_t size)
  * stream freed before that event. Work on each stream checks that its blocks
  * were never handed on while it still used them. */
 enum { racers = 8, race_iterations = 400 };
-static atomic_long violations, retries;
+static atomic_long retries;
 static pm_event_t race_events[racers];
-
-typedef struct use {
-    uint32_t *p;
-    size_t words;
-    uint32_t tag;
-    unsigned pause_us;
-} use;
-
-static void fill(void *arg)
-{
-    use *u = arg;
-    for (size_t i = 0; i < u->words; i++)
-        u->p[i] = u->tag;
-}
-
-/* Plays the device reading the block: it must still hold this use's tag. */
-static void verify_and_release(void *arg)
-{
-    use *u = arg;
-    if (u->pause_us)
-        usleep(u->pause_us);
-    for (size_t i = 0; i < u->words; i++)
-        if (u->p[i] != u->tag) {
-            atomic_fetch_add(&violations, 1);
-            break;
-        }
-    free(u);
-}
-
-typedef struct racer {
-    pm_mem_pool_t pool;
-    pm_stream_t stream;
-    uint32_t id;
-} racer;
 
 static void *race(void *arg)
 {
