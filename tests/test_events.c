@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "pool_util.h"
@@ -27,6 +28,20 @@ static void bad_arguments(void)
     CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
     CHECK_RESULT(pm_event_destroy(e), PM_ERROR_INVALID_HANDLE); /* destroyed already */
     CHECK_RESULT(pm_event_record(e, NULL), PM_ERROR_INVALID_HANDLE);
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    pm_get_capabilities(&caps);
+    if (strcmp(caps.backend, "posix") == 0) { /* the driver trusts CUstream handles */
+        pm_stream_t bogus = (pm_stream_t)(uintptr_t)0x4321, gone = NULL;
+        CHECK_RESULT(pm_stream_create(&gone), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_destroy(gone), PM_SUCCESS);
+        CHECK_RESULT(pm_event_create(&e), PM_SUCCESS);
+        CHECK_RESULT(pm_event_record(e, bogus), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_event_record(e, gone), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_stream_wait_event(bogus, e), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_stream_wait_event(gone, e), PM_ERROR_INVALID_HANDLE);
+        CHECK_RESULT(pm_event_query(e), PM_SUCCESS); /* still never recorded */
+        CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    }
 }
 
 /* An event captures its stream's work when recorded: not ready while that

@@ -78,8 +78,7 @@ pm_result pm_copy_get_config(pm_copy_config *config)
     *config = (pm_copy_config){
         .struct_size = sizeof *config,
         .workers = s->workers,
-        .htod_workers = s->htod_workers && s->htod_workers < s->workers ? s->htod_workers
-                                                                          : s->workers,
+        .htod_workers = pm__copy_htod_workers(s),
         .chunk_bytes = s->chunk_bytes,
         .buffers = s->buffers,
         .direct_max = s->direct_max,

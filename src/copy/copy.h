@@ -31,6 +31,13 @@ typedef struct pm__copy_settings {
     pm_copy_stores stores;
 } pm__copy_settings;
 
+/* The most workers that may fill buffers for host-to-device copies. */
+static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
+{
+    return set->htod_workers && set->htod_workers < set->workers ? set->htod_workers
+                                                                 : set->workers;
+}
+
 /* Whether the CPU copies of a staged copy of bytes in direction dir use
  * streaming stores. By default (measured on the H100, bench/results) those
  * out of the ring into the user's memory do, and those into the ring do below

@@ -493,8 +493,7 @@ static pm_result start_locked(const pm__copy_settings *set)
         return r;
     }
     eng.chunk = set->chunk_bytes;
-    eng.htod_workers = set->htod_workers && set->htod_workers < set->workers ? set->htod_workers
-                                                                             : set->workers;
+    eng.htod_workers = pm__copy_htod_workers(set);
     eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
     if (eng.fillers > eng.htod_workers)
         eng.fillers = eng.htod_workers;
