@@ -258,6 +258,42 @@ static void stats(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+static uint64_t used_now(pm_mem_pool_t pool)
+{
+    uint64_t used = 0;
+    CHECK_RESULT(pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
+                 PM_SUCCESS);
+    return used;
+}
+
+/* A thread remembers the run it last freed into. When that run is given back
+ * and its pages (and span) become a large allocation, a free there must see
+ * that the memo is stale: freeing the large block as a small one would keep
+ * its bytes counted as used and cache it in the small class. */
+static void stale_run_memo(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    void *keep = NULL, *small = NULL, *big = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&keep, MiB, pool), PM_SUCCESS); /* keeps the chunk */
+    CHECK_RESULT(pm_mem_alloc_from_pool(&small, 64, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(small), PM_SUCCESS); /* the memo: small's run */
+    CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS); /* the run goes back */
+    CHECK_RESULT(pm_mem_alloc_from_pool(&big, 2 * MiB, pool), PM_SUCCESS);
+    /* the lowest free pages, where the run was */
+    CHECK((uintptr_t)small - (uintptr_t)big < 2 * MiB);
+    CHECK(used_now(pool) == 3 * MiB);
+    CHECK_RESULT(pm_mem_free(big), PM_SUCCESS);
+    CHECK(used_now(pool) == MiB);
+    CHECK_RESULT(pm_mem_free(big), PM_ERROR_INVALID_VALUE);
+    void *again = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&again, 64, pool), PM_SUCCESS);
+    CHECK(used_now(pool) == MiB + 64);
+    CHECK_RESULT(pm_mem_free(again), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(keep), PM_SUCCESS);
+    CHECK(used_now(pool) == 0);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 int main(void)
 {
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
@@ -271,5 +307,6 @@ int main(void)
     rounding();
     numa_placement();
     stats();
+    stale_run_memo();
     return check_finish("pool");
 }

@@ -65,6 +65,17 @@ static pm__span *new_run(pm__pool *pool, unsigned cls, pm_result *why)
     run->kind = SPAN_RUN;
     run->cls = cls;
     run->nblocks = run->nfree = n;
+    run->run_hot.base = run->chunk->base + run->first * PM__POOL_PAGE;
+    run->run_hot.div_magic = pm__classes[cls].div_magic;
+    run->run_hot.size = (uint32_t)pm__class_size(cls);
+    run->run_hot.bytes = (size_t)n * pm__class_size(cls);
+    run->run_hot.nblocks = n;
+    run->run_hot.requested = run->requested;
+    run->run_hot.req_stride = run->req_stride;
+    run->run_hot.cls = (uint16_t)cls;
+    run->run_hot.pool_slot = (uint16_t)pool->slot;
+    run->run_hot.pool = pool;
+    run->run_hot.pool_generation = pool->generation;
     for (uint32_t i = 0; i < n; i++) {
         run->free_idx[i] = n - 1 - i; /* lowest addresses first */
         atomic_store_explicit(pm__requested(run, i), 0, memory_order_relaxed);

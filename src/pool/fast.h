@@ -80,30 +80,26 @@ pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void **pp, bool async, 
 /* s: a checked stream when async. A free on a stream other than the one the
  * cache's tagged bins hold goes the general way, which flushes them. */
 static inline __attribute__((always_inline)) bool pm__pool_try_free_fast(void *p, bool async,
-                                                                         pm_stream_t s)
+                                                                         pm_stream_t s,
+                                                                         pm__span *run)
 {
-    pm__chunk *chunk;
-    pm__span *run = pm__span_of((uintptr_t)p, &chunk);
-    if (!run || run->kind != SPAN_RUN)
+    size_t offset = (size_t)((uint8_t *)p - run->run_hot.base);
+    size_t index = (size_t)((offset * run->run_hot.div_magic) >> PM__CLASS_DIV_SHIFT);
+    if (index >= run->run_hot.nblocks || index * run->run_hot.size != offset)
         return false;
-    uint8_t *base = chunk->base + run->first * PM__POOL_PAGE;
-    const unsigned cls = run->cls;
-    size_t index = pm__class_index(cls, (size_t)((uint8_t *)p - base));
-    if (index >= run->nblocks || base + index * pm__class_size(cls) != (uint8_t *)p)
-        return false;
-    pm__pool *pool = chunk->pool;
-    pm__cache *c = pm__thread_caches[pool->slot];
+    pm__cache *c = pm__thread_caches[run->run_hot.pool_slot];
     if (!c || !pm__owner_enter(&c->guard))
         return false;
+    const unsigned cls = run->run_hot.cls;
     bool tagged = atomic_load_explicit(&c->tagged, memory_order_relaxed);
     pm__bin *bin = async ? &c->tagged_bins[cls] : &c->ready[cls];
-    if (c->pool != pool || c->pool_generation != pool->generation ||
+    if (c->pool != run->run_hot.pool || c->pool_generation != run->run_hot.pool_generation ||
         bin->n == pm__class_cache_cap(cls) ||
         (async && tagged && atomic_load_explicit(&c->tag, memory_order_relaxed) != s)) {
         pm__owner_leave(&c->guard);
         return false;
     }
-    _Atomic uint64_t *req = pm__requested(run, index);
+    _Atomic uint64_t *req = &run->run_hot.requested[index * run->run_hot.req_stride];
     uint64_t bytes = atomic_exchange_explicit(req, 0, memory_order_acq_rel);
     if (bytes == 0) { /* not allocated: the general path says so */
         pm__owner_leave(&c->guard);

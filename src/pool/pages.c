@@ -124,7 +124,9 @@ static pm__span *new_span(pm__pool *pool)
         _Atomic uint64_t *requested = s->requested;
         uint32_t *free_idx = s->free_idx;
         uint32_t cap = s->cap_blocks;
+        uint32_t incarnation = atomic_load_explicit(&s->run_hot.incarnation, memory_order_relaxed);
         memset(s, 0, sizeof *s);
+        atomic_store_explicit(&s->run_hot.incarnation, incarnation, memory_order_relaxed);
         s->requested = requested;
         s->free_idx = free_idx;
         s->cap_blocks = cap;
@@ -264,6 +266,8 @@ void pm__pages_free(pm__pool *pool, pm__span *s)
 {
     pm__chunk *c = s->chunk;
     c->free_pages += s->npages;
+    if (s->kind == SPAN_RUN)
+        atomic_fetch_add_explicit(&s->run_hot.incarnation, 1, memory_order_release);
     s->kind = SPAN_FREE;
     if (s->first > 0) {
         pm__span *left = atomic_load_explicit(&c->pages[s->first - 1], memory_order_relaxed);

@@ -16,7 +16,9 @@ static pm__pool **pools;
 static size_t n_pools, cap_pools;
 static bool slot_taken[PM__MAX_CACHED_POOLS];
 static unsigned long long next_generation = 1;
-static _Atomic unsigned long long pools_epoch = 1; /* bumped when a pool is destroyed */
+/* Bumped when a pool is destroyed and when it is torn down: what a thread
+ * checked or remembered of pools before is then checked again. */
+static _Atomic unsigned long long pools_epoch = 1;
 static _Thread_local pm__pool *checked_pool __attribute__((tls_model("initial-exec")));
 static _Thread_local unsigned long long checked_epoch __attribute__((tls_model("initial-exec")));
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
@@ -196,6 +198,8 @@ static void teardown(pm__pool *pool)
     pm__central_release_empty_runs(pool);
     pm__pages_release_all(pool);
     pthread_mutex_unlock(&pool->lock);
+    /* Threads' memos of this pool's runs (run_of) go stale before the spans go. */
+    atomic_fetch_add(&pools_epoch, 1);
     for (pm__span *s = pool->spare_spans, *next; s; s = next) {
         next = s->bin_next;
         free((void *)s->requested);
@@ -317,9 +321,46 @@ static __attribute__((noinline)) pm_result free_general(void *p)
     return pm__pool_free(p, false, NULL);
 }
 
+/* The run this thread freed into last: consecutive frees often land in one
+ * run, and then skip the walk through the chunk map. The memo holds the run's
+ * range, so that checking it reads nothing shared but two words: the pools'
+ * epoch (span structs live as long as their pool) and the run's incarnation
+ * (which changes when the span stops being that run). */
+typedef struct run_memo {
+    pm__span *run;
+    uintptr_t base;
+    size_t bytes;
+    uint32_t incarnation;
+    unsigned long long epoch;
+} run_memo;
+static _Thread_local run_memo last_run __attribute__((tls_model("initial-exec")));
+
+static inline __attribute__((always_inline)) pm__span *run_of(void *p)
+{
+    unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
+    pm__span *run = last_run.run;
+    if (run && (uintptr_t)p - last_run.base < last_run.bytes && last_run.epoch == epoch &&
+        atomic_load_explicit(&run->run_hot.incarnation, memory_order_acquire) ==
+            last_run.incarnation)
+        return run;
+    pm__chunk *chunk;
+    run = pm__span_of((uintptr_t)p, &chunk);
+    if (!run || run->kind != SPAN_RUN)
+        return NULL;
+    last_run = (run_memo){
+        .run = run,
+        .base = (uintptr_t)run->run_hot.base,
+        .bytes = run->run_hot.bytes,
+        .incarnation = atomic_load_explicit(&run->run_hot.incarnation, memory_order_acquire),
+        .epoch = epoch,
+    };
+    return run;
+}
+
 pm_result pm_mem_free(void *p)
 {
-    if (p && pm__pool_try_free_fast(p, false, NULL))
+    pm__span *run;
+    if (p && (run = run_of(p)) && pm__pool_try_free_fast(p, false, NULL, run))
         return PM_SUCCESS;
     return free_general(p);
 }
@@ -332,7 +373,8 @@ pm_result pm_mem_free_async(void *p, pm_stream_t stream)
         return r;
     if (!p)
         return PM_SUCCESS;
-    if (pm__pool_try_free_fast(p, true, stream))
+    pm__span *run = run_of(p);
+    if (run && pm__pool_try_free_fast(p, true, stream, run))
         return PM_SUCCESS;
     return pm__pool_free(p, true, stream);
 }

@@ -37,6 +37,25 @@ typedef enum { SPAN_FREE = 0, SPAN_RUN, SPAN_LARGE } pm__span_kind;
 /* A stretch of whole pages in one chunk: free, a run of small blocks of one
  * class, or one large allocation. */
 typedef struct pm__span {
+    /* A run's facts the free fast path needs, copied here when the run is
+     * made so that a free reads one cache line of the span and none of the
+     * chunk, the pool or the class table: fewer loads that wait on each other. */
+    struct {
+        uint8_t *base;          /* the run's first block */
+        size_t bytes;           /* from base to the end of its last block */
+        /* Changes whenever the span stops being a run (kept across reuse of
+         * the struct), so that a thread's memo of it can tell it is stale. */
+        _Atomic uint32_t incarnation;
+        uint64_t div_magic;     /* its class's, for offset / size */
+        uint32_t size;          /* its class's block size */
+        uint32_t nblocks;
+        _Atomic uint64_t *requested;
+        uint32_t req_stride;
+        uint16_t cls;
+        uint16_t pool_slot;     /* its pool's thread-cache slot */
+        pm__pool *pool;
+        unsigned long long pool_generation;
+    } run_hot;
     pm__chunk *chunk;
     size_t first, npages;
     pm__span_kind kind;
