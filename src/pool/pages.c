@@ -67,9 +67,10 @@ static uintptr_t span_address(const pm__span *s)
 /* Whether a is the better of two free spans that both fit: the smaller, and
  * of equal ones the lower. Best fit keeps large holes whole for large
  * requests, and filling low addresses first lets high ones merge and empty
- * whole chunks: on the steady-state workload of `pinmem bench pool` this
- * reserved 1216-1248 MiB for 924 MiB in use, where taking a bin's first span
- * reserved 1280-1344. */
+ * whole chunks. With the live bytes held at 900 MiB (frag2.c in
+ * bench/results/2026-11-22-local-pool-footprint/) this reserved 1216 MiB on
+ * three seeds, where taking a bin's first span reserved 1248-1344; the
+ * workload of `pinmem bench pool` reserved the same either way. */
 static bool better_fit(const pm__span *a, const pm__span *b)
 {
     return a->npages < b->npages || (a->npages == b->npages && span_address(a) < span_address(b));
