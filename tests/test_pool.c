@@ -258,14 +258,6 @@ static void stats(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
-static uint64_t used_now(pm_mem_pool_t pool)
-{
-    uint64_t used = 0;
-    CHECK_RESULT(pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
-                 PM_SUCCESS);
-    return used;
-}
-
 /* A thread remembers the run it last freed into. When that run is given back
  * and its pages (and span) become a large allocation, a free there must see
  * that the memo is stale: freeing the large block as a small one would keep
@@ -281,16 +273,16 @@ static void stale_run_memo(void)
     CHECK_RESULT(pm_mem_alloc_from_pool(&big, 2 * MiB, pool), PM_SUCCESS);
     /* the lowest free pages, where the run was */
     CHECK((uintptr_t)small - (uintptr_t)big < 2 * MiB);
-    CHECK(used_now(pool) == 3 * MiB);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 3 * MiB);
     CHECK_RESULT(pm_mem_free(big), PM_SUCCESS);
-    CHECK(used_now(pool) == MiB);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == MiB);
     CHECK_RESULT(pm_mem_free(big), PM_ERROR_INVALID_VALUE);
     void *again = NULL;
     CHECK_RESULT(pm_mem_alloc_from_pool(&again, 64, pool), PM_SUCCESS);
-    CHECK(used_now(pool) == MiB + 64);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == MiB + 64);
     CHECK_RESULT(pm_mem_free(again), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(keep), PM_SUCCESS);
-    CHECK(used_now(pool) == 0);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
