@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "errors.h"
+#include "handle_set.h"
 #include "instance.h"
 #include "pool/pool.h"
 #include "stream_order.h"
@@ -16,47 +17,11 @@ struct pm_event_s {
 };
 
 /* Part of the process-wide instance: the live events. */
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static pm_event_t *live;
-static size_t n_live, cap_live;
-
-static bool add_live(pm_event_t e)
-{
-    pthread_mutex_lock(&live_lock);
-    if (n_live == cap_live) {
-        size_t cap = cap_live ? 2 * cap_live : 16;
-        pm_event_t *bigger = realloc(live, cap * sizeof *bigger);
-        if (!bigger) {
-            pthread_mutex_unlock(&live_lock);
-            return false;
-        }
-        live = bigger;
-        cap_live = cap;
-    }
-    live[n_live++] = e;
-    pthread_mutex_unlock(&live_lock);
-    return true;
-}
-
-/* Whether e is live; removes it when remove. */
-static bool find_live(pm_event_t e, bool remove)
-{
-    bool found = false;
-    pthread_mutex_lock(&live_lock);
-    for (size_t i = n_live; i-- > 0 && !found;) {
-        if (live[i] == e) {
-            found = true;
-            if (remove)
-                live[i] = live[--n_live];
-        }
-    }
-    pthread_mutex_unlock(&live_lock);
-    return found;
-}
+static pm__handle_set live_events = PM__HANDLE_SET_INIT;
 
 static pm_result check_event(const char *name, pm_event_t e)
 {
-    if (!e || !find_live(e, false))
+    if (!e || !pm__handle_set_contains(&live_events, e))
         return pm__fail(PM_ERROR_INVALID_HANDLE, "%s: %p is not a live event", name, (void *)e);
     return PM_SUCCESS;
 }
@@ -72,7 +37,7 @@ pm_result pm_event_create(pm_event_t *event)
         free(e);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_create: out of memory");
     }
-    if (!add_live(e)) {
+    if (!pm__handle_set_add(&live_events, e)) {
         pthread_mutex_destroy(&e->lock);
         free(e);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_create: out of memory");
@@ -84,7 +49,7 @@ pm_result pm_event_create(pm_event_t *event)
 pm_result pm_event_destroy(pm_event_t event)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    if (!event || !find_live(event, true))
+    if (!event || !pm__handle_set_remove(&live_events, event))
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_event_destroy: %p is not a live event",
                         (void *)event);
     inst->backend.marker_release(&event->marker);

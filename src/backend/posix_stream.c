@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../errors.h"
+#include "../handle_set.h"
 #include "backend.h"
 #include "posix_stream.h"
 
@@ -99,57 +100,19 @@ static pm_result create(posix_stream **out)
 }
 
 /* Every live stream, so a handle that is not one is refused, not followed.
- * Each thread remembers the last handle it checked; destroying any stream
- * bumps the generation, which makes those memories stale. */
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static posix_stream **live;
-static size_t n_live, cap_live;
-static _Atomic unsigned long long live_generation = 1;
+ * Each thread remembers the last handle it checked, while the set's
+ * generation (moved on by every destroy) stays the same. */
+static pm__handle_set live_streams = PM__HANDLE_SET_INIT;
 static _Thread_local posix_stream *checked_stream __attribute__((tls_model("initial-exec")));
 static _Thread_local unsigned long long checked_generation
     __attribute__((tls_model("initial-exec")));
 
-static bool add_live(posix_stream *s)
-{
-    pthread_mutex_lock(&live_lock);
-    if (n_live == cap_live) {
-        size_t cap = cap_live ? 2 * cap_live : 16;
-        posix_stream **bigger = realloc(live, cap * sizeof *bigger);
-        if (!bigger) {
-            pthread_mutex_unlock(&live_lock);
-            return false;
-        }
-        live = bigger;
-        cap_live = cap;
-    }
-    live[n_live++] = s;
-    pthread_mutex_unlock(&live_lock);
-    return true;
-}
-
-static bool take_live(posix_stream *s, bool remove)
-{
-    bool found = false;
-    pthread_mutex_lock(&live_lock);
-    for (size_t i = 0; i < n_live && !found; i++) {
-        if (live[i] == s) {
-            found = true;
-            if (remove) {
-                live[i] = live[--n_live];
-                atomic_fetch_add(&live_generation, 1);
-            }
-        }
-    }
-    pthread_mutex_unlock(&live_lock);
-    return found;
-}
-
 static bool is_live(posix_stream *s)
 {
-    unsigned long long gen = atomic_load_explicit(&live_generation, memory_order_acquire);
+    unsigned long long gen = pm__handle_set_generation(&live_streams);
     if (s == checked_stream && gen == checked_generation)
         return true;
-    if (!take_live(s, false))
+    if (!pm__handle_set_contains(&live_streams, s))
         return false;
     checked_stream = s;
     checked_generation = gen;
@@ -192,7 +155,7 @@ pm_result pm__posix_stream_create(pm_stream_t *out)
     pm_result r = create(&s);
     if (r != PM_SUCCESS)
         return r;
-    if (!add_live(s)) {
+    if (!pm__handle_set_add(&live_streams, s)) {
         destroy_stream(s);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: out of memory");
     }
@@ -250,7 +213,7 @@ pm_result pm__posix_stream_synchronize(pm_stream_t handle)
 pm_result pm__posix_stream_destroy(pm_stream_t handle)
 {
     posix_stream *s = handle;
-    if (!s || !take_live(s, true))
+    if (!s || !pm__handle_set_remove(&live_streams, s))
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: %p is not a live stream",
                         handle);
     destroy_stream(s);

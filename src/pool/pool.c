@@ -6,14 +6,14 @@
 #include <string.h>
 
 #include "../errors.h"
+#include "../handle_set.h"
 #include "../instance.h"
 #include "fast.h"
 
 /* Process-wide (part of the instance): live pools, for handle checks, stream
  * synchronization and statistics; and which thread-cache slots are taken. */
-static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
-static pm__pool **pools;
-static size_t n_pools, cap_pools;
+static pm__handle_set live_pools = PM__HANDLE_SET_INIT;
+static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER; /* the two below */
 static bool slot_taken[PM__MAX_CACHED_POOLS];
 static unsigned long long next_generation = 1;
 /* Bumped when a pool is destroyed and when it is torn down: what a thread
@@ -63,12 +63,7 @@ static pm_result check_pool(pm_mem_pool_t handle)
     unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
     if (pool && pool == checked_pool && epoch == checked_epoch)
         return PM_SUCCESS; /* as checked_recently */
-    bool live = false;
-    pthread_mutex_lock(&pools_lock);
-    for (size_t i = 0; i < n_pools && !live; i++)
-        live = pools[i] == pool;
-    pthread_mutex_unlock(&pools_lock);
-    if (!live)
+    if (!pm__handle_set_contains(&live_pools, pool))
         return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
     checked_pool = pool;
     checked_epoch = epoch;
@@ -104,6 +99,14 @@ static pm_result check_props(const pm_mem_pool_props *props, int *numa_node)
     }
 }
 
+static void release_slot(const pm__pool *pool)
+{
+    pthread_mutex_lock(&slots_lock);
+    if (pool->slot < PM__MAX_CACHED_POOLS)
+        slot_taken[pool->slot] = false;
+    pthread_mutex_unlock(&slots_lock);
+}
+
 static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default)
 {
     int numa_node = -1;
@@ -120,27 +123,16 @@ static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_
     pool->is_default = is_default;
     pool->release_threshold = PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
     pool->reuse_follow_event_deps = pool->reuse_opportunistic = pool->reuse_internal_deps = 1;
-    pthread_mutex_lock(&pools_lock);
-    bool listed = false;
-    if (n_pools == cap_pools) {
-        size_t cap = cap_pools ? 2 * cap_pools : 16;
-        pm__pool **bigger = realloc(pools, cap * sizeof *bigger);
-        if (bigger) {
-            pools = bigger;
-            cap_pools = cap;
-        }
-    }
-    if (n_pools < cap_pools) {
-        pool->slot = PM__MAX_CACHED_POOLS;
-        for (unsigned i = 0; i < PM__MAX_CACHED_POOLS && pool->slot == PM__MAX_CACHED_POOLS; i++)
-            if (!slot_taken[i])
-                slot_taken[pool->slot = i] = true;
-        pool->generation = next_generation++;
-        pools[n_pools++] = pool;
-        listed = true;
-    }
-    pthread_mutex_unlock(&pools_lock);
+    pthread_mutex_lock(&slots_lock);
+    pool->slot = PM__MAX_CACHED_POOLS;
+    for (unsigned i = 0; i < PM__MAX_CACHED_POOLS && pool->slot == PM__MAX_CACHED_POOLS; i++)
+        if (!slot_taken[i])
+            slot_taken[pool->slot = i] = true;
+    pool->generation = next_generation++;
+    pthread_mutex_unlock(&slots_lock);
+    bool listed = pm__handle_set_add(&live_pools, pool);
     if (!listed) {
+        release_slot(pool);
         pthread_mutex_destroy(&pool->lock);
         free(pool);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_mem_pool_create: out of memory");
@@ -235,14 +227,11 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
     pm__pool *pool = (pm__pool *)handle;
     if (pool->is_default)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_destroy: the default pool lives on");
-    pthread_mutex_lock(&pools_lock);
-    for (size_t i = 0; i < n_pools; i++)
-        if (pools[i] == pool)
-            pools[i] = pools[--n_pools];
-    if (pool->slot < PM__MAX_CACHED_POOLS)
-        slot_taken[pool->slot] = false;
+    /* Waits out any walk over the pools; the next ones will not see it. */
+    if (!pm__handle_set_remove(&live_pools, pool))
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
+    release_slot(pool);
     atomic_fetch_add(&pools_epoch, 1);
-    pthread_mutex_unlock(&pools_lock);
     pthread_mutex_lock(&pool->lock);
     pool->destroyed = true;
     pthread_mutex_unlock(&pool->lock);
@@ -522,45 +511,50 @@ pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
     return r;
 }
 
+static void flush_stream_of(void *handle, void *stream)
+{
+    pm__pool *pool = handle;
+    pthread_mutex_lock(&pool->lock);
+    bool follows = pool->reuse_follow_event_deps;
+    pthread_mutex_unlock(&pool->lock);
+    if (follows)
+        pm__caches_flush_stream(pool, (pm_stream_t)stream);
+}
+
 void pm__pools_flush_stream(pm_stream_t s)
 {
-    pthread_mutex_lock(&pools_lock); /* as in pm__pools_after_sync */
-    for (size_t i = 0; i < n_pools; i++) {
-        pm__pool *pool = pools[i];
-        pthread_mutex_lock(&pool->lock);
-        bool follows = pool->reuse_follow_event_deps;
+    pm__handle_set_for_each(&live_pools, flush_stream_of, (void *)s); /* as below */
+}
+
+static void settle_after_sync(void *handle, void *stream)
+{
+    pm__pool *pool = handle;
+    pm_stream_t s = (pm_stream_t)stream;
+    pm__caches_flush_stream(pool, s);
+    pthread_mutex_lock(&pool->lock);
+    if (pool->reserved > pool->release_threshold) {
         pthread_mutex_unlock(&pool->lock);
-        if (follows)
-            pm__caches_flush_stream(pool, s);
+        pm__caches_flush_pool(pool, false);
+        pthread_mutex_lock(&pool->lock);
+        release_down_to(pool, pool->release_threshold);
+    } else {
+        pm__pending_reclaim(pool, s, false);
     }
-    pthread_mutex_unlock(&pools_lock);
+    pthread_mutex_unlock(&pool->lock);
 }
 
 void pm__pools_after_sync(pm_stream_t s)
 {
-    /* Held throughout, so no pool in the list can be destroyed and torn down
-     * under the walk. pools_lock is the outermost lock: nothing takes it while
-     * holding a cache's or a pool's lock. */
-    pthread_mutex_lock(&pools_lock);
-    for (size_t i = 0; i < n_pools; i++) {
-        pm__pool *pool = pools[i];
-        pm__caches_flush_stream(pool, s);
-        pthread_mutex_lock(&pool->lock);
-        if (pool->reserved > pool->release_threshold) {
-            pthread_mutex_unlock(&pool->lock);
-            pm__caches_flush_pool(pool, false);
-            pthread_mutex_lock(&pool->lock);
-            release_down_to(pool, pool->release_threshold);
-        } else {
-            pm__pending_reclaim(pool, s, false);
-        }
-        pthread_mutex_unlock(&pool->lock);
-    }
-    pthread_mutex_unlock(&pools_lock);
+    /* The walk holds the set's lock throughout, so no pool in it can be
+     * destroyed and torn down under it. That lock is the outermost: nothing
+     * takes it while holding a cache's or a pool's lock. */
+    pm__handle_set_for_each(&live_pools, settle_after_sync, (void *)s);
 }
 
-static void add_stats(pm__pool *pool, pm_pool_stats *st)
+static void add_stats(void *handle, void *stats)
 {
+    pm__pool *pool = handle;
+    pm_pool_stats *st = stats;
     pthread_mutex_lock(&pool->lock);
     unsigned long long peaks = 0;
     st->used += used_now(pool, &peaks);
@@ -598,13 +592,10 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
         pm_result r = check_pool(handle);
         if (r != PM_SUCCESS)
             return r;
-        add_stats((pm__pool *)handle, &st);
+        add_stats(handle, &st);
     } else {
-        /* Pools are only torn down after leaving the list, under pools_lock. */
-        pthread_mutex_lock(&pools_lock);
-        for (size_t i = 0; i < n_pools; i++)
-            add_stats(pools[i], &st);
-        pthread_mutex_unlock(&pools_lock);
+        /* Pools are only torn down after leaving the set, which waits for this walk. */
+        pm__handle_set_for_each(&live_pools, add_stats, &st);
     }
     size_t n = stats->struct_size < sizeof st ? stats->struct_size : sizeof st;
     st.struct_size = n;

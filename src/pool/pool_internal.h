@@ -1,7 +1,7 @@
 /* Host memory pools: the structures behind pm_mem_pool_t.
  *
  * Locks, in the order they may be taken:
- *   0. pools_lock (pool.c): the list of live pools
+ *   0. live_pools's lock (pool.c): the set of live pools, held by walks over it
  *   1. a thread cache (its owner's entry, or anyone's taking it over)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
  *      of thread caches
