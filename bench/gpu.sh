@@ -12,7 +12,9 @@ mkdir -p "$OUT"
     uname -r | sed 's/^/kernel: /'
     nproc | sed 's/^/cpus: /'
     grep MemTotal /proc/meminfo
-    lscpu 2>/dev/null | grep -E "^Model name|^Thread\(s\) per core|^Core\(s\) per socket|^Socket|^CPU max MHz"
+    lscpu 2>/dev/null | grep -E "^Model name|^Thread\(s\) per core|^Core\(s\) per socket|^Socket|^CPU max MHz|^Hypervisor"
+    # Which CPUs share a core, as the guest sees it (one group per core).
+    echo "core groups: $(cat /sys/devices/system/cpu/cpu*/topology/core_cpus_list 2>/dev/null | sort -un | tr '\n' ' ')"
 } >"$OUT/env.txt"
 cat "$OUT/env.txt"
 

@@ -243,6 +243,11 @@ typedef struct pm_pool_stats {
     unsigned long long chunks_pinned, chunks_released;
     unsigned long long pin_ns;       /* time spent pinning and unpinning */
     unsigned long long live;         /* live allocations */
+    /* Reserved bytes on no allocation's pages: in chunks wholly free (trim and
+     * the release threshold give these back), and in holes of chunks still in
+     * use (pinned until their chunk empties). Free blocks of small size
+     * classes sit on used pages and count in neither. */
+    unsigned long long free_in_empty_chunks, free_in_holes;
 } pm_pool_stats;
 
 PM_API pm_result pm_mem_pool_get_stats(pm_mem_pool_t pool, pm_pool_stats *stats);

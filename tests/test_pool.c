@@ -246,12 +246,20 @@ static void stats(void)
     CHECK(st.requested == 100 + 2 * MiB && st.used == 128 + 2 * MiB && st.live == 2);
     CHECK(st.allocs == 2 && st.frees == 0 && st.reserved == 32 * MiB && st.chunks_pinned == 1);
     CHECK(st.pin_ns > 0);
+    /* The chunk's other pages are a hole; a page of 64 KiB holds the small block. */
+    CHECK(st.free_in_empty_chunks == 0);
+    CHECK(st.free_in_holes <= 30 * MiB - 64 * 1024 && st.free_in_holes >= 28 * MiB);
     char json[512];
     CHECK_RESULT(pm_mem_pool_stats_json(pool, json, sizeof json, NULL), PM_SUCCESS);
     CHECK(strstr(json, "\"live\":2") != NULL);
+    CHECK(strstr(json, "\"free_in_empty_chunks\":0,\"free_in_holes\":") != NULL);
     printf("stats: %s\n", json);
     pm_mem_free(a);
     pm_mem_free(b);
+    /* Kept, but every page free: the whole chunk is what trim would give back. */
+    CHECK_RESULT(pm_mem_pool_trim_to(pool, 32 * MiB), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
+    CHECK(st.reserved == 32 * MiB && st.free_in_empty_chunks == 32 * MiB && st.free_in_holes == 0);
     pm_pool_stats all = {.struct_size = sizeof all};
     CHECK_RESULT(pm_mem_pool_get_stats(NULL, &all), PM_SUCCESS);
     CHECK(all.reserved >= 32 * MiB);

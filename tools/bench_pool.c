@@ -3,10 +3,12 @@
  * or glibc malloc), copy speed from pool memory against cuMemHostAlloc
  * memory, and reserved/used after a mixed workload. One run, side by side. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "commands.h"
@@ -25,9 +27,9 @@ typedef struct pair_job {
     pm_stream_t stream;
     size_t size;
     long pairs;
-    double started, ended; /* each thread's own clock readings */
     bool failed;
     pthread_barrier_t *start;
+    atomic_bool *stop;
 } pair_job;
 
 static bool one_pair(pair_job *j)
@@ -78,44 +80,67 @@ static void *pair_thread(void *arg)
     for (int w = 0; w < 1000; w++)
         one_pair(j);
     pthread_barrier_wait(j->start);
-    j->started = now_ns();
-    for (long i = 0; i < j->pairs; i++)
-        if (!one_pair(j)) {
-            j->failed = true;
-            break;
-        }
-    j->ended = now_ns();
+    while (!atomic_load_explicit(j->stop, memory_order_relaxed)) {
+        for (int i = 0; i < 64; i++)
+            if (!one_pair(j)) {
+                j->failed = true;
+                return NULL;
+            }
+        j->pairs += 64;
+    }
     return NULL;
 }
 
-/* Total pairs per second of n threads, each with its own stream: all pairs
- * over the time from the first thread's start to the last one's end. */
+/* Total pairs per second of n threads, each with its own stream, all running
+ * through one window of time: a thread that starts late or is preempted does
+ * fewer pairs, while the others go on, so the figure is the machine's
+ * throughput rather than the pace of the slowest thread. */
 static double pairs_per_second(pair_job proto, int n)
 {
+    enum { window_ms = 300 };
     pair_job jobs[16];
     pthread_t tids[16];
     pthread_barrier_t start;
+    atomic_bool stop = false;
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
     for (int t = 0; t < n; t++) {
         jobs[t] = proto;
-        jobs[t].pairs = proto.kind == BASELINE ? 50000 : 1000000;
         jobs[t].start = &start;
+        jobs[t].stop = &stop;
         pm_stream_create(&jobs[t].stream);
         pthread_create(&tids[t], NULL, pair_thread, &jobs[t]);
     }
     pthread_barrier_wait(&start);
-    double pairs = 0, first = 0, last = 0;
+    double t0 = now_ns();
+    nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = window_ms * 1000000L}, NULL);
+    atomic_store(&stop, true);
+    double pairs = 0;
+    bool failed = false;
     for (int t = 0; t < n; t++) {
         pthread_join(tids[t], NULL);
-        pairs += jobs[t].failed ? 0 : (double)jobs[t].pairs;
-        first = t == 0 || jobs[t].started < first ? jobs[t].started : first;
-        last = jobs[t].ended > last ? jobs[t].ended : last;
+        pairs += (double)jobs[t].pairs;
+        failed |= jobs[t].failed;
     }
-    double total = pairs / ((last - first) / 1e9);
+    double total = failed ? 0 : pairs / ((now_ns() - t0) / 1e9);
     pthread_barrier_destroy(&start);
     for (int t = 0; t < n; t++)
         pm_stream_destroy(jobs[t].stream);
     return total;
+}
+
+/* Pairs per second for 1, 2, 4, 8 and 16 threads; fills rate[5]. */
+static void scaling(pair_job proto, double rate[5])
+{
+    for (int k = 0; k < 5; k++)
+        rate[k] = pairs_per_second(proto, 1 << k);
+}
+
+static void print_scaling(const char *name, const double rate[5], double unit)
+{
+    printf("  %-8s", name);
+    for (int k = 0; k < 5; k++)
+        printf(" %9.2f M (%4.1fx)", rate[k] / unit, rate[k] / rate[0]);
+    printf("\n");
 }
 
 static double copy_gbps(const pm__backend *b, pm_deviceptr d, const void *src, size_t bytes)
@@ -163,14 +188,30 @@ static size_t mixed_size(uint64_t *rng)
     return n + (size_t)((*rng >> 8) % n);
 }
 
-/* The steady state, in a pool of its own: 2048 live allocations of sizes
- * drawn log-uniformly from 64 B to 2 MiB (one in ten from 1 to 16 MiB);
- * 200,000 steps each free a random one and allocate a new size in its place.
- * Then reserved over used, at the end and sampled over the second half. */
-static void steady_state(void)
+/* Allocates a new size into slot k of the steady state. */
+static bool add_at(pm_mem_pool_t pool, void **live, size_t *sizes, size_t k, uint64_t *rng,
+                   size_t *bytes)
 {
-    enum { slots = 2048, steps = 200000, samples = 20 };
+    sizes[k] = mixed_size(rng);
+    *bytes += sizes[k];
+    return pm_mem_alloc_from_pool(&live[k], sizes[k], pool) == PM_SUCCESS;
+}
+
+/* The steady states, each in a pool of its own, with sizes drawn
+ * log-uniformly from 64 B to 1 MiB (one in ten from 1 to 8 MiB):
+ * - replacing: 2048 live allocations; each of 200,000 steps frees a random one
+ *   and allocates a new size in its place, so the live bytes wander (by about
+ *   a quarter over a run);
+ * - holding: live bytes held at 900 MiB; each step frees a random allocation
+ *   and allocates new sizes until the live bytes are back at 900 MiB.
+ * Then reserved over used, at the end and sampled over the second half, and
+ * where the reserved bytes that no allocation uses lie. */
+static void steady_state(bool holding)
+{
+    enum { slots = 8192, steps = 200000, samples = 20, replacing_live = 2048 };
     static void *live[slots];
+    static size_t sizes[slots];
+    const size_t held = (size_t)900 << 20;
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
     pm_mem_pool_t pool = NULL;
     if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS) {
@@ -179,14 +220,23 @@ static void steady_state(void)
     }
     double worst = 0, sum = 0;
     uint64_t rng = 12345;
-    for (int s = 0; s < slots; s++)
-        pm_mem_alloc_from_pool(&live[s], mixed_size(&rng), pool);
-    for (int i = 0; i < steps; i++) {
+    size_t n = 0, bytes = 0;
+    bool failed = false;
+    while (holding ? bytes < held : n < replacing_live)
+        failed |= !add_at(pool, live, sizes, n++, &rng, &bytes);
+    for (int i = 0; i < steps && !failed; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        size_t s = (size_t)(rng >> 33) % slots;
+        size_t s = (size_t)(rng >> 33) % n;
         pm_mem_free(live[s]);
-        live[s] = NULL;
-        pm_mem_alloc_from_pool(&live[s], mixed_size(&rng), pool);
+        bytes -= sizes[s];
+        if (holding) { /* the last allocation takes the freed slot */
+            live[s] = live[--n];
+            sizes[s] = sizes[n];
+            while (bytes < held && n < slots)
+                failed |= !add_at(pool, live, sizes, n++, &rng, &bytes);
+        } else {
+            failed |= !add_at(pool, live, sizes, s, &rng, &bytes);
+        }
         if (i >= steps / 2 && (i + 1) % (steps / 2 / samples) == 0) {
             uint64_t reserved = 0, used = 0;
             pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
@@ -202,17 +252,26 @@ static void steady_state(void)
     pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &used_high);
     pm_pool_stats st = {.struct_size = sizeof st};
     pm_mem_pool_get_stats(pool, &st);
-    printf("\nsteady state (2048 live, 200k replacements, 64 B-2 MiB log-uniform, 10%% 1-16 MiB):\n"
-           "  requested %.1f MiB, used %.1f MiB (high %.1f), reserved %.1f MiB: reserved/used "
+    const double mib = 1048576.0;
+    if (holding)
+        printf("\nsteady state, holding (live bytes held at 900 MiB, 200k steps, 64 B-1 MiB "
+               "log-uniform, 10%% 1-8 MiB)%s:\n", failed ? " (an allocation failed)" : "");
+    else
+        printf("\nsteady state (2048 live, 200k replacements, 64 B-1 MiB log-uniform, "
+               "10%% 1-8 MiB)%s:\n", failed ? " (an allocation failed)" : "");
+    printf("  requested %.1f MiB, used %.1f MiB (high %.1f), reserved %.1f MiB: reserved/used "
            "%.3f, reserved/used high %.3f, reserved/requested %.3f\n",
-           st.requested / 1048576.0, used / 1048576.0, used_high / 1048576.0,
-           reserved / 1048576.0, (double)reserved / (double)used,
-           (double)reserved / (double)used_high, (double)reserved / (double)st.requested);
+           st.requested / mib, used / mib, used_high / mib, reserved / mib,
+           (double)reserved / (double)used, (double)reserved / (double)used_high,
+           (double)reserved / (double)st.requested);
     printf("  reserved/used sampled %d times over the second half: mean %.3f, worst %.3f\n", samples,
            sum / samples, worst);
-    for (int s = 0; s < slots; s++)
-        if (live[s])
-            pm_mem_free(live[s]);
+    printf("  reserved, not used: %.1f MiB in wholly free chunks, %.1f MiB in holes of chunks in "
+           "use, %.1f MiB in free small blocks\n",
+           st.free_in_empty_chunks / mib, st.free_in_holes / mib,
+           (double)(reserved - used - st.free_in_empty_chunks - st.free_in_holes) / mib);
+    for (size_t s = 0; s < n; s++)
+        pm_mem_free(live[s]);
     pm_mem_pool_destroy(pool);
 }
 
@@ -242,7 +301,7 @@ int bench_pool(bool quick)
     /* Twice over, so an effect of order or warm-up shows as a difference. */
     for (size_t pass = 0; pass < 2 * sizeof sizes / sizeof sizes[0]; pass++) {
         size_t i = pass % (sizeof sizes / sizeof sizes[0]);
-        pair_job sync = {PINMEM_SYNC, b, pool, baseline_pool, stream, sizes[i], 0, 0, 0, false, NULL};
+        pair_job sync = {PINMEM_SYNC, b, pool, baseline_pool, stream, sizes[i], 0, false, NULL, NULL};
         pair_job async = sync, base = sync;
         async.kind = PINMEM_ASYNC;
         base.kind = BASELINE;
@@ -252,20 +311,30 @@ int bench_pool(bool quick)
                ns, ans, bns, bns / ns,
                sync.failed || async.failed || base.failed ? "  (a call failed)" : "");
     }
-    pair_job proto = {PINMEM_SYNC, b, pool, baseline_pool, NULL, 4096, 0, 0, 0, false, NULL};
-    double one = pairs_per_second(proto, 1), sixteen = pairs_per_second(proto, 16);
-    proto.kind = BASELINE;
-    double bone = pairs_per_second(proto, 1), bsixteen = pairs_per_second(proto, 16);
+    pair_job proto = {PINMEM_SYNC, b, pool, baseline_pool, NULL, 4096, 0, false, NULL, NULL};
+    double pinmem_rate[5], glibc_rate[5], base_one, base_sixteen;
+    scaling(proto, pinmem_rate);
     proto.kind = MALLOC;
-    double mone = pairs_per_second(proto, 1), msixteen = pairs_per_second(proto, 16);
-    printf("\n4 KiB pairs per second, in total: pinmem 1 thread %.1f M, 16 threads %.1f M (%.1fx); "
+    scaling(proto, glibc_rate);
+    proto.kind = BASELINE;
+    base_one = pairs_per_second(proto, 1);
+    base_sixteen = pairs_per_second(proto, 16);
+    printf("\n4 KiB pairs per second, in total, all threads through one 300 ms window:\n"
+           "  %-8s%20s%20s%20s%20s%20s\n", "threads", "1", "2", "4", "8", "16");
+    print_scaling("pinmem", pinmem_rate, 1e6);
+    print_scaling("glibc", glibc_rate, 1e6);
+    printf("  %-8s %9.2f M (%4.1fx) %59s %9.2f M (%4.1fx)\n", "baseline", base_one / 1e6, 1.0, "",
+           base_sixteen / 1e6, base_sixteen / base_one);
+    printf("4 KiB pairs per second, in total: pinmem 1 thread %.1f M, 16 threads %.1f M (%.1fx); "
            "baseline 1 thread %.2f M, 16 threads %.2f M (%.1fx); for reference, glibc malloc+free "
            "1 thread %.1f M, 16 threads %.1f M (%.1fx)\n",
-           one / 1e6, sixteen / 1e6, sixteen / one, bone / 1e6, bsixteen / 1e6, bsixteen / bone,
-           mone / 1e6, msixteen / 1e6, msixteen / mone);
+           pinmem_rate[0] / 1e6, pinmem_rate[4] / 1e6, pinmem_rate[4] / pinmem_rate[0],
+           base_one / 1e6, base_sixteen / 1e6, base_sixteen / base_one, glibc_rate[0] / 1e6,
+           glibc_rate[4] / 1e6, glibc_rate[4] / glibc_rate[0]);
     if (!quick)
         copy_speed(b, pool);
-    steady_state();
+    steady_state(false);
+    steady_state(true);
     pm_stream_destroy(stream);
     b->baseline_pool_close(baseline_pool);
     pm_mem_pool_destroy(pool);

@@ -577,6 +577,14 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
+    for (size_t i = 0; i < pool->n_chunks; i++) {
+        const pm__chunk *c = pool->chunks[i];
+        unsigned long long free_bytes = (unsigned long long)c->free_pages * PM__POOL_PAGE;
+        if (c->free_pages == c->npages)
+            st->free_in_empty_chunks += free_bytes;
+        else
+            st->free_in_holes += free_bytes;
+    }
     pthread_mutex_unlock(&pool->lock);
 }
 
@@ -612,10 +620,11 @@ pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size
     int len = snprintf(buf, buf ? cap : 0,
                        "{\"requested\":%llu,\"used\":%llu,\"reserved\":%llu,\"used_high\":%llu,"
                        "\"reserved_high\":%llu,\"allocs\":%llu,\"frees\":%llu,\"live\":%llu,"
-                       "\"chunks_pinned\":%llu,\"chunks_released\":%llu,\"pin_ns\":%llu}",
+                       "\"chunks_pinned\":%llu,\"chunks_released\":%llu,\"pin_ns\":%llu,"
+                       "\"free_in_empty_chunks\":%llu,\"free_in_holes\":%llu}",
                        st.requested, st.used, st.reserved, st.used_high, st.reserved_high,
                        st.allocs, st.frees, st.live, st.chunks_pinned, st.chunks_released,
-                       st.pin_ns);
+                       st.pin_ns, st.free_in_empty_chunks, st.free_in_holes);
     if (needed)
         *needed = (size_t)len;
     if (!buf || (size_t)len >= cap)
