@@ -128,11 +128,24 @@ static double pairs_per_second(pair_job proto, int n)
     return total;
 }
 
-/* Pairs per second for 1, 2, 4, 8 and 16 threads; fills rate[5]. */
-static void scaling(pair_job proto, double rate[5])
+enum { scaling_rounds = 3 };
+
+/* Pairs per second for 1, 2, 4, 8 and 16 threads, pinmem and glibc: the
+ * median of three rounds over every count, pinmem and glibc interleaved, so
+ * that a slow stretch of a noisy machine is not pinned on one count. */
+static void scaling(pair_job proto, double pinmem[5], double glibc[5])
 {
-    for (int k = 0; k < 5; k++)
-        rate[k] = pairs_per_second(proto, 1 << k);
+    double runs[2][5][scaling_rounds];
+    for (int round = 0; round < scaling_rounds; round++)
+        for (int k = 0; k < 5; k++)
+            for (int kind = 0; kind < 2; kind++) {
+                proto.kind = kind == 0 ? PINMEM_SYNC : MALLOC;
+                runs[kind][k][round] = pairs_per_second(proto, 1 << k);
+            }
+    for (int k = 0; k < 5; k++) {
+        pinmem[k] = median(runs[0][k], scaling_rounds);
+        glibc[k] = median(runs[1][k], scaling_rounds);
+    }
 }
 
 static void print_scaling(const char *name, const double rate[5], double unit)
@@ -313,14 +326,13 @@ int bench_pool(bool quick)
     }
     pair_job proto = {PINMEM_SYNC, b, pool, baseline_pool, NULL, 4096, 0, false, NULL, NULL};
     double pinmem_rate[5], glibc_rate[5], base_one, base_sixteen;
-    scaling(proto, pinmem_rate);
-    proto.kind = MALLOC;
-    scaling(proto, glibc_rate);
+    scaling(proto, pinmem_rate, glibc_rate);
     proto.kind = BASELINE;
     base_one = pairs_per_second(proto, 1);
     base_sixteen = pairs_per_second(proto, 16);
-    printf("\n4 KiB pairs per second, in total, all threads through one 300 ms window:\n"
-           "  %-8s%20s%20s%20s%20s%20s\n", "threads", "1", "2", "4", "8", "16");
+    printf("\n4 KiB pairs per second, in total, all threads through one 300 ms window "
+           "(median of %d rounds; the driver's pool once):\n"
+           "  %-8s%20s%20s%20s%20s%20s\n", scaling_rounds, "threads", "1", "2", "4", "8", "16");
     print_scaling("pinmem", pinmem_rate, 1e6);
     print_scaling("glibc", glibc_rate, 1e6);
     printf("  %-8s %9.2f M (%4.1fx) %59s %9.2f M (%4.1fx)\n", "baseline", base_one / 1e6, 1.0, "",
