@@ -16,6 +16,9 @@ mkdir -p "$OUT"
     # Which CPUs share a core, as the guest sees it (one group per core).
     echo "core groups: $(cat /sys/devices/system/cpu/cpu*/topology/core_cpus_list 2>/dev/null | sort -un | tr '\n' ' ')"
 } >"$OUT/env.txt"
+# How far the CPUs scale on code that shares nothing: the ceiling for the
+# pools' thread-scaling figures.
+gcc -O2 -pthread bench/probe/cpu_scaling.c -o /tmp/cpu_scaling && /tmp/cpu_scaling >>"$OUT/env.txt"
 cat "$OUT/env.txt"
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON >"$OUT/build.log" 2>&1 &&
