@@ -19,7 +19,8 @@ enum { pairs_per_batch = 20000, batches = 15 };
 
 typedef enum { PINMEM_SYNC, PINMEM_ASYNC, BASELINE, MALLOC } pair_kind;
 
-typedef struct pair_job {
+/* Each on cache lines of its own: threads read their job on every pair. */
+typedef struct __attribute__((aligned(64))) pair_job {
     pair_kind kind;
     const pm__backend *b;
     pm_mem_pool_t pool;
@@ -80,14 +81,15 @@ static void *pair_thread(void *arg)
     for (int w = 0; w < 1000; w++)
         one_pair(j);
     pthread_barrier_wait(j->start);
-    while (!atomic_load_explicit(j->stop, memory_order_relaxed)) {
-        for (int i = 0; i < 64; i++)
-            if (!one_pair(j)) {
-                j->failed = true;
-                return NULL;
-            }
-        j->pairs += 64;
+    long pairs = 0; /* counted here, so the loop writes nothing shared */
+    bool ok = true;
+    while (ok && !atomic_load_explicit(j->stop, memory_order_relaxed)) {
+        for (int i = 0; i < 64 && ok; i++)
+            ok = one_pair(j);
+        pairs += 64;
     }
+    j->pairs = pairs;
+    j->failed = !ok;
     return NULL;
 }
 
