@@ -40,6 +40,8 @@ static bool grow(pm__handle_set *set)
 
 bool pm__handle_set_add(pm__handle_set *set, const void *h)
 {
+    if (!h) /* NULL marks an empty slot */
+        return false;
     pthread_mutex_lock(&set->lock);
     /* At most half full, so that probe runs stay short. */
     bool ok = 2 * (set->count + 1) <= set->cap || grow(set);

@@ -24,7 +24,8 @@ typedef struct pm__handle_set {
 
 #define PM__HANDLE_SET_INIT {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1}
 
-/* Adds h (not NULL, not yet in the set); false when out of memory. */
+/* Adds h (a no-op when it is already there); false when h is NULL or memory
+ * runs out. */
 bool pm__handle_set_add(pm__handle_set *set, const void *h);
 bool pm__handle_set_contains(pm__handle_set *set, const void *h);
 /* Removes h and moves the generation on; false when h was not in the set. */

@@ -35,15 +35,18 @@ static void model_test(void)
     CHECK(!pm__handle_set_contains(&set, &arena[0])); /* empty, never grown */
     CHECK(!pm__handle_set_remove(&set, &arena[0]));
     CHECK(!pm__handle_set_contains(&set, NULL));
+    CHECK(!pm__handle_set_add(&set, NULL));
+    CHECK(set.count == 0);
     for (int step = 0; step < steps; step++) {
         /* Members come and go over the run, so the table grows, fills and empties. */
         size_t limit = 1 + (size_t)step * slots / steps;
         size_t i = next() % limit;
         unsigned op = next() % 3;
-        if (op == 0 && !in_model[i]) {
+        if (op == 0) { /* adding a member again changes nothing */
             CHECK(pm__handle_set_add(&set, &arena[i]));
+            members += !in_model[i];
             in_model[i] = true;
-            members++;
+            CHECK(set.count == members);
         } else if (op == 1) {
             CHECK(pm__handle_set_remove(&set, &arena[i]) == in_model[i]);
             unsigned long long now = pm__handle_set_generation(&set);
