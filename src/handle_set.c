@@ -84,9 +84,10 @@ static void vacate(pm__handle_set *set, size_t i)
 bool pm__handle_set_remove(pm__handle_set *set, const void *h)
 {
     pthread_mutex_lock(&set->lock);
-    bool found = h && set->cap && set->slots[probe(set, h)] == h;
+    size_t i = h && set->cap ? probe(set, h) : 0;
+    bool found = h && set->cap && set->slots[i] == h;
     if (found) {
-        vacate(set, probe(set, h));
+        vacate(set, i);
         set->count--;
         atomic_fetch_add_explicit(&set->generation, 1, memory_order_release);
     }

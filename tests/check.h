@@ -3,6 +3,7 @@
 #ifndef PINMEM_TEST_CHECK_H
 #define PINMEM_TEST_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,15 @@ static int check_failures;
         if (strcmp(pm_backend_name(), "cuda") != 0)              \
             SKIP("no CUDA driver");                              \
     } while (0)
+
+/* xorshift64: the tests' random numbers, the same sequence on every run. */
+static inline uint64_t xorshift64(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
 
 /* Kilobytes this process has locked (VmLck), 0 when unknown. */
 static inline unsigned long long locked_kib(void)

@@ -11,13 +11,7 @@
 enum { slots = 3000, steps = 300000, threads = 8, per_thread = 2000, rounds = 20 };
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t next(void) { return xorshift64(&rng); }
 
 static void count_visit(void *h, void *arg)
 {

@@ -14,13 +14,7 @@ typedef struct model_slot {
 } model_slot;
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t next(void) { return xorshift64(&rng); }
 
 int main(void)
 {

@@ -37,13 +37,7 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static uint64_t next(worker *w)
-{
-    w->rng ^= w->rng << 13;
-    w->rng ^= w->rng >> 7;
-    w->rng ^= w->rng << 17;
-    return w->rng;
-}
+static uint64_t next(worker *w) { return xorshift64(&w->rng); }
 
 #define WCHECK(w, cond)                                                              \
     do {                                                                             \
