@@ -40,6 +40,11 @@ for what in ${PINMEM_BENCH:-pool copy staging}; do
     ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
 done
 
+# The pools with whole registered chunks instead of VMM host granules: the
+# cold first allocation and the steady-state footprint of the old design.
+echo "== pool benchmark, CUDA backend, pool chunks registered whole (PINMEM_POOL_VMM=0)"
+PINMEM_POOL_VMM=0 ./build-gpu/tools/pinmem bench pool --quick 2>&1 | tee "$OUT/bench-pool-registered.txt"
+
 # The pools on the POSIX backend of the same machine, against glibc malloc.
 echo "== pool benchmark, POSIX backend"
 PINMEM_BACKEND=posix ./build-gpu/tools/pinmem bench pool --quick 2>&1 | tee "$OUT/bench-posix-pool.txt"

@@ -240,14 +240,22 @@ typedef struct pm_pool_stats {
     unsigned long long reserved;     /* bytes pinned by the pool */
     unsigned long long used_high, reserved_high;
     unsigned long long allocs, frees;        /* calls that succeeded */
+    /* Address ranges (chunks, 32 MiB and up) reserved and released. Their
+     * memory is pinned in granules: committed while any page of theirs is in
+     * use; one with no page in use is reused in place, moved (given back
+     * before committing another where an allocation needs it, so the pool
+     * does not grow around its holes), or given back by trim and the release
+     * threshold. */
     unsigned long long chunks_pinned, chunks_released;
     unsigned long long pin_ns;       /* time spent pinning and unpinning */
     unsigned long long live;         /* live allocations */
-    /* Reserved bytes on no allocation's pages: in chunks wholly free (trim and
-     * the release threshold give these back), and in holes of chunks still in
-     * use (pinned until their chunk empties). Free blocks of small size
-     * classes sit on used pages and count in neither. */
+    /* Reserved bytes on no allocation's pages: in chunks wholly free, and in
+     * holes of chunks still in use. Free blocks of small size classes sit on
+     * used pages and count in neither. */
     unsigned long long free_in_empty_chunks, free_in_holes;
+    unsigned long long granule;      /* bytes; 0: a chunk is pinned whole */
+    unsigned long long granules_pinned, granules_released, granules_moved;
+    unsigned long long idle_granules; /* bytes in committed granules no allocation touches */
 } pm_pool_stats;
 
 PM_API pm_result pm_mem_pool_get_stats(pm_mem_pool_t pool, pm_pool_stats *stats);

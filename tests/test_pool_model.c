@@ -152,11 +152,11 @@ static void many_threads(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
-/* Pinning fails at the k-th chunk: a clean OUT_OF_MEMORY, counters that add
- * up, and everything given back. */
+/* Pinning fails at the k-th commit of pool memory: a clean OUT_OF_MEMORY,
+ * counters that add up, and everything given back. */
 static void fault_sweep(void)
 {
-    const size_t big = 20u << 20; /* one 32 MiB chunk each */
+    const size_t big = 20u << 20; /* more than the pool holds free: it commits more */
     unsigned long long locked_before = locked_kib();
     for (int k = 1; k <= 6; k++) {
         pm_mem_pool_t pool = make_pool(0);
@@ -173,8 +173,11 @@ static void fault_sweep(void)
         pm_pool_stats st = {.struct_size = sizeof st};
         CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
         CHECK(st.live == (unsigned long long)got);
-        CHECK(st.chunks_pinned == (unsigned long long)(k - 1));
-        CHECK(st.reserved == st.chunks_pinned * (32u << 20));
+        /* every granule pinned and not given back is reserved, and no more */
+        unsigned long long granule = st.granule ? st.granule : 32u << 20;
+        CHECK(st.reserved == (st.granules_pinned - st.granules_released) * granule);
+        CHECK((st.granules_pinned > 0) == (k > 1));
+        CHECK(st.used <= st.reserved);
         for (int i = 0; i < got; i++)
             CHECK_RESULT(pm_mem_free(p[i]), PM_SUCCESS);
         /* After the fault, the pool works again. */

@@ -85,10 +85,19 @@ typedef struct pm__backend {
     /* Blocks the calling thread until m is done. */
     pm_result (*marker_synchronize)(const pm__marker *m);
 
-    /* Pool chunks: len bytes aligned to align, on numa_node unless it is -1,
-     * page-locked and mapped for every device. */
-    pm_result (*chunk_pin)(size_t len, size_t align, int numa_node, void **base);
-    void (*chunk_unpin)(void *base, size_t len);
+    /* Pool chunks: address space of len bytes aligned to align, whose memory
+     * is committed (page-locked and mapped for every device, on numa_node
+     * unless it is -1) and decommitted (given back to the system) in whole
+     * granules of pool_granule bytes from the chunk's start; 0: a chunk is
+     * one granule. chunk_unreserve runs once nothing in the chunk is
+     * committed. pool_give_back_waits: decommitting waits for all device
+     * work, so the pools do it only when asked to (trim, release threshold). */
+    size_t pool_granule;
+    bool pool_give_back_waits;
+    pm_result (*chunk_reserve)(size_t len, size_t align, int numa_node, void **base);
+    pm_result (*chunk_commit)(void *p, size_t len, int numa_node);
+    void (*chunk_decommit)(void *p, size_t len);
+    void (*chunk_unreserve)(void *base, size_t len);
 
     /* What benchmarks compare pinmem with: the plain way to pin memory on this
      * backend (the driver's cuMemHostAlloc / cuMemFreeHost, or mmap + mlock). */

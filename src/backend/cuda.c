@@ -10,6 +10,7 @@
 #include "../errors.h"
 #include "backend.h"
 #include "cuda_loader.h"
+#include "cuda_vmm.h"
 
 /* How a host allocation was pinned, kept in the range's backend_tag. */
 enum { TAG_DRIVER_ALLOC = 1, TAG_MAPPED_REGISTERED = 2 };
@@ -320,21 +321,116 @@ static void cuda_marker_release(pm__marker *m)
     m->handle = NULL;
 }
 
-static pm_result cuda_chunk_pin(size_t len, size_t align, int numa_node, void **base)
+/* Pool chunks in VMM host granules (cuda_vmm.c), inside a context scope. */
+static pm_result vmm_chunk_reserve(size_t len, size_t align, int numa_node, void **base)
 {
-    size_t map_len;
-    CUresult rc;
-    return map_and_register(len, align, numa_node, base, &map_len, &rc);
+    (void)numa_node; /* chosen per granule, when committed */
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r == PM_SUCCESS) {
+        r = pm__cuda_vmm_reserve(len, align, base);
+        ctx_leave(&scope);
+    }
+    return r;
 }
 
-static void cuda_chunk_unpin(void *base, size_t len)
+static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node)
+{
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r == PM_SUCCESS) {
+        r = pm__cuda_vmm_commit(p, len, numa_node);
+        ctx_leave(&scope);
+    }
+    return r;
+}
+
+static void vmm_chunk_decommit(void *p, size_t len)
 {
     ctx_scope scope;
     if (ctx_enter(&scope) == PM_SUCCESS) {
-        unregister_in_pieces(base, len);
+        pm__cuda_vmm_decommit(p, len);
         ctx_leave(&scope);
     }
-    munmap(base, len);
+}
+
+static void vmm_chunk_unreserve(void *base, size_t len)
+{
+    ctx_scope scope;
+    if (ctx_enter(&scope) == PM_SUCCESS) {
+        pm__cuda_vmm_unreserve(base, len);
+        ctx_leave(&scope);
+    }
+}
+
+/* Where the driver cannot do VMM host memory: a chunk is mapped, then pinned
+ * whole with one registration, and given back whole (unregistering waits for
+ * all device work). */
+static pm_result registered_chunk_reserve(size_t len, size_t align, int numa_node, void **base)
+{
+    size_t map_len = 0;
+    void *p = pm__map_anonymous_aligned(len, align, &map_len);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
+                        strerror(errno));
+    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
+    if (r != PM_SUCCESS) {
+        munmap(p, map_len);
+        return r;
+    }
+    *base = p;
+    return PM_SUCCESS;
+}
+
+static pm_result registered_chunk_commit(void *p, size_t len, int numa_node)
+{
+    (void)numa_node; /* bound when reserved */
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    pm__prefault(p, len);
+    CUresult rc = register_in_pieces(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS) {
+        madvise(p, len, MADV_DONTNEED);
+        return pm__cuda_fail(rc, "cuMemHostRegister");
+    }
+    return PM_SUCCESS;
+}
+
+static void registered_chunk_decommit(void *p, size_t len)
+{
+    ctx_scope scope;
+    if (ctx_enter(&scope) == PM_SUCCESS) {
+        unregister_in_pieces(p, len);
+        ctx_leave(&scope);
+    }
+    madvise(p, len, MADV_DONTNEED);
+}
+
+static void registered_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
+
+/* VMM host granules unless the driver lacks them or PINMEM_POOL_VMM=0. */
+static void pick_pool_chunks(pm__backend *out)
+{
+    const char *env = getenv("PINMEM_POOL_VMM");
+    size_t granule = env && strcmp(env, "0") == 0 ? 0 : pm__cuda_vmm_open(cu);
+    if (granule) {
+        out->pool_granule = granule;
+        out->pool_give_back_waits = false;
+        out->chunk_reserve = vmm_chunk_reserve;
+        out->chunk_commit = vmm_chunk_commit;
+        out->chunk_decommit = vmm_chunk_decommit;
+        out->chunk_unreserve = vmm_chunk_unreserve;
+    } else {
+        out->pool_granule = 0;
+        out->pool_give_back_waits = true;
+        out->chunk_reserve = registered_chunk_reserve;
+        out->chunk_commit = registered_chunk_commit;
+        out->chunk_decommit = registered_chunk_decommit;
+        out->chunk_unreserve = registered_chunk_unreserve;
+    }
 }
 
 static pm_result driver_pool_open(void **pool)
@@ -548,8 +644,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->marker_release = cuda_marker_release;
     out->marker_synchronize = cuda_marker_synchronize;
     out->marker_rerecord = cuda_marker_rerecord;
-    out->chunk_pin = cuda_chunk_pin;
-    out->chunk_unpin = cuda_chunk_unpin;
+    pick_pool_chunks(out);
     out->baseline_name = "cuMemHostAlloc";
     out->baseline_pool_name = "driver host pool";
     out->baseline_pool_open = driver_pool_open;

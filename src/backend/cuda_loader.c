@@ -66,6 +66,18 @@ static const symbol required[] = {
     SYM(mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync", 11020),
     SYM(mem_free_async, "cuMemFreeAsync", 11020),
 };
+
+/* Left NULL when missing: the pools then pin whole chunks. */
+static const symbol optional[] = {
+    SYM(mem_address_reserve, "cuMemAddressReserve", 10020),
+    SYM(mem_address_free, "cuMemAddressFree", 10020),
+    SYM(mem_create, "cuMemCreate", 10020),
+    SYM(mem_release, "cuMemRelease", 10020),
+    SYM(mem_map, "cuMemMap", 10020),
+    SYM(mem_unmap, "cuMemUnmap", 10020),
+    SYM(mem_set_access, "cuMemSetAccess", 10020),
+    SYM(mem_get_allocation_granularity, "cuMemGetAllocationGranularity", 10020),
+};
 #undef SYM
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -101,6 +113,13 @@ static void load(void)
             return;
         }
         *(void **)((char *)&api + required[i].offset) = fn;
+    }
+    for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++) {
+        void *fn = NULL;
+        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        if (get(optional[i].name, &fn, optional[i].abi_version, CU_GET_PROC_ADDRESS_DEFAULT,
+                &status) == CUDA_SUCCESS && status == CU_GET_PROC_ADDRESS_SUCCESS)
+            *(void **)((char *)&api + optional[i].offset) = fn;
     }
     int version = 0;
     CUresult rc = api.init(0);

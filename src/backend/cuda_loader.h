@@ -55,6 +55,17 @@ typedef struct pm__cuda_api {
     CUresult (*mem_pool_set_attribute)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*mem_alloc_from_pool_async)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
     CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+    /* Virtual memory management, for pool chunks: NULL where the driver lacks them. */
+    CUresult (*mem_address_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*mem_address_free)(CUdeviceptr, size_t);
+    CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                           unsigned long long);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle);
+    CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*mem_unmap)(CUdeviceptr, size_t);
+    CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*mem_get_allocation_granularity)(size_t *, const CUmemAllocationProp *,
+                                               CUmemAllocationGranularity_flags);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

@@ -230,30 +230,44 @@ static pm_result posix_baseline_free(void *p, size_t bytesize)
     return PM_SUCCESS;
 }
 
-static pm_result posix_chunk_pin(size_t len, size_t align, int numa_node, void **base)
+static pm_result posix_chunk_reserve(size_t len, size_t align, int numa_node, void **base)
 {
     size_t map_len = 0;
     void *p = pm__map_anonymous_aligned(len, align, &map_len);
     if (!p)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
                         strerror(errno));
+    /* The policy stays with the range, so pages faulted in by later commits follow it. */
     pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
     if (r != PM_SUCCESS) {
         munmap(p, map_len);
         return r;
     }
-    if (map_len >= pm__prefault_parallel_min)
-        pm__prefault(p, map_len);
-    if (lock_pages(p, map_len) != 0) {
-        int err = errno;
-        munmap(p, map_len);
-        return memlock_failure(err, map_len, "pool chunk");
-    }
     *base = p;
     return PM_SUCCESS;
 }
 
-static void posix_chunk_unpin(void *base, size_t len) { munmap(base, len); }
+static pm_result posix_chunk_commit(void *p, size_t len, int numa_node)
+{
+    (void)numa_node; /* bound when reserved */
+    if (len >= pm__prefault_parallel_min)
+        pm__prefault(p, len);
+    if (lock_pages(p, len) != 0) {
+        int err = errno;
+        madvise(p, len, MADV_DONTNEED);
+        return memlock_failure(err, len, "pool memory");
+    }
+    return PM_SUCCESS;
+}
+
+/* The pages go back to the system; the range stays mapped and reads zeros. */
+static void posix_chunk_decommit(void *p, size_t len)
+{
+    unlock_pages(p, len);
+    madvise(p, len, MADV_DONTNEED);
+}
+
+static void posix_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
 
 static pm_result malloc_pool_open(void **pool)
 {
@@ -404,8 +418,12 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->marker_release = pm__posix_marker_release;
     out->marker_synchronize = pm__posix_marker_synchronize;
     out->marker_rerecord = pm__posix_marker_rerecord;
-    out->chunk_pin = posix_chunk_pin;
-    out->chunk_unpin = posix_chunk_unpin;
+    out->pool_granule = (size_t)2 << 20; /* the huge page, as the driver's VMM host granule */
+    out->pool_give_back_waits = false;
+    out->chunk_reserve = posix_chunk_reserve;
+    out->chunk_commit = posix_chunk_commit;
+    out->chunk_decommit = posix_chunk_decommit;
+    out->chunk_unreserve = posix_chunk_unreserve;
     out->baseline_name = "mmap+mlock";
     out->baseline_pool_name = "glibc malloc+free";
     out->baseline_pool_open = malloc_pool_open;

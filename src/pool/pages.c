@@ -2,6 +2,7 @@
  * bins (eight per doubling, with a bitmap), so finding a span costs the same
  * however many holes there are; freed spans merge with free neighbours.
  * Everything here runs under pool->lock. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,44 +65,75 @@ static uintptr_t span_address(const pm__span *s)
     return (uintptr_t)s->chunk->base + s->first * PM__POOL_PAGE;
 }
 
-/* Whether a is the better of two free spans that both fit: the smaller, and
- * of equal ones the lower. Best fit keeps large holes whole for large
- * requests, and filling low addresses first lets high ones merge and empty
- * whole chunks. With the live bytes held at 900 MiB (frag2.c in
- * bench/results/2026-11-22-local-pool-footprint/) this reserved 1216 MiB on
- * three seeds, where taking a bin's first span reserved 1248-1344; the
- * workload of `pinmem bench pool` reserved the same either way. */
-static bool better_fit(const pm__span *a, const pm__span *b)
+/* Where a request of n pages would go in a free span: at its start or its
+ * end, whichever needs fewer bytes committed, and how many. */
+typedef struct placement {
+    pm__span *span;
+    bool at_end;
+    size_t missing;
+} placement;
+
+static placement place(pm__span *s, size_t n)
 {
-    return a->npages < b->npages || (a->npages == b->npages && span_address(a) < span_address(b));
+    placement p = {s, false, pm__granules_missing(s->chunk, s->first, n)};
+    if (p.missing && s->npages > n) {
+        size_t at_end = pm__granules_missing(s->chunk, s->first + s->npages - n, n);
+        if (at_end < p.missing) {
+            p.at_end = true;
+            p.missing = at_end;
+        }
+    }
+    return p;
 }
 
-/* The best of the first FIT_LOOK spans of bin b that hold n pages, or NULL.
- * Looking at a bounded number keeps the cost flat with many holes. */
-enum { FIT_LOOK = 32 };
-static pm__span *best_in_bin(pm__pool *pool, unsigned b, size_t n)
+/* Whether a is the better of two placements: pinned memory is what the pool
+ * spends, address space is free, so first the fewer bytes to commit; then
+ * the smaller span, and of equal ones the lower. Best fit keeps large holes
+ * whole for large requests, and filling low addresses first lets high ones
+ * merge and empty whole chunks. */
+static bool better_fit(const placement *a, const placement *b)
 {
-    pm__span *best = NULL;
+    if (a->missing != b->missing)
+        return a->missing < b->missing;
+    return a->span->npages < b->span->npages ||
+           (a->span->npages == b->span->npages && span_address(a->span) < span_address(b->span));
+}
+
+/* Folds the first FIT_LOOK spans of bin b that hold n pages into best.
+ * Looking at a bounded number keeps the cost flat with many holes. */
+enum { FIT_LOOK = 32, FIT_BINS = 4 };
+static void best_in_bin(pm__pool *pool, unsigned b, size_t n, placement *best)
+{
     int looked = 0;
     for (pm__span *s = pool->bins[b]; s && looked < FIT_LOOK; s = s->bin_next, looked++)
-        if (s->npages >= n && (!best || better_fit(s, best)))
-            best = s;
-    return best;
+        if (s->npages >= n) {
+            placement p = place(s, n);
+            if (!best->span || better_fit(&p, best))
+                *best = p;
+        }
 }
 
-/* The request's own bin may hold spans that fit closely; otherwise the first
- * non-empty bin above it, whose every span fits. */
-static pm__span *bin_find(pm__pool *pool, size_t n)
+/* The request's own bin may hold spans that fit closely; then the non-empty
+ * bins above it, whose every span fits, until a placement needs nothing
+ * committed or FIT_BINS bins were looked at. */
+static placement bin_find(pm__pool *pool, size_t n)
 {
-    pm__span *s = best_in_bin(pool, bin_floor(n), n);
-    if (s)
-        return s;
-    for (unsigned b = bin_ceil(n); b < PM__SPAN_BINS; b = (b | 63) + 1) {
+    placement best = {0};
+    best_in_bin(pool, bin_floor(n), n, &best);
+    int bins = 0;
+    for (unsigned b = bin_ceil(n); b < PM__SPAN_BINS && bins < FIT_BINS &&
+                                   (!best.span || best.missing > 0);) {
         uint64_t bits = pool->bin_mask[b / 64] & (~0ull << (b % 64));
-        if (bits)
-            return best_in_bin(pool, (b & ~63u) + (unsigned)__builtin_ctzll(bits), n);
+        if (!bits) {
+            b = (b | 63) + 1;
+            continue;
+        }
+        unsigned found = (b & ~63u) + (unsigned)__builtin_ctzll(bits);
+        best_in_bin(pool, found, n, &best);
+        bins++;
+        b = found + 1;
     }
-    return NULL;
+    return best;
 }
 
 void pm__keep_until_pool_dies(pm__pool *pool, void *p)
@@ -150,22 +182,18 @@ static void set_pages(pm__span *s)
         atomic_store_explicit(&s->chunk->pages[s->first + i], s, memory_order_release);
 }
 
-static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
+static void release_chunk(pm__pool *pool, size_t index);
+
+/* Reserves address space for a chunk that holds npages_needed pages. */
+static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out)
 {
     size_t need = npages_needed * PM__POOL_PAGE;
     size_t len = (need + PM__CHUNK_STEP - 1) / PM__CHUNK_STEP * PM__CHUNK_STEP;
-    if (pool->props.max_size) {
-        if (pool->reserved + need > pool->props.max_size)
-            return pm__fail(PM_ERROR_OUT_OF_MEMORY,
-                            "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
-                            "%zu more needed",
-                            pool->props.max_size, pool->reserved, need);
-        size_t room = (pool->props.max_size - pool->reserved) / PM__POOL_PAGE * PM__POOL_PAGE;
-        if (len > room)
-            len = room;
-    }
-    if (pool->fail_pin_countdown > 0 && --pool->fail_pin_countdown == 0)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning a pool chunk failed (injected fault)");
+    if (pool->props.max_size && pool->reserved - pool->idle_bytes + need > pool->props.max_size)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                        "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
+                        "%zu more needed",
+                        pool->props.max_size, pool->reserved, need);
 
     const pm__backend *b = pm__pool_backend();
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
@@ -178,22 +206,23 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
             pool->cap_chunks = cap;
         }
     }
-    if (!chunk || !span || pool->n_chunks == pool->cap_chunks) {
+    if (chunk) {
+        chunk->len = len;
+        chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
+    }
+    if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
+        pm__granules_init(chunk, b->pool_granule) != PM_SUCCESS) {
+        if (chunk)
+            free(chunk->granules);
         free(chunk);
         if (span)
             retire_span(pool, span);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
     }
-    unsigned long long t0 = pm__now_ns();
     void *base = NULL;
-    pm_result r = pm__budget_take(len, "memory pool");
-    if (r == PM_SUCCESS) {
-        r = b->chunk_pin(len, PM__CHUNK_STEP, pool->numa_node, &base);
-        if (r != PM_SUCCESS)
-            pm__budget_give(len);
-    }
-    pool->pin_ns += pm__now_ns() - t0;
+    pm_result r = b->chunk_reserve(len, PM__CHUNK_STEP, pool->numa_node, &base);
     if (r != PM_SUCCESS) {
+        free(chunk->granules);
         free(chunk);
         retire_span(pool, span);
         return r;
@@ -207,8 +236,8 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
     if (!pm__chunk_map_set((uintptr_t)base, len, chunk) ||
         !pm__ranges_claim(inst->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
-        b->chunk_unpin(base, len);
-        pm__budget_give(len);
+        b->chunk_unreserve(base, len);
+        free(chunk->granules);
         free(chunk);
         retire_span(pool, span);
         return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
@@ -216,8 +245,6 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
     pm__ranges_publish(inst->ranges, &range);
     chunk->pool = pool;
     chunk->base = base;
-    chunk->len = len;
-    chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     span->chunk = chunk;
     span->first = 0;
     span->npages = chunk->npages;
@@ -225,24 +252,40 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed)
     set_pages(span);
     bin_insert(pool, span);
     pool->chunks[pool->n_chunks++] = chunk;
-    pool->reserved += len;
-    if (pool->reserved > pool->reserved_high)
-        pool->reserved_high = pool->reserved;
     pool->chunks_pinned++;
+    /* A pool's first memory comes as a whole chunk, or as much of it as
+     * max_size allows, as the driver's pools reserve; later growth commits
+     * only what allocations touch. */
+    if (pool->reserved == 0) {
+        size_t room = pool->props.max_size ? pool->props.max_size - pool->reserved : len;
+        size_t whole = room < len ? npages_needed : chunk->npages;
+        r = pm__granules_commit(pool, chunk, 0, whole, false);
+        if (r != PM_SUCCESS) {
+            release_chunk(pool, pool->n_chunks - 1);
+            return r;
+        }
+    }
+    *out = chunk;
     return PM_SUCCESS;
 }
 
-bool pm__pages_fit(pm__pool *pool, size_t npages) { return bin_find(pool, npages) != NULL; }
+bool pm__pages_fit(pm__pool *pool, size_t npages)
+{
+    placement p = bin_find(pool, npages);
+    return p.span && p.missing <= pool->idle_bytes;
+}
 
 pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why)
 {
-    pm__span *s = bin_find(pool, npages);
-    if (!s) {
-        *why = add_chunk(pool, npages);
+    placement p = bin_find(pool, npages);
+    if (!p.span) {
+        pm__chunk *added = NULL;
+        *why = add_chunk(pool, npages, &added);
         if (*why != PM_SUCCESS)
             return NULL;
-        s = bin_find(pool, npages);
+        p.span = atomic_load_explicit(&added->pages[0], memory_order_relaxed);
     }
+    pm__span *s = p.span;
     bin_remove(pool, s);
     if (s->npages > npages) {
         pm__span *rest = new_span(pool);
@@ -252,14 +295,25 @@ pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why)
             return NULL;
         }
         rest->chunk = s->chunk;
-        rest->first = s->first + npages;
         rest->npages = s->npages - npages;
         rest->kind = SPAN_FREE;
+        if (p.at_end) {
+            rest->first = s->first;
+            s->first += rest->npages;
+        } else {
+            rest->first = s->first + npages;
+        }
         set_pages(rest);
         bin_insert(pool, rest);
         s->npages = npages;
     }
     s->chunk->free_pages -= npages;
+    pm__granules_mark(pool, s->chunk, s->first, npages, true);
+    *why = pm__granules_commit(pool, s->chunk, s->first, npages, true);
+    if (*why != PM_SUCCESS) {
+        pm__pages_free(pool, s);
+        return NULL;
+    }
     return s;
 }
 
@@ -267,6 +321,7 @@ void pm__pages_free(pm__pool *pool, pm__span *s)
 {
     pm__chunk *c = s->chunk;
     c->free_pages += s->npages;
+    pm__granules_mark(pool, c, s->first, s->npages, false);
     if (s->kind == SPAN_RUN)
         atomic_fetch_add_explicit(&s->run_hot.incarnation, 1, memory_order_release);
     s->kind = SPAN_FREE;
@@ -294,6 +349,7 @@ void pm__pages_free(pm__pool *pool, pm__span *s)
 static void release_chunk(pm__pool *pool, size_t index)
 {
     pm__chunk *c = pool->chunks[index];
+    pm__granules_give_back(pool, c, 0, ULLONG_MAX);
     pm__span *whole = atomic_load_explicit(&c->pages[0], memory_order_relaxed);
     bin_remove(pool, whole);
     retire_span(pool, whole);
@@ -303,26 +359,40 @@ static void release_chunk(pm__pool *pool, size_t index)
     if (pm__ranges_retire(inst->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
         pm__ranges_withdraw(inst->ranges, r.pin_base);
     pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
-    unsigned long long t0 = pm__now_ns();
-    pm__pool_backend()->chunk_unpin(c->base, c->len);
-    pm__budget_give(c->len);
-    pool->pin_ns += pm__now_ns() - t0;
-    pool->reserved -= c->len;
+    pm__pool_backend()->chunk_unreserve(c->base, c->len);
     pool->chunks_released++;
     pool->chunks[index] = pool->chunks[--pool->n_chunks];
+    free(c->granules);
+    c->granules = NULL;
     pm__keep_until_pool_dies(pool, c);
 }
 
-void pm__pages_release_free_chunks(pm__pool *pool, unsigned long long keep)
+void pm__pages_release(pm__pool *pool, unsigned long long keep)
 {
+    for (int wholly_free = 1; wholly_free >= 0; wholly_free--)
+        for (size_t i = pool->n_chunks; i-- > 0 && pool->reserved > keep;) {
+            pm__chunk *c = pool->chunks[i];
+            if ((c->free_pages == c->npages) == wholly_free)
+                pm__granules_give_back(pool, c, keep, ULLONG_MAX);
+        }
     for (size_t i = pool->n_chunks; i-- > 0;) {
         pm__chunk *c = pool->chunks[i];
-        if (c->free_pages == c->npages && pool->reserved - c->len >= keep)
+        if (c->free_pages == c->npages && c->committed_granules == 0)
             release_chunk(pool, i);
     }
 }
 
-void pm__pages_release_all(pm__pool *pool)
+void pm__pages_release_all(pm__pool *pool) { pm__pages_release(pool, 0); }
+
+void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
+                          unsigned long long *in_holes)
 {
-    pm__pages_release_free_chunks(pool, 0);
+    for (size_t i = 0; i < pool->n_chunks; i++) {
+        const pm__chunk *c = pool->chunks[i];
+        unsigned long long free_bytes = pm__granules_free_committed(c);
+        if (c->free_pages == c->npages)
+            *in_empty_chunks += free_bytes;
+        else
+            *in_holes += free_bytes;
+    }
 }

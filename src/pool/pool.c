@@ -373,7 +373,7 @@ static void release_down_to(pm__pool *pool, unsigned long long keep)
 {
     pm__pending_reclaim(pool, NULL, false);
     pm__central_release_empty_runs(pool);
-    pm__pages_release_free_chunks(pool, keep);
+    pm__pages_release(pool, keep);
 }
 
 pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
@@ -577,14 +577,12 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    for (size_t i = 0; i < pool->n_chunks; i++) {
-        const pm__chunk *c = pool->chunks[i];
-        unsigned long long free_bytes = (unsigned long long)c->free_pages * PM__POOL_PAGE;
-        if (c->free_pages == c->npages)
-            st->free_in_empty_chunks += free_bytes;
-        else
-            st->free_in_holes += free_bytes;
-    }
+    st->granule = pm__pool_backend()->pool_granule;
+    st->granules_pinned += pool->granules_pinned;
+    st->granules_released += pool->granules_released;
+    st->granules_moved += pool->granules_moved;
+    st->idle_granules += pool->idle_bytes;
+    pm__pages_free_bytes(pool, &st->free_in_empty_chunks, &st->free_in_holes);
     pthread_mutex_unlock(&pool->lock);
 }
 
@@ -621,10 +619,14 @@ pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size
                        "{\"requested\":%llu,\"used\":%llu,\"reserved\":%llu,\"used_high\":%llu,"
                        "\"reserved_high\":%llu,\"allocs\":%llu,\"frees\":%llu,\"live\":%llu,"
                        "\"chunks_pinned\":%llu,\"chunks_released\":%llu,\"pin_ns\":%llu,"
-                       "\"free_in_empty_chunks\":%llu,\"free_in_holes\":%llu}",
+                       "\"free_in_empty_chunks\":%llu,\"free_in_holes\":%llu,\"granule\":%llu,"
+                       "\"granules_pinned\":%llu,\"granules_released\":%llu,"
+                       "\"granules_moved\":%llu,\"idle_granules\":%llu}",
                        st.requested, st.used, st.reserved, st.used_high, st.reserved_high,
                        st.allocs, st.frees, st.live, st.chunks_pinned, st.chunks_released,
-                       st.pin_ns, st.free_in_empty_chunks, st.free_in_holes);
+                       st.pin_ns, st.free_in_empty_chunks, st.free_in_holes, st.granule,
+                       st.granules_pinned, st.granules_released, st.granules_moved,
+                       st.idle_granules);
     if (needed)
         *needed = (size_t)len;
     if (!buf || (size_t)len >= cap)
@@ -634,7 +636,7 @@ pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size
 
 void pm__pool_stats_print_at_exit(void)
 {
-    char json[512];
+    char json[768];
     if (pm_mem_pool_stats_json(NULL, json, sizeof json, NULL) == PM_SUCCESS)
         fprintf(stderr, "pinmem pools: %s\n", json);
 }

@@ -25,7 +25,7 @@
 #include "ownership.h"
 #include "pinmem.h"
 
-#define PM__CHUNK_STEP ((size_t)32 << 20) /* reservation step and chunk alignment */
+#define PM__CHUNK_STEP ((size_t)32 << 20) /* address reservation step and chunk alignment */
 #define PM__MAX_CACHED_POOLS 64           /* pools with thread caches; more work uncached */
 #define PM__SPAN_BINS 256
 
@@ -75,10 +75,22 @@ typedef struct pm__span {
     uint32_t req_stride;
 } pm__span;
 
+/* The unit in which a chunk's memory is pinned and given back. */
+typedef struct pm__granule {
+    uint32_t busy;  /* its pages in spans that are not free */
+    bool committed; /* pinned and mapped */
+} pm__granule;
+
+/* An address range the pool reserved. Its memory is pinned granule by
+ * granule (granules.c): a granule is committed while any of its pages is in
+ * use, and one with none in use may be given back or moved. */
 struct pm__chunk {
     pm__pool *pool;
     uint8_t *base;
     size_t len, npages, free_pages;
+    size_t granule_pages, ngranules;
+    size_t committed_granules, idle_granules; /* idle: committed, none of its pages busy */
+    pm__granule *granules;
     _Atomic(pm__span *) pages[]; /* the span holding each page */
 };
 
@@ -144,17 +156,19 @@ struct pm__pool {
     pm__span *partial[PM__POOL_CLASSES];
     pm__pending *pending;
     pm__cache *caches;
-    unsigned long long reserved, reserved_high, used_high;
+    unsigned long long reserved, reserved_high, used_high; /* reserved: committed bytes */
+    unsigned long long idle_bytes; /* committed bytes in granules with no page in use */
     /* not counting caches' own; used is read by caches without the lock */
     _Atomic long long used;
     long long requested, allocs, frees, live;
     unsigned long long chunks_pinned, chunks_released, pin_ns;
+    unsigned long long granules_pinned, granules_released, granules_moved;
     uint64_t release_threshold;
     int reuse_follow_event_deps, reuse_opportunistic, reuse_internal_deps;
     pm__span *spare_spans;      /* retired span structs, reused: never freed while the pool lives */
     void **graveyard;           /* chunk structs and arrays freed with the pool */
     size_t n_graveyard, cap_graveyard;
-    int fail_pin_countdown;     /* tests: the n-th chunk pin fails (0: never) */
+    int fail_pin_countdown;     /* tests: the n-th commit of granules fails (0: never) */
 };
 
 /* pages.c: chunks and the page allocator (pool->lock held). */
@@ -162,8 +176,32 @@ pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
 void pm__pages_free(pm__pool *pool, pm__span *span);
 /* Whether npages free pages in a row are there without pinning more. */
 bool pm__pages_fit(pm__pool *pool, size_t npages);
-void pm__pages_release_free_chunks(pm__pool *pool, unsigned long long keep);
+/* Gives back committed granules with no page in use, those of wholly free
+ * chunks first, while reserved stays at or above keep; then releases the
+ * address ranges of chunks left wholly free and uncommitted. */
+void pm__pages_release(pm__pool *pool, unsigned long long keep);
 void pm__pages_release_all(pm__pool *pool);
+/* Committed bytes on no allocation's pages, in wholly free chunks and in
+ * chunks in use. */
+void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
+                          unsigned long long *in_holes);
+
+/* granules.c: committing and giving back chunk memory (pool->lock held). */
+pm_result pm__granules_init(pm__chunk *c, size_t granule_bytes);
+/* Counts [first, first + npages) of c as busy or free again. */
+void pm__granules_mark(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool busy);
+/* Bytes of the granules [first, first + npages) touches that are not committed. */
+size_t pm__granules_missing(const pm__chunk *c, size_t first, size_t npages);
+/* Commits the granules [first, first + npages) touches. With move, idle
+ * granules elsewhere worth up to the bytes to commit are given back first,
+ * so that the pool's memory moves where it is needed instead of growing. */
+pm_result pm__granules_commit(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool move);
+/* Gives back idle granules of c (high addresses first) while reserved stays
+ * at or above keep and at most budget bytes go; the bytes given back. */
+unsigned long long pm__granules_give_back(pm__pool *pool, pm__chunk *c, unsigned long long keep,
+                                          unsigned long long budget);
+/* Committed bytes of c on free pages. */
+unsigned long long pm__granules_free_committed(const pm__chunk *c);
 /* Frees p with the pool, not before: lock-free readers may still hold it. */
 void pm__keep_until_pool_dies(pm__pool *pool, void *p);
 
