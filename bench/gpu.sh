@@ -40,10 +40,15 @@ for what in ${PINMEM_BENCH:-pool copy staging}; do
     ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
 done
 
-# The pools with whole registered chunks instead of VMM host granules: the
-# cold first allocation and the steady-state footprint of the old design.
-echo "== pool benchmark, CUDA backend, pool chunks registered whole (PINMEM_POOL_VMM=0)"
-PINMEM_POOL_VMM=0 ./build-gpu/tools/pinmem bench pool --quick 2>&1 | tee "$OUT/bench-pool-registered.txt"
+# The pools in VMM host granules instead of whole registered chunks: their
+# tests, the cold first allocation and the steady-state footprint.
+echo "== pools in VMM host granules (PINMEM_POOL_VMM=1): tests and benchmark"
+{
+    for t in pool pool_granules pool_model pool_streams copy events; do
+        PINMEM_POOL_VMM=1 ./build-gpu/tests/test_$t 2>&1 | grep -E "backend:|checks passed|check\(s\) failed|skipped|CHECK failed"
+    done
+    PINMEM_POOL_VMM=1 ./build-gpu/tools/pinmem bench pool --quick 2>&1
+} | tee "$OUT/bench-pool-vmm.txt"
 
 # The pools on the POSIX backend of the same machine, against glibc malloc.
 echo "== pool benchmark, POSIX backend"

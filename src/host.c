@@ -248,6 +248,12 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
     if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r)) {
         if (r.kind == PM__RANGE_POOL && !pm__pool_find((uintptr_t)p, &base, &size))
             return not_allocated("pm_mem_host_get_device_pointer", p);
+        /* Granules are mapped for every device at the pool's own addresses
+         * (cuMemHostGetDevicePointer answers something else for VMM memory). */
+        if (r.kind == PM__RANGE_POOL && inst->backend.pool_granule) {
+            *pdptr = (pm_deviceptr)(uintptr_t)p;
+            return PM_SUCCESS;
+        }
         return inst->backend.device_pointer(pdptr, p);
     }
     return inst->backend.foreign_get_device_pointer(pdptr, p);

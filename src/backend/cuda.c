@@ -411,11 +411,18 @@ static void registered_chunk_decommit(void *p, size_t len)
 
 static void registered_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
 
-/* VMM host granules unless the driver lacks them or PINMEM_POOL_VMM=0. */
+/* Whole registered chunks unless PINMEM_POOL_VMM=1 asks for VMM host
+ * granules (and the driver has them). Granules let the pools give back and
+ * move the pages of holes (reserved/used 1.23 against 1.33 in `pinmem bench
+ * pool`'s held steady state on an H100), but the driver commits them at
+ * about 3.5 GB/s on one thread where mapping, faulting with all CPUs and one
+ * registration reach 20+: a fresh pool's first allocation took 9.2 ms
+ * against 4.5 (4 KiB) and 73 ms against 11 (256 MiB), slower than the
+ * driver's own host pool (bench/results/2026-11-22-h100-580.159.04-granules/). */
 static void pick_pool_chunks(pm__backend *out)
 {
     const char *env = getenv("PINMEM_POOL_VMM");
-    size_t granule = env && strcmp(env, "0") == 0 ? 0 : pm__cuda_vmm_open(cu);
+    size_t granule = env && strcmp(env, "1") == 0 ? pm__cuda_vmm_open(cu) : 0;
     if (granule) {
         out->pool_granule = granule;
         out->pool_give_back_waits = false;
