@@ -145,5 +145,7 @@ void *pm__map_anonymous_aligned(size_t bytesize, size_t align, size_t *map_len);
 /* Binds [p, p + len) to one NUMA node before it is faulted in. */
 pm_result pm__bind_to_node(void *p, size_t len, int node);
 bool pm__numa_node_exists(int node);
+/* Address space for a pool chunk, bound to numa_node unless it is -1, nothing pinned. */
+pm_result pm__reserve_chunk_range(size_t len, size_t align, int numa_node, void **base);
 
 #endif

@@ -345,43 +345,26 @@ static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node)
     return r;
 }
 
-static void vmm_chunk_decommit(void *p, size_t len)
+/* Runs fn(p, len) in a context, for calls that cannot fail usefully. */
+static void in_context(void (*fn)(void *, size_t), void *p, size_t len)
 {
     ctx_scope scope;
     if (ctx_enter(&scope) == PM_SUCCESS) {
-        pm__cuda_vmm_decommit(p, len);
+        fn(p, len);
         ctx_leave(&scope);
     }
 }
 
+static void vmm_chunk_decommit(void *p, size_t len) { in_context(pm__cuda_vmm_decommit, p, len); }
+
 static void vmm_chunk_unreserve(void *base, size_t len)
 {
-    ctx_scope scope;
-    if (ctx_enter(&scope) == PM_SUCCESS) {
-        pm__cuda_vmm_unreserve(base, len);
-        ctx_leave(&scope);
-    }
+    in_context(pm__cuda_vmm_unreserve, base, len);
 }
 
 /* Where the driver cannot do VMM host memory: a chunk is mapped, then pinned
  * whole with one registration, and given back whole (unregistering waits for
  * all device work). */
-static pm_result registered_chunk_reserve(size_t len, size_t align, int numa_node, void **base)
-{
-    size_t map_len = 0;
-    void *p = pm__map_anonymous_aligned(len, align, &map_len);
-    if (!p)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
-                        strerror(errno));
-    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
-    if (r != PM_SUCCESS) {
-        munmap(p, map_len);
-        return r;
-    }
-    *base = p;
-    return PM_SUCCESS;
-}
-
 static pm_result registered_chunk_commit(void *p, size_t len, int numa_node)
 {
     (void)numa_node; /* bound when reserved */
@@ -401,11 +384,7 @@ static pm_result registered_chunk_commit(void *p, size_t len, int numa_node)
 
 static void registered_chunk_decommit(void *p, size_t len)
 {
-    ctx_scope scope;
-    if (ctx_enter(&scope) == PM_SUCCESS) {
-        unregister_in_pieces(p, len);
-        ctx_leave(&scope);
-    }
+    in_context(unregister_in_pieces, p, len);
     madvise(p, len, MADV_DONTNEED);
 }
 
@@ -433,7 +412,7 @@ static void pick_pool_chunks(pm__backend *out)
     } else {
         out->pool_granule = 0;
         out->pool_give_back_waits = true;
-        out->chunk_reserve = registered_chunk_reserve;
+        out->chunk_reserve = pm__reserve_chunk_range;
         out->chunk_commit = registered_chunk_commit;
         out->chunk_decommit = registered_chunk_decommit;
         out->chunk_unreserve = registered_chunk_unreserve;

@@ -86,6 +86,21 @@ static const pm__cuda_api *loaded;
 static pm_result load_result = PM_ERROR_NO_DEVICE;
 static char load_detail[256] = "the CUDA driver was not loaded";
 
+/* Sets sym's member of api; CUDA_ERROR_NOT_FOUND (or the driver's error)
+ * when the driver lacks it. */
+static CUresult take(get_proc_address_fn get, const symbol *sym,
+                     CUdriverProcAddressQueryResult *status)
+{
+    void *fn = NULL;
+    *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult rc = get(sym->name, &fn, sym->abi_version, CU_GET_PROC_ADDRESS_DEFAULT, status);
+    if (rc == CUDA_SUCCESS && (!fn || *status != CU_GET_PROC_ADDRESS_SUCCESS))
+        rc = CUDA_ERROR_NOT_FOUND;
+    if (rc == CUDA_SUCCESS)
+        *(void **)((char *)&api + sym->offset) = fn;
+    return rc;
+}
+
 static void load(void)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -101,25 +116,19 @@ static void load(void)
         return; /* the library stays loaded: unloading a driver is never safe */
     }
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
-        void *fn = NULL;
-        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        CUresult rc = get(required[i].name, &fn, required[i].abi_version,
-                          CU_GET_PROC_ADDRESS_DEFAULT, &status);
-        if (rc != CUDA_SUCCESS || !fn || status != CU_GET_PROC_ADDRESS_SUCCESS) {
+        CUdriverProcAddressQueryResult status;
+        CUresult rc = take(get, &required[i], &status);
+        if (rc != CUDA_SUCCESS) {
             load_result = PM_ERROR_NOT_SUPPORTED;
             snprintf(load_detail, sizeof load_detail,
                      "the CUDA driver lacks %s (ABI %d): error %d, status %d", required[i].name,
                      required[i].abi_version, (int)rc, (int)status);
             return;
         }
-        *(void **)((char *)&api + required[i].offset) = fn;
     }
     for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++) {
-        void *fn = NULL;
-        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        if (get(optional[i].name, &fn, optional[i].abi_version, CU_GET_PROC_ADDRESS_DEFAULT,
-                &status) == CUDA_SUCCESS && status == CU_GET_PROC_ADDRESS_SUCCESS)
-            *(void **)((char *)&api + optional[i].offset) = fn;
+        CUdriverProcAddressQueryResult status;
+        take(get, &optional[i], &status);
     }
     int version = 0;
     CUresult rc = api.init(0);

@@ -230,23 +230,6 @@ static pm_result posix_baseline_free(void *p, size_t bytesize)
     return PM_SUCCESS;
 }
 
-static pm_result posix_chunk_reserve(size_t len, size_t align, int numa_node, void **base)
-{
-    size_t map_len = 0;
-    void *p = pm__map_anonymous_aligned(len, align, &map_len);
-    if (!p)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
-                        strerror(errno));
-    /* The policy stays with the range, so pages faulted in by later commits follow it. */
-    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
-    if (r != PM_SUCCESS) {
-        munmap(p, map_len);
-        return r;
-    }
-    *base = p;
-    return PM_SUCCESS;
-}
-
 static pm_result posix_chunk_commit(void *p, size_t len, int numa_node)
 {
     (void)numa_node; /* bound when reserved */
@@ -420,7 +403,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->marker_rerecord = pm__posix_marker_rerecord;
     out->pool_granule = (size_t)2 << 20; /* the huge page, as the driver's VMM host granule */
     out->pool_give_back_waits = false;
-    out->chunk_reserve = posix_chunk_reserve;
+    out->chunk_reserve = pm__reserve_chunk_range;
     out->chunk_commit = posix_chunk_commit;
     out->chunk_decommit = posix_chunk_decommit;
     out->chunk_unreserve = posix_chunk_unreserve;

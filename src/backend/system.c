@@ -178,3 +178,20 @@ void pm__prefault(void *p, size_t len)
     for (size_t i = 0; i < started; i++)
         pthread_join(tids[i], NULL);
 }
+
+pm_result pm__reserve_chunk_range(size_t len, size_t align, int numa_node, void **base)
+{
+    size_t map_len = 0;
+    void *p = pm__map_anonymous_aligned(len, align, &map_len);
+    if (!p)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of a %zu-byte pool chunk failed: %s", len,
+                        strerror(errno));
+    /* The policy stays with the range, so pages faulted in by later commits follow it. */
+    pm_result r = numa_node >= 0 ? pm__bind_to_node(p, map_len, numa_node) : PM_SUCCESS;
+    if (r != PM_SUCCESS) {
+        munmap(p, map_len);
+        return r;
+    }
+    *base = p;
+    return PM_SUCCESS;
+}
