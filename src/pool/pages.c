@@ -271,8 +271,9 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
 
 bool pm__pages_fit(pm__pool *pool, size_t npages)
 {
+    /* Moving idle granules pins too (and where giving back waits, cannot happen). */
     placement p = bin_find(pool, npages);
-    return p.span && p.missing <= pool->idle_bytes;
+    return p.span && p.missing == 0;
 }
 
 pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why)
