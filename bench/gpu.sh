@@ -40,14 +40,15 @@ for what in ${PINMEM_BENCH:-pool copy staging}; do
     ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
 done
 
-# The pools in VMM host granules instead of whole registered chunks: their
-# tests, the cold first allocation and the steady-state footprint.
-echo "== pools in VMM host granules (PINMEM_POOL_VMM=1): tests and benchmark"
+# Pools with a release threshold pin VMM host granules; PINMEM_POOL_VMM=1
+# makes pools that keep their memory do so too: the pool tests that way, and
+# the steady-state footprint of such pools.
+echo "== every pool in VMM host granules (PINMEM_POOL_VMM=1): tests and footprint"
 {
     for t in pool pool_granules pool_model pool_streams copy events; do
         PINMEM_POOL_VMM=1 ./build-gpu/tests/test_$t 2>&1 | grep -E "backend:|checks passed|check\(s\) failed|skipped|CHECK failed"
     done
-    PINMEM_POOL_VMM=1 ./build-gpu/tools/pinmem bench pool --quick 2>&1
+    PINMEM_POOL_VMM=1 ./build-gpu/tools/pinmem bench footprint 2>&1
 } | tee "$OUT/bench-pool-vmm.txt"
 
 # The pools on the POSIX backend of the same machine, against glibc malloc.

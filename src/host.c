@@ -250,7 +250,7 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
             return not_allocated("pm_mem_host_get_device_pointer", p);
         /* Granules are mapped for every device at the pool's own addresses
          * (cuMemHostGetDevicePointer answers something else for VMM memory). */
-        if (r.kind == PM__RANGE_POOL && inst->backend.pool_granule) {
+        if (r.kind == PM__RANGE_POOL && pm__pool_in_granules((uintptr_t)p)) {
             *pdptr = (pm_deviceptr)(uintptr_t)p;
             return PM_SUCCESS;
         }

@@ -1,8 +1,9 @@
 /* Pool memory is pinned in granules: the pages of a hole go back to the
- * system while the rest of its chunk stays in use, and a pool that needs
- * memory elsewhere moves idle granules there instead of growing. Runs on
- * both backends wherever the granule is 2 MiB (POSIX; CUDA drivers with VMM
- * host memory), so that the arithmetic below is exact. */
+ * system while the rest of its chunk stays in use, a pool that needs memory
+ * elsewhere moves idle granules there instead of growing, and a pool with a
+ * release threshold gives back what goes idle above it at once. Runs
+ * wherever a pool with a release threshold gets 2 MiB granules (POSIX; CUDA
+ * drivers with VMM host memory), so that the arithmetic below is exact. */
 #include <stdint.h>
 #include <string.h>
 
@@ -28,11 +29,23 @@ static void touch(void *p, size_t bytes, unsigned char v)
     CHECK(bad == 0 && b[bytes - 1] == v);
 }
 
+/* A pool in granules that gives nothing back before trim: its threshold is
+ * as high as can be without being the default, which keeps everything and
+ * on CUDA pins whole registered chunks. */
+static pm_mem_pool_t granule_pool(size_t max_size)
+{
+    pm_mem_pool_t pool = make_pool(max_size);
+    uint64_t high = UINT64_MAX - 1;
+    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &high),
+                 PM_SUCCESS);
+    return pool;
+}
+
 /* A 24 MiB block and a small one behind it fill one 32 MiB chunk; once the
  * big one is freed, trim gives back every granule but the small block's. */
 static void trim_gives_back_holes(void)
 {
-    pm_mem_pool_t pool = make_pool(0);
+    pm_mem_pool_t pool = granule_pool(0);
     void *big = NULL, *small = NULL;
     CHECK_RESULT(pm_mem_alloc_from_pool(&big, 24 * MiB, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
@@ -69,7 +82,7 @@ static void trim_gives_back_holes(void)
  * the idle ones are given back before 20 granules are committed for it. */
 static void moves_instead_of_growing(void)
 {
-    pm_mem_pool_t pool = make_pool(0);
+    pm_mem_pool_t pool = granule_pool(0);
     void *a = NULL, *small = NULL, *c = NULL;
     CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
@@ -91,7 +104,7 @@ static void moves_instead_of_growing(void)
  * request that a growing pool could not. */
 static void max_size_counts_committed(void)
 {
-    pm_mem_pool_t pool = make_pool(32 * MiB);
+    pm_mem_pool_t pool = granule_pool(32 * MiB);
     void *a = NULL, *small = NULL, *c = NULL;
     CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
@@ -107,20 +120,61 @@ static void max_size_counts_committed(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* Above the release threshold, granules go back as soon as nothing uses
+ * them, with no synchronization or trim; down to it, they stay. */
+static void threshold_gives_back_at_once(void)
+{
+    uint64_t thresholds[] = {0, 6 * MiB};
+    for (int i = 0; i < 2; i++) {
+        pm_mem_pool_t pool = make_pool(0);
+        CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                               &thresholds[i]),
+                     PM_SUCCESS);
+        void *a = NULL, *small = NULL;
+        CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
+        /* a fresh pool's first chunk is pinned whole, as the driver's are */
+        CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 32 * MiB);
+        CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
+        pm_pool_stats st = pool_stats(pool);
+        CHECK(st.reserved == (i == 0 ? 2 * MiB : 6 * MiB));
+        CHECK(st.granules_moved == 0);
+        /* and come back when an allocation needs them */
+        CHECK_RESULT(pm_mem_alloc_from_pool(&a, 10 * MiB, pool), PM_SUCCESS);
+        touch(a, 10 * MiB, 5);
+        st = pool_stats(pool);
+        CHECK(st.reserved >= 12 * MiB && st.reserved <= 14 * MiB);
+        CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free(small), PM_SUCCESS);
+        /* the small block waits in this thread's cache, its run in its granule */
+        CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == (i == 0 ? 2 * MiB : 6 * MiB));
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    }
+    /* The default threshold keeps what went idle. */
+    pm_mem_pool_t pool = make_pool(0);
+    void *a = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 32 * MiB);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 int main(void)
 {
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     printf("backend: %s\n", pm_backend_name());
-    pm_mem_pool_t pool = make_pool(0);
+    pm_mem_pool_t pool = granule_pool(0);
     pm_pool_stats st = pool_stats(pool);
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
     if (st.granule != 2 * MiB) {
-        printf("skipped: this backend pins pool memory in granules of %llu bytes, not 2 MiB\n",
+        printf("skipped: pools with a release threshold pin memory in granules of %llu bytes "
+               "here, not 2 MiB\n",
                st.granule);
         return 77;
     }
     trim_gives_back_holes();
     moves_instead_of_growing();
     max_size_counts_committed();
+    threshold_gives_back_at_once();
     return check_finish("pool_granules");
 }

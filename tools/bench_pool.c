@@ -220,8 +220,10 @@ static bool add_at(pm_mem_pool_t pool, void **live, size_t *sizes, size_t k, uin
  * - holding: live bytes held at 900 MiB; each step frees a random allocation
  *   and allocates new sizes until the live bytes are back at 900 MiB.
  * Then reserved over used, at the end and sampled over the second half, and
- * where the reserved bytes that no allocation uses lie. */
-static void steady_state(bool holding)
+ * where the reserved bytes that no allocation uses lie. Each runs with the
+ * default release threshold (keep everything) and with 0 (the driver's
+ * default: give back whatever is idle). */
+static void steady_state(bool holding, bool threshold_zero)
 {
     enum { slots = 8192, steps = 200000, samples = 20, replacing_live = 2048 };
     static void *live[slots];
@@ -229,11 +231,14 @@ static void steady_state(bool holding)
     const size_t held = (size_t)900 << 20;
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
     pm_mem_pool_t pool = NULL;
-    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS) {
+    uint64_t zero = 0;
+    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS ||
+        (threshold_zero &&
+         pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero) != PM_SUCCESS)) {
         printf("steady state: %s\n", pm_last_error_detail());
         return;
     }
-    double worst = 0, sum = 0;
+    double worst = 0, sum = 0, t0 = now_ns();
     uint64_t rng = 12345;
     size_t n = 0, bytes = 0;
     bool failed = false;
@@ -261,6 +266,7 @@ static void steady_state(bool holding)
             worst = ratio > worst ? ratio : worst;
         }
     }
+    double step_us = (now_ns() - t0) / steps / 1e3;
     uint64_t reserved = 0, used = 0, used_high = 0;
     pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
@@ -268,12 +274,13 @@ static void steady_state(bool holding)
     pm_pool_stats st = {.struct_size = sizeof st};
     pm_mem_pool_get_stats(pool, &st);
     const double mib = 1048576.0;
+    const char *threshold = threshold_zero ? "release threshold 0" : "default release threshold";
     if (holding)
         printf("\nsteady state, holding (live bytes held at 900 MiB, 200k steps, 64 B-1 MiB "
-               "log-uniform, 10%% 1-8 MiB)%s:\n", failed ? " (an allocation failed)" : "");
+               "log-uniform, 10%% 1-8 MiB), %s%s:\n", threshold, failed ? " (an allocation failed)" : "");
     else
         printf("\nsteady state (2048 live, 200k replacements, 64 B-1 MiB log-uniform, "
-               "10%% 1-8 MiB)%s:\n", failed ? " (an allocation failed)" : "");
+               "10%% 1-8 MiB), %s%s:\n", threshold, failed ? " (an allocation failed)" : "");
     printf("  requested %.1f MiB, used %.1f MiB (high %.1f), reserved %.1f MiB: reserved/used "
            "%.3f, reserved/used high %.3f, reserved/requested %.3f\n",
            st.requested / mib, used / mib, used_high / mib, reserved / mib,
@@ -286,36 +293,54 @@ static void steady_state(bool holding)
            st.free_in_empty_chunks / mib, st.free_in_holes / mib,
            (double)(reserved - used - st.free_in_empty_chunks - st.free_in_holes) / mib);
     printf("  of those, %.1f MiB in granules no allocation touches; granules of %s: %llu "
-           "pinned, %llu given back (%llu moved where allocations needed them), %.1f ms pinning\n",
+           "pinned, %llu given back (%llu moved where allocations needed them), %.1f ms pinning "
+           "and giving back; %.2f us a step\n",
            st.idle_granules / mib, st.granule ? "2 MiB" : "whole chunks", st.granules_pinned,
-           st.granules_released, st.granules_moved, st.pin_ns / 1e6);
+           st.granules_released, st.granules_moved, st.pin_ns / 1e6, step_us);
     for (size_t s = 0; s < n; s++)
         pm_mem_free(live[s]);
     pm_mem_pool_destroy(pool);
 }
 
-/* The first allocation of a fresh pool pins its memory: pinmem's pool and
- * the baseline's (the driver's host pool, its memory released at each
- * round, or glibc), 4 KiB and 256 MiB, best of three. */
+/* The first allocation from a fresh pool: best of three. */
+static double first_alloc_ns(size_t bytes, bool threshold_zero)
+{
+    double best = 1e30;
+    for (int round = 0; round < 3; round++) {
+        pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+        pm_mem_pool_t pool = NULL;
+        uint64_t zero = 0;
+        void *p = NULL;
+        if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS)
+            continue;
+        if (!threshold_zero ||
+            pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero) == PM_SUCCESS) {
+            double t0 = now_ns();
+            if (pm_mem_alloc_from_pool(&p, bytes, pool) == PM_SUCCESS) {
+                double t = now_ns() - t0;
+                best = t < best ? t : best;
+                pm_mem_free(p);
+            }
+        }
+        pm_mem_pool_destroy(pool);
+    }
+    return best;
+}
+
+/* The first allocation of a fresh pool pins its memory: pinmem's pool (with
+ * the default release threshold, and with 0, which on CUDA pins granules
+ * that can go back one by one) and the baseline's (the driver's host pool,
+ * its memory released at each round, or glibc), 4 KiB and 256 MiB, best of
+ * three. */
 static void cold_first_alloc(const pm__backend *b)
 {
     static const size_t sizes[] = {4096, (size_t)256 << 20};
     printf("\nfirst allocation from a fresh pool (best of 3):\n");
     for (size_t i = 0; i < 2; i++) {
-        double best = 1e30, base_best = 1e30;
+        double best = first_alloc_ns(sizes[i], false), zero_best = first_alloc_ns(sizes[i], true);
+        double base_best = 1e30;
         for (int round = 0; round < 3; round++) {
-            pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-            pm_mem_pool_t pool = NULL;
-            void *p = NULL, *bp = NULL, *q = NULL;
-            if (pm_mem_pool_create(&pool, &props) == PM_SUCCESS) {
-                double t0 = now_ns();
-                if (pm_mem_alloc_from_pool(&p, sizes[i], pool) == PM_SUCCESS) {
-                    double t = now_ns() - t0;
-                    best = t < best ? t : best;
-                    pm_mem_free(p);
-                }
-                pm_mem_pool_destroy(pool);
-            }
+            void *bp = NULL, *q = NULL;
             if (b->baseline_pool_open(&bp) == PM_SUCCESS) {
                 double t0 = now_ns();
                 if (b->baseline_pool_alloc(bp, &q, sizes[i], NULL) == PM_SUCCESS) {
@@ -329,9 +354,26 @@ static void cold_first_alloc(const pm__backend *b)
             }
         }
         char sz[32];
-        printf("  %-8s pinmem %9.3f ms, %s %9.3f ms (%.1fx)\n", human_size(sizes[i], sz, sizeof sz),
-               best / 1e6, b->baseline_pool_name, base_best / 1e6, base_best / best);
+        printf("  %-8s pinmem %9.3f ms (%s), with release threshold 0 %9.3f ms (%s); %s %9.3f ms "
+               "(%.1fx, %.1fx)\n",
+               human_size(sizes[i], sz, sizeof sz), best / 1e6, b->pool_keep.name, zero_best / 1e6,
+               b->pool_give_back.name, b->baseline_pool_name, base_best / 1e6, base_best / best,
+               base_best / zero_best);
     }
+}
+
+int bench_footprint(void)
+{
+    pm_result r = PM_SUCCESS;
+    if (!pm__instance_get(&r)) {
+        printf("bench footprint: no backend: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    for (int zero = 0; zero < 2; zero++) {
+        steady_state(false, zero);
+        steady_state(true, zero);
+    }
+    return 0;
 }
 
 int bench_pool(bool quick)
@@ -392,8 +434,10 @@ int bench_pool(bool quick)
     if (!quick)
         copy_speed(b, pool);
     cold_first_alloc(b);
-    steady_state(false);
-    steady_state(true);
+    for (int zero = 0; zero < 2; zero++) {
+        steady_state(false, zero);
+        steady_state(true, zero);
+    }
     pm_stream_destroy(stream);
     b->baseline_pool_close(baseline_pool);
     pm_mem_pool_destroy(pool);

@@ -12,6 +12,8 @@ int cmd_info(void);
 int bench_host(bool quick);
 int bench_registry(bool quick);
 int bench_pool(bool quick);
+/* The pool steady states alone: reserved over used, and where the rest lies. */
+int bench_footprint(void);
 /* plot_file: where --plot draws bandwidth against size, or NULL. */
 int bench_copy(bool quick, const char *plot_file);
 /* Staged copies alone: the DMA rate for pieces queued from pinned memory, and

@@ -12,6 +12,7 @@ static int usage(FILE *to)
                 "       pinmem bench host [--quick]       the same\n"
                 "       pinmem bench registry [--quick]   range lookups with up to 1,000,000 live ranges\n"
                 "       pinmem bench pool [--quick]       pool pairs, threads, copy speed, footprint\n"
+                "       pinmem bench footprint            pool reserved/used in steady states only\n"
                 "       pinmem bench copy [--quick]       copies from and to pageable and pinned memory\n"
                 "       pinmem bench staging [--quick]    where a staged copy's time goes\n"
                 "       pinmem bench all [--quick]        all of the above\n"
@@ -58,6 +59,8 @@ int main(int argc, char **argv)
         return bench_registry(quick);
     if (strcmp(what, "pool") == 0)
         return bench_pool(quick);
+    if (strcmp(what, "footprint") == 0)
+        return bench_footprint();
     if (strcmp(what, "copy") == 0)
         return bench_copy(quick, plot);
     if (strcmp(what, "staging") == 0)

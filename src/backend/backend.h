@@ -35,6 +35,23 @@ typedef struct pm__marker {
     unsigned long long seq;
 } pm__marker;
 
+/* Pool chunks: address space of len bytes aligned to align, whose memory is
+ * committed (page-locked and mapped for every device, on numa_node unless it
+ * is -1) and decommitted (given back to the system) in whole granules of
+ * granule bytes from the chunk's start; 0: a chunk is one granule. unreserve
+ * runs once nothing in the chunk is committed. give_back_waits: decommitting
+ * waits for all device work, so the pools do it only when asked to (trim,
+ * the release threshold at synchronization). */
+typedef struct pm__chunk_ops {
+    const char *name;
+    size_t granule;
+    bool give_back_waits;
+    pm_result (*reserve)(size_t len, size_t align, int numa_node, void **base);
+    pm_result (*commit)(void *p, size_t len, int numa_node);
+    void (*decommit)(void *p, size_t len);
+    void (*unreserve)(void *base, size_t len);
+} pm__chunk_ops;
+
 typedef struct pm__backend {
     const char *name;
     pm_capabilities caps;
@@ -85,19 +102,11 @@ typedef struct pm__backend {
     /* Blocks the calling thread until m is done. */
     pm_result (*marker_synchronize)(const pm__marker *m);
 
-    /* Pool chunks: address space of len bytes aligned to align, whose memory
-     * is committed (page-locked and mapped for every device, on numa_node
-     * unless it is -1) and decommitted (given back to the system) in whole
-     * granules of pool_granule bytes from the chunk's start; 0: a chunk is
-     * one granule. chunk_unreserve runs once nothing in the chunk is
-     * committed. pool_give_back_waits: decommitting waits for all device
-     * work, so the pools do it only when asked to (trim, release threshold). */
-    size_t pool_granule;
-    bool pool_give_back_waits;
-    pm_result (*chunk_reserve)(size_t len, size_t align, int numa_node, void **base);
-    pm_result (*chunk_commit)(void *p, size_t len, int numa_node);
-    void (*chunk_decommit)(void *p, size_t len);
-    void (*chunk_unreserve)(void *base, size_t len);
+    /* How pool chunks get their memory: for pools that keep what they pin
+     * (the default release threshold), the fastest way to pin; for pools
+     * with a release threshold, the finest pieces that can be given back
+     * without waiting for the device. The two may be the same. */
+    pm__chunk_ops pool_keep, pool_give_back;
 
     /* What benchmarks compare pinmem with: the plain way to pin memory on this
      * backend (the driver's cuMemHostAlloc / cuMemFreeHost, or mmap + mlock). */

@@ -390,33 +390,28 @@ static void registered_chunk_decommit(void *p, size_t len)
 
 static void registered_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
 
-/* Whole registered chunks unless PINMEM_POOL_VMM=1 asks for VMM host
- * granules (and the driver has them). Granules let the pools give back and
- * move the pages of holes (reserved/used 1.23 against 1.33 in `pinmem bench
- * pool`'s held steady state on an H100), but the driver commits them at
- * about 3.5 GB/s on one thread where mapping, faulting with all CPUs and one
- * registration reach 20+: a fresh pool's first allocation took 9.2 ms
- * against 4.5 (4 KiB) and 73 ms against 11 (256 MiB), slower than the
- * driver's own host pool (bench/results/2026-11-22-h100-580.159.04-granules/). */
+/* Pools that keep their memory pin it in whole registered chunks: mapping,
+ * faulting with all CPUs and one registration reach 20+ GB/s, where the
+ * driver commits VMM host granules at about 3.5 GB/s on one thread (a fresh
+ * pool's first allocation took 4.5 ms against 9.2 for 4 KiB, 11 ms against
+ * 73 for 256 MiB; bench/results/2026-11-22-h100-580.159.04-granules/).
+ * Pools with a release threshold pin VMM host granules, where the driver
+ * has them: a granule goes back without waiting for the device (giving back
+ * a registration waits for all of it), and the pages of holes go back too.
+ * PINMEM_POOL_VMM=1 asks for granules for every pool, =0 for registered
+ * chunks for every pool. */
 static void pick_pool_chunks(pm__backend *out)
 {
+    static const pm__chunk_ops registered = {"registered chunks", 0, true,
+                                             pm__reserve_chunk_range, registered_chunk_commit,
+                                             registered_chunk_decommit, registered_chunk_unreserve};
     const char *env = getenv("PINMEM_POOL_VMM");
-    size_t granule = env && strcmp(env, "1") == 0 ? pm__cuda_vmm_open(cu) : 0;
-    if (granule) {
-        out->pool_granule = granule;
-        out->pool_give_back_waits = false;
-        out->chunk_reserve = vmm_chunk_reserve;
-        out->chunk_commit = vmm_chunk_commit;
-        out->chunk_decommit = vmm_chunk_decommit;
-        out->chunk_unreserve = vmm_chunk_unreserve;
-    } else {
-        out->pool_granule = 0;
-        out->pool_give_back_waits = true;
-        out->chunk_reserve = pm__reserve_chunk_range;
-        out->chunk_commit = registered_chunk_commit;
-        out->chunk_decommit = registered_chunk_decommit;
-        out->chunk_unreserve = registered_chunk_unreserve;
-    }
+    bool never = env && strcmp(env, "0") == 0, always = env && strcmp(env, "1") == 0;
+    size_t granule = never ? 0 : pm__cuda_vmm_open(cu);
+    pm__chunk_ops vmm = {"VMM host granules", granule, false, vmm_chunk_reserve,
+                         vmm_chunk_commit, vmm_chunk_decommit, vmm_chunk_unreserve};
+    out->pool_give_back = granule ? vmm : registered;
+    out->pool_keep = always && granule ? vmm : registered;
 }
 
 static pm_result driver_pool_open(void **pool)

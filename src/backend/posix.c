@@ -401,12 +401,11 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->marker_release = pm__posix_marker_release;
     out->marker_synchronize = pm__posix_marker_synchronize;
     out->marker_rerecord = pm__posix_marker_rerecord;
-    out->pool_granule = (size_t)2 << 20; /* the huge page, as the driver's VMM host granule */
-    out->pool_give_back_waits = false;
-    out->chunk_reserve = pm__reserve_chunk_range;
-    out->chunk_commit = posix_chunk_commit;
-    out->chunk_decommit = posix_chunk_decommit;
-    out->chunk_unreserve = posix_chunk_unreserve;
+    /* Granules of a huge page, as the driver's VMM host granule, for every pool. */
+    out->pool_keep = (pm__chunk_ops){"mlock granules", (size_t)2 << 20, false,
+                                     pm__reserve_chunk_range, posix_chunk_commit,
+                                     posix_chunk_decommit, posix_chunk_unreserve};
+    out->pool_give_back = out->pool_keep;
     out->baseline_name = "mmap+mlock";
     out->baseline_pool_name = "glibc malloc+free";
     out->baseline_pool_open = malloc_pool_open;

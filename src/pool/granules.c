@@ -8,6 +8,7 @@
  * while others sit idle, the idle ones are given back first, so the pool's
  * pinned memory follows its allocations instead of growing around holes.
  * Everything here runs under pool->lock. */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "../budget.h"
@@ -56,7 +57,7 @@ static void decommit(pm__pool *pool, pm__chunk *c, size_t g)
 {
     size_t len = granule_bytes(c);
     unsigned long long t0 = pm__now_ns();
-    pm__pool_backend()->chunk_decommit(c->base + g * len, len);
+    c->ops->decommit(c->base + g * len, len);
     pool->pin_ns += pm__now_ns() - t0;
     pm__budget_give(len);
     c->granules[g].committed = false;
@@ -82,13 +83,19 @@ unsigned long long pm__granules_give_back(pm__pool *pool, pm__chunk *c, unsigned
     return given;
 }
 
+void pm__granules_after_free(pm__pool *pool, pm__chunk *c)
+{
+    if (c->idle_granules > 0 && !c->ops->give_back_waits && pool->reserved > pool->release_threshold)
+        pm__granules_give_back(pool, c, pool->release_threshold, ULLONG_MAX);
+}
+
 /* Gives back idle granules anywhere in the pool, up to bytes, so that
  * committing as much elsewhere does not grow it. */
 static void move_idle(pm__pool *pool, size_t bytes)
 {
     unsigned long long given = 0;
     for (size_t i = pool->n_chunks; i-- > 0 && given < bytes && pool->idle_bytes > 0;)
-        if (pool->chunks[i]->idle_granules > 0) {
+        if (pool->chunks[i]->idle_granules > 0 && !pool->chunks[i]->ops->give_back_waits) {
             unsigned long long got = pm__granules_give_back(pool, pool->chunks[i], 0, bytes - given);
             given += got;
             pool->granules_moved += got / granule_bytes(pool->chunks[i]);
@@ -109,7 +116,7 @@ static pm_result commit(pm__pool *pool, pm__chunk *c, size_t g, size_t n)
     unsigned long long t0 = pm__now_ns();
     pm_result r = pm__budget_take(len, "memory pool");
     if (r == PM_SUCCESS) {
-        r = pm__pool_backend()->chunk_commit(c->base + g * granule_bytes(c), len, pool->numa_node);
+        r = c->ops->commit(c->base + g * granule_bytes(c), len, pool->numa_node);
         if (r != PM_SUCCESS)
             pm__budget_give(len);
     }
@@ -136,7 +143,7 @@ pm_result pm__granules_commit(pm__pool *pool, pm__chunk *c, size_t first, size_t
     size_t missing = pm__granules_missing(c, first, npages);
     if (missing == 0)
         return PM_SUCCESS;
-    if (move && !pm__pool_backend()->pool_give_back_waits)
+    if (move && !c->ops->give_back_waits)
         move_idle(pool, missing);
     size_t g = first / c->granule_pages, end = (first + npages + c->granule_pages - 1) / c->granule_pages;
     while (g < end) {

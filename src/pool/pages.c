@@ -195,7 +195,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
                         "%zu more needed",
                         pool->props.max_size, pool->reserved, need);
 
-    const pm__backend *b = pm__pool_backend();
+    const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
     pm__span *span = new_span(pool);
     if (pool->n_chunks == pool->cap_chunks) {
@@ -211,7 +211,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     }
     if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
-        pm__granules_init(chunk, b->pool_granule) != PM_SUCCESS) {
+        pm__granules_init(chunk, ops->granule) != PM_SUCCESS) {
         if (chunk)
             free(chunk->granules);
         free(chunk);
@@ -220,7 +220,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
     }
     void *base = NULL;
-    pm_result r = b->chunk_reserve(len, PM__CHUNK_STEP, pool->numa_node, &base);
+    pm_result r = ops->reserve(len, PM__CHUNK_STEP, pool->numa_node, &base);
     if (r != PM_SUCCESS) {
         free(chunk->granules);
         free(chunk);
@@ -236,7 +236,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
     if (!pm__chunk_map_set((uintptr_t)base, len, chunk) ||
         !pm__ranges_claim(inst->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
-        b->chunk_unreserve(base, len);
+        ops->unreserve(base, len);
         free(chunk->granules);
         free(chunk);
         retire_span(pool, span);
@@ -244,6 +244,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
     }
     pm__ranges_publish(inst->ranges, &range);
     chunk->pool = pool;
+    chunk->ops = ops;
     chunk->base = base;
     span->chunk = chunk;
     span->first = 0;
@@ -345,6 +346,7 @@ void pm__pages_free(pm__pool *pool, pm__span *s)
     }
     set_pages(s);
     bin_insert(pool, s);
+    pm__granules_after_free(pool, c);
 }
 
 static void release_chunk(pm__pool *pool, size_t index)
@@ -360,7 +362,7 @@ static void release_chunk(pm__pool *pool, size_t index)
     if (pm__ranges_retire(inst->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
         pm__ranges_withdraw(inst->ranges, r.pin_base);
     pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
-    pm__pool_backend()->chunk_unreserve(c->base, c->len);
+    c->ops->unreserve(c->base, c->len);
     pool->chunks_released++;
     pool->chunks[index] = pool->chunks[--pool->n_chunks];
     free(c->granules);

@@ -32,6 +32,23 @@ const pm__backend *pm__pool_backend(void)
     return &inst->backend;
 }
 
+/* The default threshold keeps everything, so its chunks are pinned the
+ * fastest way; any other asks for memory to go back, so its chunks are
+ * pinned in pieces that go back one by one without waiting for the device
+ * (backend.h). Chunks keep the way they were pinned. */
+const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
+{
+    const pm__backend *b = pm__pool_backend();
+    return pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD ? &b->pool_keep
+                                                                           : &b->pool_give_back;
+}
+
+bool pm__pool_in_granules(uintptr_t addr)
+{
+    pm__chunk *c = NULL;
+    return pm__span_of(addr, &c) && c->ops->granule != 0;
+}
+
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
 {
     pm__chunk *chunk;
@@ -577,7 +594,7 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__pool_backend()->pool_granule;
+    st->granule = pm__pool_chunk_ops(pool)->granule;
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;

@@ -86,6 +86,7 @@ typedef struct pm__granule {
  * use, and one with none in use may be given back or moved. */
 struct pm__chunk {
     pm__pool *pool;
+    const pm__chunk_ops *ops; /* how its memory is pinned (pm__pool_chunk_ops when added) */
     uint8_t *base;
     size_t len, npages, free_pages;
     size_t granule_pages, ngranules;
@@ -196,6 +197,9 @@ size_t pm__granules_missing(const pm__chunk *c, size_t first, size_t npages);
  * granules elsewhere worth up to the bytes to commit are given back first,
  * so that the pool's memory moves where it is needed instead of growing. */
 pm_result pm__granules_commit(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool move);
+/* After pages of c were freed: where giving back does not wait for the
+ * device, idle granules above the release threshold go back now. */
+void pm__granules_after_free(pm__pool *pool, pm__chunk *c);
 /* Gives back idle granules of c (high addresses first) while reserved stays
  * at or above keep and at most budget bytes go; the bytes given back. */
 unsigned long long pm__granules_give_back(pm__pool *pool, pm__chunk *c, unsigned long long keep,
@@ -266,6 +270,8 @@ void pm__pending_release_all(pm__pool *pool);
 
 /* pool.c */
 const pm__backend *pm__pool_backend(void);
+/* How the pool pins the chunks it adds now: by its release threshold. */
+const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool);
 /* The block holding addr and its requested size: the pool-memory answer to
  * queries. false when addr is in no live pool allocation. */
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
