@@ -209,8 +209,17 @@ typedef enum {
 } pm_mem_pool_attribute;
 
 /* Unlike the driver, whose default is 0, pinmem pools keep the memory they
- * reserve (release threshold UINT64_MAX): giving pinned memory back waits for
- * all device work. Set a threshold to trade that wait for a smaller footprint. */
+ * reserve (release threshold UINT64_MAX) and pin it the fastest way the
+ * backend has (on CUDA: whole registered chunks, whose release waits for all
+ * device work). Any other threshold asks for a small footprint: the pool's
+ * new chunks are pinned in granules that go back one by one without waiting
+ * for the device (CUDA: VMM host granules, where the driver has them;
+ * POSIX: 2 MiB mlock granules, for every pool), and granules with nothing in
+ * them go back as soon as they go idle while the pool holds more than the
+ * threshold, besides at synchronization and trim as the driver does. That
+ * costs pinning again when memory is needed again (about 0.6 ms a 2 MiB
+ * granule on CUDA): allocations larger than 1 MiB that come and go pin and
+ * release each time. */
 #define PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD UINT64_MAX
 
 PM_API pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props);
@@ -253,7 +262,9 @@ typedef struct pm_pool_stats {
      * holes of chunks still in use. Free blocks of small size classes sit on
      * used pages and count in neither. */
     unsigned long long free_in_empty_chunks, free_in_holes;
-    unsigned long long granule;      /* bytes; 0: a chunk is pinned whole */
+    /* bytes in which the chunks the pool adds now are pinned (by its release
+     * threshold); 0: a chunk is pinned whole */
+    unsigned long long granule;
     unsigned long long granules_pinned, granules_released, granules_moved;
     unsigned long long idle_granules; /* bytes in committed granules no allocation touches */
 } pm_pool_stats;
