@@ -1,6 +1,6 @@
 /* Random sequences of alloc, free, trim and attribute calls against a
  * reference model: one thread with used, high-water and reserved checked
- * after every step; then several threads and streams, with used and the live
+ * after every step (the release threshold changing among them); then several threads and streams, with used and the live
  * count exact once they stop; then a fault sweep where pinning a chunk fails
  * at the k-th time, for k = 1, 2, 3, ... */
 #include <pthread.h>
@@ -56,11 +56,18 @@ static void single_thread(void)
             CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS);
             /* What is left is what live allocations need, in whole chunks. */
             CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) % PM__POOL_PAGE == 0);
-        } else if (op == 15) {
+        } else if (op == 15 && (rng >> 10) % 2) {
             uint64_t zero = 0;
             CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &zero),
                          PM_SUCCESS);
             m.used_high = m.used;
+        } else if (op == 15) {
+            /* Chunks pinned before and after change kind on CUDA; above a
+             * threshold, idle granules go back as frees make them. */
+            static const uint64_t thresholds[] = {0, 8u << 20, PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD};
+            uint64_t t = thresholds[(rng >> 11) % 3];
+            CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t),
+                         PM_SUCCESS);
         }
         uint64_t used = pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT);
         uint64_t high = pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH);

@@ -207,6 +207,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         }
     }
     if (chunk) {
+        chunk->ops = ops; /* before lock-free readers can find the chunk */
         chunk->len = len;
         chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     }
@@ -244,7 +245,6 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
     }
     pm__ranges_publish(inst->ranges, &range);
     chunk->pool = pool;
-    chunk->ops = ops;
     chunk->base = base;
     span->chunk = chunk;
     span->first = 0;

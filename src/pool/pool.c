@@ -46,7 +46,7 @@ const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
 bool pm__pool_in_granules(uintptr_t addr)
 {
     pm__chunk *c = NULL;
-    return pm__span_of(addr, &c) && c->ops->granule != 0;
+    return pm__span_of(addr, &c) && c->ops && c->ops->granule != 0;
 }
 
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
