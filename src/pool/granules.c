@@ -72,8 +72,9 @@ unsigned long long pm__granules_give_back(pm__pool *pool, pm__chunk *c, unsigned
                                           unsigned long long budget)
 {
     unsigned long long given = 0, len = granule_bytes(c);
+    /* reserved - len cannot wrap while c has an idle granule; keep + len could */
     for (size_t g = c->ngranules; g-- > 0 && c->idle_granules > 0;) {
-        if (given + len > budget || pool->reserved < keep + len)
+        if (given + len > budget || pool->reserved - len < keep)
             break;
         if (c->granules[g].committed && c->granules[g].busy == 0) {
             decommit(pool, c, g);
