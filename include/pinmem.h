@@ -330,9 +330,9 @@ typedef struct pm_copy_config {
     unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
                                          Past it, allocations fail with OUT_OF_MEMORY and the
                                          cache stops registering; staged copies go on. */
-    pm_copy_stores staging_stores; /* DEFAULT: streaming stores, except into the ring for
-                                      copies of 512 MiB and more (the DMA then finds the
-                                      bytes in the CPU's cache) */
+    pm_copy_stores staging_stores; /* DEFAULT: streaming stores into the ring for copies
+                                      below 512 MiB, cached stores otherwise (the DMA then
+                                      finds the bytes in the CPU's cache), as measured */
     size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
     unsigned htod_workers;       /* of the workers, at most how many fill buffers for
                                     host-to-device copies (the caller helps as well; default:

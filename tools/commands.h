@@ -20,6 +20,8 @@ int bench_copy(bool quick, const char *plot_file);
  * staged copies of 16 MiB and up, cached against streaming stores, with the
  * engine's time counters. */
 int bench_staging(bool quick);
+/* Pageable copies split between the staging engine and registering in place. */
+int bench_split(bool quick);
 
 /* The copy benchmarks' buffers: pageable, page-locked and device memory of
  * max bytes each (64 MiB quick, else 1 GiB). open prints why it failed, as
