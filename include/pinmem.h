@@ -331,7 +331,7 @@ typedef struct pm_copy_config {
                                          Past it, allocations fail with OUT_OF_MEMORY and the
                                          cache stops registering; staged copies go on. */
     pm_copy_stores staging_stores; /* DEFAULT: streaming stores into the ring for copies
-                                      below 512 MiB, cached stores otherwise (the DMA then
+                                      below 256 MiB, cached stores otherwise (the DMA then
                                       finds the bytes in the CPU's cache), as measured */
     size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
     unsigned htod_workers;       /* of the workers, at most how many fill buffers for

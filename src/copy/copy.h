@@ -40,13 +40,12 @@ static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
 
 /* Whether the CPU copies of a staged copy of bytes in direction dir use
  * streaming stores. By default (measured on the H100, bench/results) only
- * those into the ring below 512 MiB do:
- * - into the ring, at 1 GiB cached stores win, as the DMA then finds the
- *   bytes in the CPU's cache (50.9-51.9 against 42.1-49.6 GB/s with the
- *   fillers steered, on three machines), while at 64 MiB streaming stores do
- *   (41.4-47.1 against 32.5-36.8); 256 MiB is a toss-up (streaming won on two
- *   machines, 47.8-49.0 against 45.3-46.7, and lost on the third, 43.7
- *   against 48.4);
+ * those into the ring below 256 MiB do:
+ * - into the ring, from 256 MiB cached stores win, as the DMA then finds the
+ *   bytes in the CPU's cache (1 GiB: 50.9-51.9 against 42.1-49.6 GB/s with
+ *   the fillers steered, on three machines; 256 MiB: 46.8 against 45.1 on
+ *   average over 20 passes on 13 machines, ahead in 12), while at 64 MiB
+ *   streaming stores do (41.4-47.1 against 32.5-36.8);
  * - out of the ring into the user's memory, with the DMAs queued ahead,
  *   cached stores win at every size from 16 MiB (1 GiB: 48-52 against 39-46
  *   GB/s; 256 MiB: 49-51 against 42-45). */
@@ -55,7 +54,7 @@ static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__dir
 {
     if (set->stores != PM_COPY_STORES_DEFAULT)
         return set->stores == PM_COPY_STORES_STREAMING;
-    return dir == PM__HTOD && bytes < ((size_t)512 << 20);
+    return dir == PM__HTOD && bytes < ((size_t)256 << 20);
 }
 
 typedef struct pm__copy_counters {
