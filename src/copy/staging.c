@@ -20,8 +20,10 @@
  *
  * Host to device: the threads copy a piece's slices into its buffer; the one
  * that finishes the last slice queues the DMA and a marker behind it.
- * Device to host: the thread that takes a piece's first slice queues the DMA
- * into the buffer; each slice's thread waits for it and copies its slice out.
+ * Device to host: the DMAs of a job's next pieces are queued into free
+ * buffers ahead of the threads, up to half the ring; where none was, the
+ * thread that takes a piece's first slice queues its DMA. Each slice's thread
+ * waits for its piece's DMA and copies its slice out.
  *
  * Buffers are reused oldest first: a buffer whose DMA may still be reading it
  * carries the marker recorded behind that DMA, and the next user waits for
@@ -358,8 +360,8 @@ static void run_htod_slice(const claim *c, bool skip)
  * to dtoh_ahead of them, so that the DMA engine never waits for threads to
  * come back from copying out: a piece's threads wait for its DMA, and without
  * this the next DMAs would be queued only by threads that are free. One
- * thread at a time, which keeps the pieces in order on the stream. Called by
- * a thread that holds a slice of j, so j lives. */
+ * thread per job at a time, so that the pieces it queues reach the stream in
+ * order. Called by a thread that holds a slice of j, so j lives. */
 static void queue_ahead(job *j)
 {
     pthread_mutex_lock(&eng.lock);
