@@ -166,6 +166,36 @@ static void eight_threads(void)
     }
 }
 
+/* Rings of one to four buffers, so that device-to-host copies queue none,
+ * one or two DMAs ahead (half the ring) while four threads copy both ways and
+ * compete for the few buffers: every byte arrives and no copy waits forever.
+ * (With one buffer, a worker that stopped being a filler in the middle of a
+ * slice once left the rest of its piece to threads that all slept; the
+ * rounds are repeated because that needs the steering to move at that very
+ * moment.) */
+static void small_rings(void)
+{
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    CHECK_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    for (unsigned k = 0; k < 12; k++) {
+        unsigned buffers = k % 4 + 1;
+        pm_copy_config c = saved;
+        c.buffers = buffers;
+        CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+        pthread_t t[4];
+        worker w[4];
+        for (unsigned i = 0; i < 4; i++) {
+            w[i] = (worker){100 + 10 * buffers + i, 0};
+            pthread_create(&t[i], NULL, copy_thread, &w[i]);
+        }
+        for (unsigned i = 0; i < 4; i++) {
+            pthread_join(t[i], NULL);
+            CHECK(w[i].failures == 0);
+        }
+    }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+}
+
 /* Later copies on one stream land after earlier ones; across streams, a
  * synchronized stream's copies are visible to the next stream's. */
 static void ordering(void)
@@ -425,6 +455,7 @@ int main(void)
     random_sizes();
     boundaries();
     eight_threads();
+    small_rings();
     steered_fillers();
     registration_pieces();
     ordering();

@@ -473,9 +473,18 @@ static void *worker_main(void *arg)
             pass_on_buffer_wake();
         if (eng.stopping)
             break;
+        const bool htod = c.j->dir == PM__HTOD;
         pthread_mutex_unlock(&eng.lock);
         finish_slice(&c);
         pthread_mutex_lock(&eng.lock);
+        /* A filler that stopped being one while it ran a slice (the count was
+         * steered down) leaves the rest of the piece to the fillers and the
+         * copy's caller, who may all be asleep waiting for a buffer that this
+         * very piece holds: wake them. */
+        if (htod && index >= eng.fillers) {
+            pthread_cond_broadcast(&eng.buffer_freed);
+            pthread_cond_broadcast(&eng.has_work);
+        }
     }
     pthread_mutex_unlock(&eng.lock);
     return NULL;
