@@ -14,25 +14,9 @@
 #include <string.h>
 #include <time.h>
 
-#define TRY(call)                                                    \
-    do {                                                             \
-        CUresult r_ = (call);                                        \
-        if (r_ != CUDA_SUCCESS) {                                    \
-            const char *n_ = "?";                                    \
-            cuGetErrorName(r_, &n_);                                 \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, n_); \
-            exit(1);                                                 \
-        }                                                            \
-    } while (0)
+#include "probe.h"
 
 enum { PIECE = 4 << 20, TOTAL = 256 << 20, LOAD_SRC = 1 << 30, LOAD_DST = 64 << 20, REPS = 5 };
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static atomic_bool stop_load;
 static uint8_t *load_src, *load_dst;
@@ -68,12 +52,7 @@ static int cmp(const void *a, const void *b)
 
 int main(void)
 {
-    CUdevice dev;
-    CUcontext ctx;
-    TRY(cuInit(0));
-    TRY(cuDeviceGet(&dev, 0));
-    TRY(cuDevicePrimaryCtxRetain(&ctx, dev));
-    TRY(cuCtxSetCurrent(ctx));
+    probe_context();
     void *pinned;
     CUdeviceptr d;
     TRY(cuMemHostAlloc(&pinned, TOTAL, 0));
@@ -100,12 +79,12 @@ int main(void)
         for (int k = 0; k < REPS; k++)
             for (size_t si = 0; si < 3; si++) {
                 int ns = stream_counts[si];
-                double t0 = now_s();
+                double t0 = now_ms();
                 for (size_t off = 0, p = 0; off < TOTAL; off += PIECE, p++)
                     TRY(cuMemcpyHtoDAsync(d + off, (uint8_t *)pinned + off, PIECE, streams[p % ns]));
                 for (int i = 0; i < ns; i++)
                     TRY(cuStreamSynchronize(streams[i]));
-                gb[si][k] = TOTAL / (now_s() - t0) / 1e9;
+                gb[si][k] = TOTAL / (now_ms() - t0) / 1e6;
             }
         atomic_store(&stop_load, true);
         for (int t = 0; t < loads[li]; t++)

@@ -11,23 +11,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-#define TRY(call)                                                     \
-    do {                                                              \
-        CUresult r_ = (call);                                         \
-        if (r_ != CUDA_SUCCESS) {                                     \
-            const char *n_ = "?";                                     \
-            cuGetErrorName(r_, &n_);                                  \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, n_);  \
-            exit(1);                                                  \
-        }                                                             \
-    } while (0)
+#include "probe.h"
 
 static CUcontext ctx;
 static CUmemAllocationProp prop;
@@ -71,11 +55,7 @@ static void *commit_job(void *arg)
 
 int main(void)
 {
-    CUdevice dev;
-    TRY(cuInit(0));
-    TRY(cuDeviceGet(&dev, 0));
-    TRY(cuDevicePrimaryCtxRetain(&ctx, dev));
-    TRY(cuCtxSetCurrent(ctx));
+    ctx = probe_context();
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
     TRY(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));

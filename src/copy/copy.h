@@ -44,11 +44,12 @@ static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
  * - into the ring, from 256 MiB cached stores win, as the DMA then finds the
  *   bytes in the CPU's cache (1 GiB: 50.9-51.9 against 42.1-49.6 GB/s with
  *   the fillers steered, on three machines; 256 MiB: 46.8 against 45.1 on
- *   average over 20 passes on 13 machines, ahead in 12), while at 64 MiB
+ *   average over 20 passes in 14 recorded runs, ahead in 12), while at 64 MiB
  *   streaming stores do (41.4-47.1 against 32.5-36.8);
  * - out of the ring into the user's memory, with the DMAs queued ahead,
- *   cached stores win at every size from 16 MiB (1 GiB: 48-52 against 39-46
- *   GB/s; 256 MiB: 49-51 against 42-45). */
+ *   cached stores were ahead or level in every pass from 64 MiB (five
+ *   passes on one machine; 1 GiB: 48.1-52.6 against 38.6-49.2 GB/s; 256 MiB:
+ *   47.0-50.7 against 42.2-47.0), and at 16 MiB in four of the five. */
 static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir,
                                            size_t bytes)
 {

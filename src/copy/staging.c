@@ -570,8 +570,8 @@ static pm_result start_locked(const pm__copy_settings *set)
     }
     eng.chunk = set->chunk_bytes;
     /* Half the ring: measured on the H100 against none (bench/results), 256 MiB
-     * and 1 GiB device-to-host copies gained 3-6 GB/s; the other half is left
-     * for other callers' copies. */
+     * and 1 GiB device-to-host copies gained 3-9 GB/s a pass on one machine;
+     * the other half is left for other callers' copies. */
     eng.dtoh_ahead = eng.n_buffers / 2 < AHEAD_MAX ? eng.n_buffers / 2 : AHEAD_MAX;
     eng.htod_workers = pm__copy_htod_workers(set);
     eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
