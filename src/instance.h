@@ -21,7 +21,8 @@ pm__instance *pm__instance_get(pm_result *r);
 static inline const pm__backend *pm__instance_backend(void)
 {
     pm_result ignored;
-    return &pm__instance_get(&ignored)->backend;
+    pm__instance *inst = pm__instance_get(&ignored);
+    return &inst->backend;
 }
 
 /* Runs the preamble every public call starts with. */

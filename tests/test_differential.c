@@ -105,7 +105,11 @@ int main(void)
     SKIP_UNLESS_CUDA();
     pm_result r = PM_SUCCESS;
     cu = pm__cuda_api_load(&r);
-    CHECK(cu != NULL);
+    if (!cu) {
+        fprintf(stderr, "the CUDA driver's entry points could not be loaded: %s\n",
+                pm_last_error_detail());
+        return 1;
+    }
     CUdevice dev;
     CUcontext ctx;
     CHECK(cu->device_get(&dev, 0) == CUDA_SUCCESS);
