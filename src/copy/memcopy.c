@@ -12,6 +12,8 @@
 #if defined(__x86_64__) || defined(__SSE2__)
 #include <emmintrin.h>
 
+enum { PREFETCH_AHEAD = 4096 };
+
 static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
 {
     /* Streaming stores need 16-byte aligned destinations: the head up to the
@@ -25,6 +27,12 @@ static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
     n -= head;
     size_t blocks = n / 64;
     for (size_t i = 0; i < blocks; i++, dst += 64, src += 64) {
+        /* The hardware prefetchers stop at every 4 KiB page boundary of the
+         * source; asking for the line a page ahead keeps the loads streaming
+         * across them (on the H100 machines: 12-34% less CPU time per staged
+         * piece, bench/results). A prefetch never faults, past the end
+         * included. */
+        _mm_prefetch((const char *)src + PREFETCH_AHEAD, _MM_HINT_T1);
         __m128i a = _mm_loadu_si128((const __m128i *)src);
         __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
         __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
