@@ -7,6 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+[ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: bench/ab.sh PATCH [passes] [bench names...]" >&2; exit 2; }
 patch_file=$(realpath "$1")
 passes=${2:-4}
 shift $(($# >= 2 ? 2 : 1))

@@ -11,15 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
+#include "probe.h"
 
+/* Prints a failing call that the probe goes on after. */
 static CUresult report(const char *what, CUresult r)
 {
     const char *name = NULL;
@@ -28,11 +23,6 @@ static CUresult report(const char *what, CUresult r)
         printf("  %s: %s\n", what, name ? name : "?");
     return r;
 }
-#define TRY(call)                                       \
-    do {                                                \
-        if (report(#call, (call)) != CUDA_SUCCESS)      \
-            return 1;                                   \
-    } while (0)
 
 static double copy_gbps(CUdeviceptr d, const void *src, size_t bytes)
 {
@@ -50,13 +40,8 @@ static double copy_gbps(CUdeviceptr d, const void *src, size_t bytes)
 int main(void)
 {
     enum { granules = 512 };
-    CUdevice dev;
-    CUcontext ctx;
     CUstream stream;
-    TRY(cuInit(0));
-    TRY(cuDeviceGet(&dev, 0));
-    TRY(cuDevicePrimaryCtxRetain(&ctx, dev));
-    TRY(cuCtxSetCurrent(ctx));
+    probe_context();
     TRY(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
 
     CUmemAllocationProp prop = {0};

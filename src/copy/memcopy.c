@@ -29,7 +29,7 @@ static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
     for (size_t i = 0; i < blocks; i++, dst += 64, src += 64) {
         /* The hardware prefetchers stop at every 4 KiB page boundary of the
          * source; asking for the line a page ahead keeps the loads streaming
-         * across them (on the H100 machines: 12-34% less CPU time per staged
+         * across them (on an H100 machine: 12-34% less CPU time per staged
          * piece, bench/results). A prefetch never faults, past the end
          * included. */
         _mm_prefetch((const char *)src + PREFETCH_AHEAD, _MM_HINT_T1);
