@@ -28,7 +28,7 @@ for pass in $(seq "$passes"); do
         for v in a b; do
             echo "== pass $pass, bench $what, variant $v"
             "/tmp/build-$v/tools/pinmem" bench "$what" 2>&1 |
-                grep -E "^([0-9]+ [KMG]iB|\(workers|registration cache)"
+                grep -E "^([0-9]+ [KMG]iB|\((workers|pageable)|registration cache)"
         done
     done
 done 2>&1 | tee "$OUT/ab.txt"

@@ -305,13 +305,18 @@ PM_API pm_result pm_mem_invalidate(void *p, size_t bytes);
 typedef enum {
     PM_COPY_STORES_DEFAULT = 0,
     PM_COPY_STORES_CACHED = 1,    /* memcpy */
-    PM_COPY_STORES_STREAMING = 2  /* non-temporal stores (x86-64; elsewhere memcpy) */
+    PM_COPY_STORES_STREAMING = 2, /* non-temporal stores (x86-64; elsewhere memcpy) */
+    PM_COPY_STORES_DEMOTING = 3   /* cached stores, each line then pushed to the shared
+                                     cache (cldemote, x86-64 CPUs that have it; elsewhere
+                                     memcpy): a ring that stays in that cache is read by
+                                     the DMA engine there, not from memory */
 } pm_copy_stores;
 
 /* How copies work. A zero field means the default, chosen from the machine;
  * pm_copy_get_config reports the values in effect. Environment variables set
  * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_HTOD_WORKERS, PINMEM_COPY_CHUNK,
- * PINMEM_COPY_SLICE, PINMEM_COPY_BUFFERS, PINMEM_COPY_DIRECT_MAX, PINMEM_COPY_STORES=cached|streaming,
+ * PINMEM_COPY_SLICE, PINMEM_COPY_BUFFERS, PINMEM_COPY_DIRECT_MAX,
+ * PINMEM_COPY_STORES=cached|streaming|demoting,
  * PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET (sizes take K, M and G
  * suffixes). */
 typedef struct pm_copy_config {
@@ -330,9 +335,13 @@ typedef struct pm_copy_config {
     unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
                                          Past it, allocations fail with OUT_OF_MEMORY and the
                                          cache stops registering; staged copies go on. */
-    pm_copy_stores staging_stores; /* DEFAULT: streaming stores into the ring for copies
+    pm_copy_stores staging_stores; /* DEFAULT: into the ring, streaming stores for copies
                                       below 256 MiB, cached stores otherwise (the DMA then
-                                      finds the bytes in the CPU's cache), as measured */
+                                      finds the bytes in the CPU's cache), as measured; from
+                                      64 MiB, demoting stores instead where the CPU has them
+                                      and the ring is at most 32 MiB, if synchronous copies
+                                      timed with each kind show them faster on this machine.
+                                      Out of the ring: cached stores */
     size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
     unsigned htod_workers;       /* of the workers, at most how many fill buffers for
                                     host-to-device copies (the caller helps as well; default:
@@ -362,6 +371,8 @@ typedef struct pm_copy_stats {
     unsigned long long staging_queue_ns; /* queuing DMAs and markers with the backend */
     unsigned htod_fillers;               /* workers that fill buffers for host-to-device
                                             copies now (steered between 1 and htod_workers) */
+    unsigned long long demoted_bytes;    /* of staged_bytes, those of host-to-device copies
+                                            that used demoting stores (see staging_stores) */
 } pm_copy_stats;
 
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);

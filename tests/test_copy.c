@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include "copy/copy.h"
+#include "copy/store_choice.h"
 #include "copy_util.h"
 
 static uint64_t rng_state = 42;
@@ -261,7 +262,7 @@ static void bad_arguments(void)
     c.registration_cache = 2;
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     c.registration_cache = 0;
-    c.staging_stores = (pm_copy_stores)7;
+    c.staging_stores = (pm_copy_stores)(PM_COPY_STORES_DEMOTING + 1);
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     c.staging_stores = PM_COPY_STORES_DEFAULT;
     c.slice_bytes = (size_t)2 << 30;
@@ -278,9 +279,9 @@ static void bad_arguments(void)
     device_free(dev);
 }
 
-/* Both kinds of stores give the same bytes, at odd offsets and sizes (the
- * streaming copy has an unaligned head and a short tail), and the staging
- * counters move. */
+/* Every kind of stores gives the same bytes, at odd offsets and sizes (the
+ * streaming and demoting copies have an unaligned head and a short tail), and
+ * the staging counters move. */
 static void store_kinds(void)
 {
     const size_t cap = (5 << 20) + 200;
@@ -288,7 +289,7 @@ static void store_kinds(void)
     pm_deviceptr dev = device_alloc(cap);
     pm_copy_config saved = {.struct_size = sizeof saved};
     CHECK_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
-    for (int kind = PM_COPY_STORES_CACHED; kind <= PM_COPY_STORES_STREAMING; kind++) {
+    for (int kind = PM_COPY_STORES_CACHED; kind <= PM_COPY_STORES_DEMOTING; kind++) {
         pm_copy_config c = saved;
         c.staging_stores = (pm_copy_stores)kind;
         c.direct_max = (size_t)-1; /* everything staged */
@@ -298,13 +299,16 @@ static void store_kinds(void)
         CHECK_RESULT(pm_copy_get_stats(&before), PM_SUCCESS);
         for (size_t off = 0; off < 20; off += 7)
             for (size_t n = 1; n < cap - off; n = n * 5 + 3)
-                round_trip(src + off, dst + (off ^ 5), n, dev, kind == PM_COPY_STORES_STREAMING,
+                round_trip(src + off, dst + (off ^ 5), n, dev, kind != PM_COPY_STORES_CACHED,
                            NULL, (unsigned)(n + off));
         CHECK_RESULT(pm_copy_get_stats(&after), PM_SUCCESS);
         CHECK(after.staged_pieces > before.staged_pieces);
         CHECK(after.staging_copy_ns > before.staging_copy_ns);
     }
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+    pm_copy_config now = {.struct_size = sizeof now};
+    CHECK_RESULT(pm_copy_get_config(&now), PM_SUCCESS);
+    CHECK(now.staging_stores == PM_COPY_STORES_DEFAULT); /* DEFAULT is the default again */
     device_free(dev);
     free(src);
     free(dst);
@@ -331,6 +335,38 @@ static void steered_fillers(void)
             CHECK(st.htod_fillers >= 1 && st.htod_fillers <= most);
         }
     }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+    device_free(dev);
+    free(src);
+    free(dst);
+}
+
+/* Synchronous host-to-device copies from 64 MiB time each kind of stores in
+ * turn where the CPU demotes (plain first, then demoting, twice over), and
+ * the bytes arrive either way; elsewhere none demotes. A new shape of engine
+ * starts learning afresh. */
+static void learnt_stores(void)
+{
+    const size_t n = (size_t)64 << 20;
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    pm_deviceptr dev = device_alloc(n);
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    CHECK_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    CHECK(saved.staging_stores == PM_COPY_STORES_DEFAULT);
+    pm_copy_config c = saved;
+    c.buffers = saved.buffers + 1;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    const bool demotes = pm__copy_cpu_demotes();
+    for (unsigned k = 0; k < 2 * PM__STORE_FIRST_TRIALS; k++) {
+        pm_copy_stats before = {.struct_size = sizeof before}, after = before;
+        CHECK_RESULT(pm_copy_get_stats(&before), PM_SUCCESS);
+        round_trip(src, dst, n, dev, false, NULL, k + 11);
+        CHECK_RESULT(pm_copy_get_stats(&after), PM_SUCCESS);
+        CHECK(after.staged_bytes - before.staged_bytes == 2 * n);
+        /* device to host never demotes */
+        CHECK(after.demoted_bytes - before.demoted_bytes == (demotes && k % 2 ? n : 0));
+    }
+    round_trip(src, dst, n, dev, true, NULL, 17); /* whichever kind won */
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
     device_free(dev);
     free(src);
@@ -465,6 +501,7 @@ int main(void)
     registration_pieces();
     ordering();
     store_kinds();
+    learnt_stores();
     budget();
     return check_finish("test_copy");
 }

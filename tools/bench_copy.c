@@ -138,17 +138,27 @@ int bench_copy(bool quick, const char *plot_file)
            "device -> pageable GB/s", "pinned -> device GB/s", "staged only, -> device");
     printf("%-9s | %8s %8s %9s | %8s %8s %9s | %8s %8s %6s | %s\n", "", "pinmem", "driver",
            "ratio", "pinmem", "driver", "ratio", "pinmem", "driver", "%", "time vs driver");
-    char rows[4096] = "";
+    char rows[4096] = "", demoting[512] = "";
     bool failed = false;
     for (size_t n = 4096; n <= max; n *= 4) {
         double ph, dh, pd, dd, pp, dp, sh, dh2;
+        pm_copy_stats before = {.struct_size = sizeof before}, after = before;
+        pm_copy_get_stats(&before);
         time_pair(b, pinmem_htod, driver_htod, dev, pageable, n, &ph, &dh, &failed);
+        pm_copy_get_stats(&after);
+        unsigned long long staged = after.staged_bytes - before.staged_bytes;
+        char sz[32];
+        if (staged && n >= ((size_t)64 << 20)) {
+            size_t used = strlen(demoting);
+            snprintf(demoting + used, sizeof demoting - used, "%s%s %.0f%%", used ? ", " : "",
+                     human_size(n, sz, sizeof sz),
+                     100.0 * (double)(after.demoted_bytes - before.demoted_bytes) / (double)staged);
+        }
         time_pair(b, pinmem_dtoh, driver_dtoh, dev, pageable, n, &pd, &dd, &failed);
         time_pair(b, pinmem_htod, driver_htod, dev, pinned, n, &pp, &dp, &failed);
         set_cache(false, (size_t)-1); /* everything through the staging ring */
         time_pair(b, pinmem_htod, driver_htod, dev, pageable, n, &sh, &dh2, &failed);
         set_cache(false, cfg.direct_max);
-        char sz[32];
         printf("%-9s | %8.1f %8.1f %8.2fx | %8.1f %8.1f %8.2fx | %8.1f %8.1f %5.1f%% | %.2fx\n",
                human_size(n, sz, sizeof sz), gbps(n, ph), gbps(n, dh), dh / ph, gbps(n, pd),
                gbps(n, dd), dd / pd, gbps(n, pp), gbps(n, dp), 100 * dp / pp, sh / dh2);
@@ -160,6 +170,9 @@ int bench_copy(bool quick, const char *plot_file)
     pm_copy_get_stats(&now);
     printf("(workers filling buffers for host-to-device copies at the end: %u of at most %u)\n",
            now.htod_fillers, cfg.htod_workers);
+    if (demoting[0])
+        printf("(pageable -> device bytes staged with demoting stores, chosen by the engine: %s)\n",
+               demoting);
     /* Repeated copies of one large pageable buffer, the cache warm. */
     set_cache(true, cfg.direct_max);
     double first = now_ns();

@@ -1,5 +1,5 @@
 /* Where a staged copy's time goes: large pageable copies forced through the
- * staging ring, with cached and with streaming stores, side by side, and the
+ * staging ring, with each kind of stores side by side, and the
  * engine's own time counters per piece (CPU copy, waiting for a buffer or a
  * DMA, queuing the DMA). */
 #include <stdint.h>
@@ -19,6 +19,8 @@ static void configure(pm_copy_stores stores, size_t direct_max)
     c.direct_max = direct_max;
     pm_copy_set_config(&c);
 }
+
+static const char *const store_names[] = {"default", "cached", "streaming", "demoting"};
 
 static void row(bool htod, pm_copy_stores stores, pm_deviceptr dev, uint8_t *host, size_t n,
                 bool *failed)
@@ -45,7 +47,7 @@ static void row(bool htod, pm_copy_stores stores, pm_deviceptr dev, uint8_t *hos
     pm_copy_get_config(&c);
     char sz[32];
     printf("%-9s %-6s %-9s | %7.1f | %9.1f %9.1f %9.1f | %7.2f | %u\n", human_size(n, sz, sizeof sz),
-           htod ? "htod" : "dtoh", stores == PM_COPY_STORES_STREAMING ? "streaming" : "cached",
+           htod ? "htod" : "dtoh", store_names[stores],
            (double)n / median(t, REPS), copy_us, wait_us, queue_us,
            copy_us > 0 ? (double)c.chunk_bytes / copy_us / 1e3 : 0, after.htod_fillers);
 }
@@ -136,9 +138,9 @@ int bench_staging(bool quick)
            "copy us", "wait us", "queue us", "CPU GB/s per thread", "fillers after");
     for (size_t n = (size_t)16 << 20; n <= max; n *= 4)
         for (int dir = 0; dir < 2; dir++)
-            for (int s = 0; s < 2; s++)
-                row(dir == 0, s ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED, dev, pageable,
-                    n, &failed);
+            for (int s = PM_COPY_STORES_CACHED; s <= PM_COPY_STORES_DEMOTING; s++)
+                if (dir == 0 || s != PM_COPY_STORES_DEMOTING) /* a ring-side choice */
+                    row(dir == 0, (pm_copy_stores)s, dev, pageable, n, &failed);
     cold_rows(dev, pageable, max, &failed);
     pm_copy_set_config(&saved);
     if (failed)

@@ -46,10 +46,13 @@ static void choose_defaults(void)
      * and 0.56x at 4 MiB. */
     settings.direct_max = env_size("PINMEM_COPY_DIRECT_MAX", (size_t)2 << 20);
     const char *stores = getenv("PINMEM_COPY_STORES");
-    settings.stores = !stores                           ? PM_COPY_STORES_DEFAULT
-                      : strcmp(stores, "cached") == 0    ? PM_COPY_STORES_CACHED
-                      : strcmp(stores, "streaming") == 0 ? PM_COPY_STORES_STREAMING
-                                                         : PM_COPY_STORES_DEFAULT;
+    settings.default_stores = !stores                           ? PM_COPY_STORES_DEFAULT
+                              : strcmp(stores, "cached") == 0    ? PM_COPY_STORES_CACHED
+                              : strcmp(stores, "streaming") == 0 ? PM_COPY_STORES_STREAMING
+                              : strcmp(stores, "demoting") == 0  ? PM_COPY_STORES_DEMOTING
+                                                                 : PM_COPY_STORES_DEFAULT;
+    settings.stores = settings.default_stores;
+    settings.cpu_demotes = pm__copy_cpu_demotes();
     const char *cache = getenv("PINMEM_REGISTRATION_CACHE");
     settings.registration_cache = cache && strcmp(cache, "1") == 0;
     settings.cache_min_bytes = (size_t)64 << 20;
@@ -103,7 +106,7 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
     if (config->registration_cache < 0 || config->registration_cache > 1)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_copy_set_config: registration_cache is 0 or 1");
     if (config->staging_stores < PM_COPY_STORES_DEFAULT ||
-        config->staging_stores > PM_COPY_STORES_STREAMING)
+        config->staging_stores > PM_COPY_STORES_DEMOTING)
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_copy_set_config: staging_stores is not a pm_copy_stores value");
     if (config->workers > 256 || config->htod_workers > 256 || config->buffers > 4096 ||
@@ -124,8 +127,9 @@ pm_result pm_copy_set_config(const pm_copy_config *config)
     if (config->direct_max)
         fresh.direct_max = config->direct_max == (size_t)-1 ? 0 : config->direct_max;
     fresh.registration_cache = config->registration_cache == 1;
-    if (config->staging_stores != PM_COPY_STORES_DEFAULT)
-        fresh.stores = config->staging_stores;
+    /* DEFAULT goes back to the default (the environment's, if it names one). */
+    fresh.stores = config->staging_stores != PM_COPY_STORES_DEFAULT ? config->staging_stores
+                                                                    : settings.default_stores;
     if (config->slice_bytes)
         fresh.slice_bytes = (config->slice_bytes + 4095) & ~(size_t)4095;
     if (config->cache_min_bytes)
@@ -170,6 +174,7 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .staging_wait_ns = atomic_load(&c->staging_wait_ns),
         .staging_queue_ns = atomic_load(&c->staging_queue_ns),
         .htod_fillers = pm__staging_fillers(),
+        .demoted_bytes = atomic_load(&c->demoted_bytes),
     };
     return PM_SUCCESS;
 }

@@ -112,7 +112,7 @@ static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *
     if (n <= set->direct_max && driver_may)
         return driver_copy(b, dir, host, dev, n, s, sync);
     bool no_ring;
-    r = pm__staged_copy(set, dir, host, dev, n, s, &no_ring);
+    r = pm__staged_copy(set, dir, host, dev, n, s, sync, &no_ring);
     *queued |= dir == PM__HTOD && !no_ring;
     if (no_ring && driver_may) /* nothing pinned for staging (budget): slower, but works */
         r = driver_copy(b, dir, host, dev, n, s, sync);

@@ -28,8 +28,17 @@ typedef struct pm__copy_settings {
     size_t direct_max;
     bool registration_cache;
     size_t cache_min_bytes, cache_max_bytes;
-    pm_copy_stores stores;
+    pm_copy_stores stores, default_stores /* PINMEM_COPY_STORES */;
+    bool cpu_demotes; /* the CPU has cldemote (memcopy.c) */
 } pm__copy_settings;
+
+/* The largest ring that demoting stores are used for by default: 16 and 32
+ * MiB rings stayed in the cache of an H100 host (300 MiB, shared with the
+ * source streaming through), a 128 MiB one did less well. */
+#define PM__DEMOTING_RING_MAX ((size_t)32 << 20)
+/* The smallest host-to-device copy that may use demoting stores by default
+ * (pm__copy_may_demote). */
+#define PM__DEMOTING_MIN ((size_t)64 << 20)
 
 /* The most workers that may fill buffers for host-to-device copies. */
 static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
@@ -38,30 +47,51 @@ static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
                                                                  : set->workers;
 }
 
-/* Whether the CPU copies of a staged copy of bytes in direction dir use
- * streaming stores. By default (measured on the H100, bench/results) only
- * those into the ring below 256 MiB do:
- * - into the ring, from 256 MiB cached stores win, as the DMA then finds the
- *   bytes in the CPU's cache (1 GiB: 50.9-51.9 against 42.1-49.6 GB/s with
- *   the fillers steered, on three machines; 256 MiB: 46.8 against 45.1 on
- *   average over 20 passes in 14 recorded runs, ahead in 12), while at 64 MiB
- *   streaming stores do (41.4-47.1 against 32.5-36.8);
+/* Whether a staged copy of bytes in direction dir may use demoting stores:
+ * into the ring, from 64 MiB, wherever the CPU has them and the ring fits its
+ * cache with room to spare (memcopy.c says why), unless the configuration
+ * names the stores. Whether it does is learnt per machine (store_choice.h):
+ * on one H100 host demoting stores made 64 MiB 42.1-43.9 GB/s against
+ * 40.2-41.6, 256 MiB 44.9-48.7 against 44.0-45.4 and 1 GiB 49.0-51.8 against
+ * 50.1-50.8 (four passes), while on a busier one they lost 3-10 GB/s at 64
+ * MiB (five passes), as they cost each thread about twice the time a piece
+ * (cached stores read each ring line first). Small copies feel that most
+ * (16 MiB 26.8-28.7 against 36.8-37.7 on the first host), so they never do. */
+static inline bool pm__copy_may_demote(const pm__copy_settings *set, pm__direction dir,
+                                       size_t bytes)
+{
+    return set->stores == PM_COPY_STORES_DEFAULT && dir == PM__HTOD && set->cpu_demotes &&
+           bytes >= PM__DEMOTING_MIN &&
+           (size_t)set->buffers * set->chunk_bytes <= PM__DEMOTING_RING_MAX;
+}
+
+/* How the CPU copies of a staged copy of bytes in direction dir store when
+ * they do not demote. By default (measured on the H100, bench/results):
+ * - into the ring, streaming stores below 256 MiB, cached from there, as the
+ *   DMA then finds part of the bytes in the CPU's cache (1 GiB: 50.9-51.9
+ *   against 42.1-49.6 GB/s with the fillers steered, on three machines; 256
+ *   MiB: 46.8 against 45.1 on average over 20 passes in 14 recorded runs,
+ *   ahead in 12), while at 64 MiB streaming stores do (41.4-47.1 against
+ *   32.5-36.8);
  * - out of the ring into the user's memory, with the DMAs queued ahead,
  *   cached stores were ahead or level in every pass from 64 MiB (five
  *   passes on one machine; 1 GiB: 48.1-52.6 against 38.6-49.2 GB/s; 256 MiB:
  *   47.0-50.7 against 42.2-47.0), and at 16 MiB in four of the five. */
-static inline bool pm__copy_streams_stores(const pm__copy_settings *set, pm__direction dir,
-                                           size_t bytes)
+static inline pm_copy_stores pm__copy_stores_for(const pm__copy_settings *set,
+                                                 pm__direction dir, size_t bytes)
 {
     if (set->stores != PM_COPY_STORES_DEFAULT)
-        return set->stores == PM_COPY_STORES_STREAMING;
-    return dir == PM__HTOD && bytes < ((size_t)256 << 20);
+        return set->stores;
+    if (dir == PM__DTOH)
+        return PM_COPY_STORES_CACHED;
+    return bytes < ((size_t)256 << 20) ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED;
 }
 
 typedef struct pm__copy_counters {
     _Atomic unsigned long long direct_bytes, staged_bytes, driver_bytes, cached_bytes;
     _Atomic unsigned long long cache_registrations, cache_hits, cache_invalidations;
     _Atomic unsigned long long staged_pieces, staging_copy_ns, staging_wait_ns, staging_queue_ns;
+    _Atomic unsigned long long demoted_bytes;
 } pm__copy_counters;
 
 extern pm__copy_counters pm__copy_count;
@@ -79,16 +109,20 @@ extern _Atomic int pm__copy_fail_stage_countdown;
 bool pm__copy_injected(_Atomic int *countdown);
 
 /* staging.c. *no_ring: the failure was that no staging buffer could be
- * pinned (nothing was copied; the caller may take another way). */
+ * pinned (nothing was copied; the caller may take another way). sync: the
+ * caller waits for the stream next (the engine may then time the copy). */
 pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
-                          pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool *no_ring);
+                          pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool sync,
+                          bool *no_ring);
 /* The workers that take host-to-device slices now (0 before the engine starts). */
 unsigned pm__staging_fillers(void);
 /* Stops the workers and frees the ring (the gate held for writing). */
 void pm__staging_stop(void);
 
-/* memcopy.c: memcpy, or with streaming stores where the machine has them. */
-void pm__copy_bytes(void *dst, const void *src, size_t n, bool streaming);
+/* memcopy.c: memcpy, or with streaming or demoting stores where the machine
+ * has them. */
+void pm__copy_bytes(void *dst, const void *src, size_t n, pm_copy_stores stores);
+bool pm__copy_cpu_demotes(void);
 
 /* regcache.c */
 typedef struct pm__regcache_entry pm__regcache_entry;

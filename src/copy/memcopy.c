@@ -3,16 +3,68 @@
  * to overwrite and later write it back: two memory passes for one. Streaming
  * (non-temporal) stores write whole lines straight to memory, which leaves
  * more of the memory system to the DMA engine reading or writing the other
- * side of the ring at the same time. */
+ * side of the ring at the same time.
+ *
+ * Demoting stores go the other way for host-to-device copies: the ring is
+ * small enough to stay in the CPU's last-level cache, so ordinary stores find
+ * its lines there, and `cldemote` pushes each line out of the core's private
+ * caches as soon as it is written, where the DMA engine's reads find it
+ * without a trip to memory. Every byte then crosses memory once (the source
+ * read) instead of three times. Measured on an H100 host (bench/results,
+ * bench/probe/ring_cache.c): with twelve threads filling a 16 or 32 MiB ring,
+ * the DMA engine read it at 53 GB/s, as from an idle ring, against 38-39 with
+ * streaming stores; without the demotion, at 21-46 (it had to take each line
+ * from a core's private cache). */
 #include <stdint.h>
 #include <string.h>
 
 #include "copy.h"
 
 #if defined(__x86_64__) || defined(__SSE2__)
+#include <cpuid.h>
 #include <emmintrin.h>
 
 enum { PREFETCH_AHEAD = 4096 };
+
+/* `cldemote` lies in the hint-NOP space: a CPU without it does nothing. */
+static inline void demote_line(void *p)
+{
+    __asm__ volatile(".byte 0x0f, 0x1c, 0x07" /* cldemote (%rdi) */ ::"D"(p) : "memory");
+}
+
+bool pm__copy_cpu_demotes(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 25 & 1);
+}
+
+static void copy_demoting(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    /* Whole destination lines, so that each demotion covers what was just
+     * written: the head up to the first line boundary, and the tail, use
+     * memcpy (ring slices start on page boundaries, so there are none). */
+    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    size_t blocks = n / 64;
+    for (size_t i = 0; i < blocks; i++, dst += 64, src += 64) {
+        _mm_prefetch((const char *)src + PREFETCH_AHEAD, _MM_HINT_T1);
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_store_si128((__m128i *)dst, a);
+        _mm_store_si128((__m128i *)(dst + 16), b);
+        _mm_store_si128((__m128i *)(dst + 32), c);
+        _mm_store_si128((__m128i *)(dst + 48), d);
+        demote_line(dst);
+    }
+    memcpy(dst, src, n % 64);
+}
 
 static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
 {
@@ -50,17 +102,22 @@ static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
 #define HAVE_STREAMING 1
 #else
 #define HAVE_STREAMING 0
+bool pm__copy_cpu_demotes(void) { return false; }
 #endif
 
-void pm__copy_bytes(void *dst, const void *src, size_t n, bool streaming)
+void pm__copy_bytes(void *dst, const void *src, size_t n, pm_copy_stores stores)
 {
 #if HAVE_STREAMING
-    if (streaming) {
+    if (stores == PM_COPY_STORES_STREAMING) {
         copy_streaming(dst, src, n);
         return;
     }
+    if (stores == PM_COPY_STORES_DEMOTING) {
+        copy_demoting(dst, src, n);
+        return;
+    }
 #else
-    (void)streaming;
+    (void)stores;
 #endif
     memcpy(dst, src, n);
 }

@@ -37,6 +37,7 @@
 #include "../errors.h"
 #include "../instance.h"
 #include "copy.h"
+#include "store_choice.h"
 
 typedef enum { DMA_NOT_QUEUED, DMA_QUEUING, DMA_QUEUED, DMA_FAILED } dma_state;
 
@@ -60,7 +61,8 @@ typedef struct job {
     pm_deviceptr dev;
     size_t bytes, chunk, slice;
     pm_stream_t stream;
-    bool streaming; /* streaming stores for the CPU copies */
+    pm_copy_stores stores; /* of the CPU copies */
+    unsigned store_kind;   /* PM__STORE_PLAIN or PM__STORE_DEMOTING */
     /* Time the job's threads spent copying and waiting for DMAs, for the
      * fillers' count (atomics: threads add without the lock). */
     _Atomic unsigned long long copy_ns, wait_ns;
@@ -111,6 +113,10 @@ static struct {
     unsigned queue_head, queue_count;
     size_t chunk;
     pm_mem_pool_t pool;
+    /* Demoting stores or not, learnt from timed copies, and the filler count
+     * steered for each kind (0: none yet), as each needs its own. */
+    pm__store_choice store_choice;
+    unsigned fillers_of[PM__STORE_CHOICES];
 } eng = {.lock = PTHREAD_MUTEX_INITIALIZER,
          .has_work = PTHREAD_COND_INITIALIZER,
          .dtoh_work = PTHREAD_COND_INITIALIZER,
@@ -277,10 +283,10 @@ static void pass_on_buffer_wake(void)
 }
 
 /* The CPU half of a slice, timed for the statistics. */
-static void cpu_copy(job *j, void *dst, const void *src, size_t n)
+static void cpu_copy(job *j, pm_copy_stores stores, void *dst, const void *src, size_t n)
 {
     unsigned long long t0 = pm__now_ns();
-    pm__copy_bytes(dst, src, n, j->streaming);
+    pm__copy_bytes(dst, src, n, stores);
     count_ns(&pm__copy_count.staging_copy_ns, &j->copy_ns, t0);
 }
 
@@ -340,8 +346,14 @@ static void run_htod_slice(const claim *c, bool skip)
      * piece has passed here (ordered by the lock around slices_left). */
     if (!skip)
         wait_previous_dma(j, b);
+    /* The pieces of the ramp at a copy's start wait for their slices alone:
+     * streaming stores, which cost a thread half the time of demoting ones,
+     * start the first DMAs sooner. */
+    pm_copy_stores stores = j->stores == PM_COPY_STORES_DEMOTING && b->bytes < j->chunk
+                                ? PM_COPY_STORES_STREAMING
+                                : j->stores;
     if (!skip)
-        cpu_copy(j, (uint8_t *)b->p + off, j->host + b->offset + off, n);
+        cpu_copy(j, stores, (uint8_t *)b->p + off, j->host + b->offset + off, n);
     pthread_mutex_lock(&eng.lock);
     bool last = --b->slices_left == 0;
     skip |= j->error != PM_SUCCESS;
@@ -423,7 +435,7 @@ static void run_dtoh_slice(const claim *c, bool skip)
     if (queued)
         r = wait_marker(j, b);
     if (queued && r == PM_SUCCESS)
-        cpu_copy(j, j->host + b->offset + off, (uint8_t *)b->p + off, n);
+        cpu_copy(j, j->stores, j->host + b->offset + off, (uint8_t *)b->p + off, n);
     pthread_mutex_lock(&eng.lock);
     record_error(j, r);
     bool last = --b->slices_left == 0;
@@ -575,6 +587,9 @@ static pm_result start_locked(const pm__copy_settings *set)
     eng.dtoh_ahead = eng.n_buffers / 2 < AHEAD_MAX ? eng.n_buffers / 2 : AHEAD_MAX;
     eng.htod_workers = pm__copy_htod_workers(set);
     eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
+    /* A new shape of engine learns afresh. */
+    memset(&eng.store_choice, 0, sizeof eng.store_choice);
+    memset(eng.fillers_of, 0, sizeof eng.fillers_of);
     if (eng.fillers > eng.htod_workers)
         eng.fillers = eng.htod_workers;
     eng.threads = calloc(set->workers, sizeof *eng.threads);
@@ -594,9 +609,11 @@ static pm_result start_locked(const pm__copy_settings *set)
  * needed fewer, and fewer threads copying let it read faster). Only jobs of
  * several whole buffers count: the ramp at a copy's start waits little
  * whatever the count. Measured bands: bench/results. */
+static bool steers_fillers(const job *j) { return j->dir == PM__HTOD && j->bytes >= 8 * j->chunk; }
+
 static void steer_fillers(job *j)
 {
-    if (j->bytes < 8 * j->chunk)
+    if (!steers_fillers(j))
         return;
     unsigned long long copy = atomic_load(&j->copy_ns), wait = atomic_load(&j->wait_ns);
     if (wait * 10 < copy && eng.fillers < eng.htod_workers) {
@@ -605,12 +622,55 @@ static void steer_fillers(job *j)
     } else if (wait * 3 > copy && eng.fillers > 1) { /* more than a third */
         eng.fillers--;
     }
+    eng.fillers_of[j->store_kind] = eng.fillers;
+}
+
+/* lock held, as a job that steers the fillers starts: the count last steered
+ * for its kind of stores. */
+static void take_fillers_of(const job *j)
+{
+    unsigned n = eng.fillers_of[j->store_kind];
+    if (!steers_fillers(j) || n == 0 || n == eng.fillers)
+        return;
+    if (n > eng.fillers)
+        pthread_cond_broadcast(&eng.dtoh_work); /* new fillers may sleep there */
+    eng.fillers = n;
+}
+
+/* A job that may demote chooses its stores (lock held). Only synchronous
+ * copies are timed: the caller waits for the stream next anyway. */
+static void choose_stores(const pm__copy_settings *set, job *j, bool sync, unsigned *size_class,
+                          bool *timed)
+{
+    j->stores = pm__copy_stores_for(set, j->dir, j->bytes);
+    *timed = false;
+    if (pm__copy_may_demote(set, j->dir, j->bytes)) {
+        *size_class = pm__store_class_of(j->bytes);
+        *timed = sync;
+        if (pm__store_choose(&eng.store_choice, *size_class, *timed) == PM__STORE_DEMOTING)
+            j->stores = PM_COPY_STORES_DEMOTING;
+    }
+    /* Demoting stores by configuration steer their own filler count too. */
+    j->store_kind = j->stores == PM_COPY_STORES_DEMOTING ? PM__STORE_DEMOTING : PM__STORE_PLAIN;
+}
+
+/* Times a finished job until its last DMA is done (lock not held). */
+static void time_job(const job *j, unsigned size_class, unsigned long long t0)
+{
+    if (pm__instance_backend()->stream_synchronize(j->stream) != PM_SUCCESS)
+        return; /* the caller's own wait reports it */
+    double gbps = (double)j->bytes / (double)(pm__now_ns() - t0 + 1);
+    pthread_mutex_lock(&eng.lock);
+    pm__store_report(&eng.store_choice, size_class, j->store_kind, gbps);
+    pthread_mutex_unlock(&eng.lock);
 }
 
 pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
-                          pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool *no_ring)
+                          pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool sync,
+                          bool *no_ring)
 {
     *no_ring = false;
+    const unsigned long long t0 = pm__now_ns();
     pthread_mutex_lock(&eng.lock);
     if (!eng.started) {
         pm_result r = start_locked(set);
@@ -621,8 +681,11 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
         }
     }
     job j = {.dir = dir, .host = host, .dev = dev, .bytes = bytes, .chunk = eng.chunk,
-             .slice = set->slice_bytes < eng.chunk ? set->slice_bytes : eng.chunk, .stream = stream,
-             .streaming = pm__copy_streams_stores(set, dir, bytes)};
+             .slice = set->slice_bytes < eng.chunk ? set->slice_bytes : eng.chunk, .stream = stream};
+    unsigned size_class = 0;
+    bool timed;
+    choose_stores(set, &j, sync, &size_class, &timed);
+    take_fillers_of(&j);
     j.slices = slices_in(&j);
     if (j.slices > 1) { /* a single slice is the caller's alone: no hand-off */
         j.listed = true;
@@ -655,11 +718,15 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
         pthread_cond_wait(&eng.progressed, &eng.lock);
     if (j.listed)
         unlist(&j);
-    if (dir == PM__HTOD && j.error == PM_SUCCESS)
+    if (j.error == PM_SUCCESS)
         steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
     if (j.error != PM_SUCCESS)
         return pm__fail(j.error, "%s", j.detail);
+    if (timed)
+        time_job(&j, size_class, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_bytes, bytes, memory_order_relaxed);
+    if (dir == PM__HTOD && j.stores == PM_COPY_STORES_DEMOTING)
+        atomic_fetch_add_explicit(&pm__copy_count.demoted_bytes, bytes, memory_order_relaxed);
     return PM_SUCCESS;
 }
