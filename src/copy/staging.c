@@ -27,7 +27,11 @@
  *
  * Buffers are reused oldest first: a buffer whose DMA may still be reading it
  * carries the marker recorded behind that DMA, and the next user waits for
- * that marker before writing into it. */
+ * that marker before writing into it.
+ *
+ * Large host-to-device copies may fill the buffers with demoting stores, which
+ * leave the ring in the CPU's cache for the DMA engine at twice the CPU cost
+ * (memcopy.c); whether they do is learnt from timed copies (store_choice.h). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -587,11 +591,11 @@ static pm_result start_locked(const pm__copy_settings *set)
     eng.dtoh_ahead = eng.n_buffers / 2 < AHEAD_MAX ? eng.n_buffers / 2 : AHEAD_MAX;
     eng.htod_workers = pm__copy_htod_workers(set);
     eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
+    if (eng.fillers > eng.htod_workers)
+        eng.fillers = eng.htod_workers;
     /* A new shape of engine learns afresh. */
     memset(&eng.store_choice, 0, sizeof eng.store_choice);
     memset(eng.fillers_of, 0, sizeof eng.fillers_of);
-    if (eng.fillers > eng.htod_workers)
-        eng.fillers = eng.htod_workers;
     eng.threads = calloc(set->workers, sizeof *eng.threads);
     for (unsigned i = 0; eng.threads && i < set->workers; i++) {
         if (pthread_create(&eng.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0)
@@ -603,14 +607,15 @@ static pm_result start_locked(const pm__copy_settings *set)
     return PM_SUCCESS;
 }
 
+/* Whether j counts for the filler count: host-to-device jobs of several whole
+ * buffers (the ramp at a copy's start waits little whatever the count). */
+static bool steers_fillers(const job *j) { return j->dir == PM__HTOD && j->bytes >= 8 * j->chunk; }
+
 /* lock held, after a host-to-device job: one filler more when its threads
  * hardly waited for DMAs (the CPU side could not keep up), one fewer when
  * they waited for more than a third of the time they copied (the DMA engine
- * needed fewer, and fewer threads copying let it read faster). Only jobs of
- * several whole buffers count: the ramp at a copy's start waits little
- * whatever the count. Measured bands: bench/results. */
-static bool steers_fillers(const job *j) { return j->dir == PM__HTOD && j->bytes >= 8 * j->chunk; }
-
+ * needed fewer, and fewer threads copying let it read faster). Measured
+ * bands: bench/results. Each kind of stores keeps its own count. */
 static void steer_fillers(job *j)
 {
     if (!steers_fillers(j))
@@ -670,7 +675,6 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
                           bool *no_ring)
 {
     *no_ring = false;
-    const unsigned long long t0 = pm__now_ns();
     pthread_mutex_lock(&eng.lock);
     if (!eng.started) {
         pm_result r = start_locked(set);
@@ -680,6 +684,8 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
             return r;
         }
     }
+    /* After the engine's start, which would weigh on the first copy's time. */
+    const unsigned long long t0 = pm__now_ns();
     job j = {.dir = dir, .host = host, .dev = dev, .bytes = bytes, .chunk = eng.chunk,
              .slice = set->slice_bytes < eng.chunk ? set->slice_bytes : eng.chunk, .stream = stream};
     unsigned size_class = 0;
