@@ -631,10 +631,13 @@ static void steer_fillers(job *j)
 }
 
 /* lock held, as a job that steers the fillers starts: the count last steered
- * for its kind of stores. */
+ * for its kind of stores. Demoting stores start from twice the count of the
+ * other kind, as each thread copies about half as fast with them. */
 static void take_fillers_of(const job *j)
 {
     unsigned n = eng.fillers_of[j->store_kind];
+    if (n == 0 && j->store_kind == PM__STORE_DEMOTING)
+        n = 2 * eng.fillers < eng.htod_workers ? 2 * eng.fillers : eng.htod_workers;
     if (!steers_fillers(j) || n == 0 || n == eng.fillers)
         return;
     if (n > eng.fillers)

@@ -15,7 +15,7 @@ unsigned pm__store_choose(pm__store_choice *sc, unsigned c, bool timed)
     pm__store_class *cl = &sc->classes[c];
     const unsigned plain = cl->samples[PM__STORE_PLAIN], demoting = cl->samples[PM__STORE_DEMOTING];
     if (!timed) /* nothing to learn from it: the best known, plain until then */
-        return plain && demoting ? better(cl) : PM__STORE_PLAIN;
+        return plain > 1 && demoting > 1 ? better(cl) : PM__STORE_PLAIN;
     if (plain < PM__STORE_FIRST_TRIALS || demoting < PM__STORE_FIRST_TRIALS)
         return demoting < plain ? PM__STORE_DEMOTING : PM__STORE_PLAIN; /* in turn */
     unsigned best = better(cl);
@@ -31,6 +31,9 @@ void pm__store_report(pm__store_choice *sc, unsigned c, unsigned kind, double gb
     pm__store_class *cl = &sc->classes[c];
     /* A quarter for each new copy: single copies swing by several GB/s on a
      * busy host, and a host that changes still shows within a few copies. */
-    cl->gbps[kind] = cl->samples[kind] ? 0.75 * cl->gbps[kind] + 0.25 * gbps : gbps;
-    cl->samples[kind]++;
+    if (cl->samples[kind] == 1)
+        cl->gbps[kind] = gbps;
+    else if (cl->samples[kind] > 1)
+        cl->gbps[kind] = 0.75 * cl->gbps[kind] + 0.25 * gbps;
+    cl->samples[kind]++; /* the first only warmed up */
 }
