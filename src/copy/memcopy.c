@@ -35,7 +35,7 @@ static inline void demote_line(void *p)
 bool pm__copy_cpu_demotes(void)
 {
     unsigned a, b, c, d;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 25 & 1);
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 25) & 1u); /* CPUID.7.0:ECX[25] */
 }
 
 static void copy_demoting(uint8_t *dst, const uint8_t *src, size_t n)
