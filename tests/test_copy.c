@@ -342,7 +342,8 @@ static void steered_fillers(void)
 }
 
 /* Synchronous host-to-device copies from 64 MiB time each kind of stores in
- * turn where the CPU demotes (plain first, then demoting, twice over), and
+ * turn where the CPU demotes (plain first, then demoting, as many times as
+ * the trials take), and
  * the bytes arrive either way; elsewhere none demotes. A new shape of engine
  * starts learning afresh. */
 static void learnt_stores(void)

@@ -53,8 +53,8 @@ static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
  * names the stores. Whether it does is learnt per machine (store_choice.h):
  * on one H100 host demoting stores made 64 MiB 42.1-43.9 GB/s against
  * 40.2-41.6, 256 MiB 44.9-48.7 against 44.0-45.4 and 1 GiB 49.0-51.8 against
- * 50.1-50.8 (four passes), while on a busier one they lost 3-10 GB/s at 64
- * MiB (five passes), as they cost each thread about twice the time a piece
+ * 50.1-50.8 (four passes), while on a busier one they lost up to 9.4 GB/s at
+ * 64 MiB (4.5-9.4 in four passes of five), as they cost each thread about twice the time a piece
  * (cached stores read each ring line first). Small copies feel that most
  * (16 MiB 26.8-28.7 against 36.8-37.7 on the first host), so they never do. */
 static inline bool pm__copy_may_demote(const pm__copy_settings *set, pm__direction dir,

@@ -12,9 +12,9 @@
  * without a trip to memory. Every byte then crosses memory once (the source
  * read) instead of three times. Measured on an H100 host (bench/results,
  * bench/probe/ring_cache.c): with twelve threads filling a 16 or 32 MiB ring,
- * the DMA engine read it at 53 GB/s, as from an idle ring, against 38-39 with
+ * the DMA engine read it at 53 GB/s, as from an idle ring, against 37-39 with
  * streaming stores; without the demotion, at 21-46 (it had to take each line
- * from a core's private cache). */
+ * from a core's private cache, presumably). */
 #include <stdint.h>
 #include <string.h>
 
@@ -38,39 +38,18 @@ bool pm__copy_cpu_demotes(void)
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 25) & 1u); /* CPUID.7.0:ECX[25] */
 }
 
-static void copy_demoting(uint8_t *dst, const uint8_t *src, size_t n)
+/* Copies whole 64-byte blocks with streaming stores, or with ordinary stores
+ * each followed by a demotion of its line. The head up to the first aligned
+ * destination byte (16 for streaming stores, which need it; a line for
+ * demoting ones, so that each demotion covers what was just written) and the
+ * tail shorter than a block use memcpy; ring slices start on page boundaries,
+ * so they have neither. Always inlined with a constant `demote`, so each kind
+ * gets a loop of its own. */
+static inline __attribute__((always_inline)) void copy_blocks(uint8_t *dst, const uint8_t *src,
+                                                              size_t n, bool demote)
 {
-    /* Whole destination lines, so that each demotion covers what was just
-     * written: the head up to the first line boundary, and the tail, use
-     * memcpy (ring slices start on page boundaries, so there are none). */
-    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
-    if (head > n)
-        head = n;
-    memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    n -= head;
-    size_t blocks = n / 64;
-    for (size_t i = 0; i < blocks; i++, dst += 64, src += 64) {
-        _mm_prefetch((const char *)src + PREFETCH_AHEAD, _MM_HINT_T1);
-        __m128i a = _mm_loadu_si128((const __m128i *)src);
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-        _mm_store_si128((__m128i *)dst, a);
-        _mm_store_si128((__m128i *)(dst + 16), b);
-        _mm_store_si128((__m128i *)(dst + 32), c);
-        _mm_store_si128((__m128i *)(dst + 48), d);
-        demote_line(dst);
-    }
-    memcpy(dst, src, n % 64);
-}
-
-static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
-{
-    /* Streaming stores need 16-byte aligned destinations: the head up to the
-     * first aligned byte, and the tail shorter than a block, use memcpy. */
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    const uintptr_t align = demote ? 64 : 16;
+    size_t head = (align - ((uintptr_t)dst & (align - 1))) & (align - 1);
     if (head > n)
         head = n;
     memcpy(dst, src, head);
@@ -89,15 +68,24 @@ static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
         __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
         __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
         __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-        _mm_stream_si128((__m128i *)dst, a);
-        _mm_stream_si128((__m128i *)(dst + 16), b);
-        _mm_stream_si128((__m128i *)(dst + 32), c);
-        _mm_stream_si128((__m128i *)(dst + 48), d);
+        if (demote) {
+            _mm_store_si128((__m128i *)dst, a);
+            _mm_store_si128((__m128i *)(dst + 16), b);
+            _mm_store_si128((__m128i *)(dst + 32), c);
+            _mm_store_si128((__m128i *)(dst + 48), d);
+            demote_line(dst);
+        } else {
+            _mm_stream_si128((__m128i *)dst, a);
+            _mm_stream_si128((__m128i *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(dst + 48), d);
+        }
     }
     memcpy(dst, src, n % 64);
     /* Streaming stores are weakly ordered: make them visible before the
      * caller hands the buffer to the DMA engine or to the user. */
-    _mm_sfence();
+    if (!demote)
+        _mm_sfence();
 }
 #define HAVE_STREAMING 1
 #else
@@ -109,11 +97,11 @@ void pm__copy_bytes(void *dst, const void *src, size_t n, pm_copy_stores stores)
 {
 #if HAVE_STREAMING
     if (stores == PM_COPY_STORES_STREAMING) {
-        copy_streaming(dst, src, n);
+        copy_blocks(dst, src, n, false);
         return;
     }
     if (stores == PM_COPY_STORES_DEMOTING) {
-        copy_demoting(dst, src, n);
+        copy_blocks(dst, src, n, true);
         return;
     }
 #else

@@ -350,9 +350,9 @@ static void run_htod_slice(const claim *c, bool skip)
      * piece has passed here (ordered by the lock around slices_left). */
     if (!skip)
         wait_previous_dma(j, b);
-    /* The pieces of the ramp at a copy's start wait for their slices alone:
-     * streaming stores, which cost a thread half the time of demoting ones,
-     * start the first DMAs sooner. */
+    /* Pieces smaller than a buffer (the ramp at a copy's start, and its last)
+     * wait for their slices alone: streaming stores, which cost a thread half
+     * the time of demoting ones, start their DMAs sooner. */
     pm_copy_stores stores = j->stores == PM_COPY_STORES_DEMOTING && b->bytes < j->chunk
                                 ? PM_COPY_STORES_STREAMING
                                 : j->stores;
