@@ -3,7 +3,8 @@
  * the source line DIST bytes ahead (T0: into L1, T1: into L2). The hardware
  * prefetchers stop at 4 KiB page boundaries; this shows what asking ahead of
  * them buys a staging thread.
- * Build: gcc -O2 -pthread copy_prefetch.c -o copy_prefetch; run: ./copy_prefetch N */
+ * Build: gcc -O2 -pthread copy_prefetch.c -o copy_prefetch; run: ./copy_prefetch N [DIST...]
+ * (distances in bytes; default 0 512 1024 2048 4096). */
 #include <emmintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -56,10 +57,15 @@ int main(int argc, char **argv)
         return 1;
     memset(source, 1, SOURCE);
     memset(ring, 0, RING);
-    const int distances[] = {0, 512, 1024, 2048, 4096};
+    int distances[16] = {0, 512, 1024, 2048, 4096}, n_distances = 5;
+    if (argc > 2) {
+        n_distances = argc - 2 < 16 ? argc - 2 : 16;
+        for (int d = 0; d < n_distances; d++)
+            distances[d] = atoi(argv[d + 2]);
+    }
     for (int rep = 0; rep < 3; rep++)
         for (int hint = 0; hint < 2; hint++)
-            for (int d = 0; d < 5; d++) {
+            for (int d = 0; d < n_distances; d++) {
                 if (distances[d] == 0 && hint == 1)
                     continue;
                 prefetch_distance = distances[d];
