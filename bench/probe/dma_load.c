@@ -4,9 +4,6 @@
  * engine, each with its own reads in flight).
  * gcc -O2 -mavx2 -pthread -I/usr/local/cuda/include dma_load.c -lcuda */
 #include <cuda.h>
-#include <immintrin.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,41 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "copy_load.h"
 #include "probe.h"
 
-enum { PIECE = 4 << 20, TOTAL = 256 << 20, LOAD_SRC = 1 << 30, LOAD_DST = 64 << 20, REPS = 5 };
-
-static atomic_bool stop_load;
-static uint8_t *load_src, *load_dst;
-
-/* Copies 512 KiB slices from a large pageable buffer into a pinned one with
- * streaming stores, round and round, as a filler does. */
-static void *load_main(void *arg)
-{
-    size_t k = (size_t)(uintptr_t)arg * 97;
-    const size_t slice = 512 << 10;
-    while (!atomic_load_explicit(&stop_load, memory_order_relaxed)) {
-        const __m256i *s = (const __m256i *)(load_src + (k * slice) % LOAD_SRC);
-        __m256i *d = (__m256i *)(load_dst + (k * slice) % LOAD_DST);
-        for (size_t i = 0; i < slice / 32; i += 4) {
-            __m256i a = _mm256_loadu_si256(s + i), b = _mm256_loadu_si256(s + i + 1);
-            __m256i c = _mm256_loadu_si256(s + i + 2), e = _mm256_loadu_si256(s + i + 3);
-            _mm256_stream_si256(d + i, a);
-            _mm256_stream_si256(d + i + 1, b);
-            _mm256_stream_si256(d + i + 2, c);
-            _mm256_stream_si256(d + i + 3, e);
-        }
-        k++;
-    }
-    _mm_sfence();
-    return NULL;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+enum { PIECE = 4 << 20, TOTAL = 256 << 20, REPS = 5 };
 
 int main(void)
 {
@@ -56,12 +22,11 @@ int main(void)
     void *pinned;
     CUdeviceptr d;
     TRY(cuMemHostAlloc(&pinned, TOTAL, 0));
-    TRY(cuMemHostAlloc((void **)&load_dst, LOAD_DST, 0));
+    void *load_pinned;
+    TRY(cuMemHostAlloc(&load_pinned, LOAD_DST, 0));
+    load_prepare(load_pinned);
     TRY(cuMemAlloc(&d, TOTAL));
-    load_src = malloc(LOAD_SRC);
-    memset(load_src, 1, LOAD_SRC);
     memset(pinned, 2, TOTAL);
-    memset(load_dst, 3, LOAD_DST);
     CUstream streams[4];
     for (int i = 0; i < 4; i++)
         TRY(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING));
@@ -71,10 +36,8 @@ int main(void)
     static const int loads[] = {0, 4, 8, 12};
     static const int stream_counts[] = {1, 2, 4};
     for (size_t li = 0; li < sizeof loads / sizeof *loads; li++) {
-        pthread_t th[16];
-        atomic_store(&stop_load, false);
-        for (int t = 0; t < loads[li]; t++)
-            pthread_create(&th[t], NULL, load_main, (void *)(uintptr_t)t);
+        pthread_t th[LOAD_MAX_THREADS];
+        load_start(th, loads[li]);
         double gb[3][REPS];
         for (int k = 0; k < REPS; k++)
             for (size_t si = 0; si < 3; si++) {
@@ -86,14 +49,11 @@ int main(void)
                     TRY(cuStreamSynchronize(streams[i]));
                 gb[si][k] = TOTAL / (now_ms() - t0) / 1e6;
             }
-        atomic_store(&stop_load, true);
-        for (int t = 0; t < loads[li]; t++)
-            pthread_join(th[t], NULL);
+        load_stop(th, loads[li]);
         printf("%2d loading threads:", loads[li]);
         for (size_t si = 0; si < 3; si++) {
-            qsort(gb[si], REPS, sizeof(double), cmp);
             printf("  %d stream%s %5.1f GB/s", stream_counts[si], stream_counts[si] > 1 ? "s" : " ",
-                   gb[si][REPS / 2]);
+                   probe_median(gb[si], REPS));
         }
         printf("\n");
     }

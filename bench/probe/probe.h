@@ -1,6 +1,6 @@
-/* What the driver probes share: a millisecond clock, a check that stops the
- * probe on the first failing driver call, and device 0's primary context
- * made current. Header-only, so each probe still builds alone with
+/* What the driver probes share: a millisecond clock, a median, a check that
+ * stops the probe on the first failing driver call, and device 0's primary
+ * context made current. Header-only, so each probe still builds alone with
  * gcc ... FILE.c -lcuda. */
 #ifndef PINMEM_PROBE_H
 #define PINMEM_PROBE_H
@@ -15,6 +15,19 @@ static inline double now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static inline int probe_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of n values (reorders them). */
+static inline double probe_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, probe_cmp_double);
+    return v[n / 2];
 }
 
 #define TRY(call)                                                    \

@@ -149,12 +149,6 @@ static void *filler_main(void *arg)
     return NULL;
 }
 
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv)
 {
     /* "ways": only the ways to store, into a 32 MiB ring. */
@@ -213,9 +207,8 @@ int main(int argc, char **argv)
                 atomic_store(&g.stop, true);
                 for (int t = 0; t < threads; t++)
                     pthread_join(th[t], NULL);
-                qsort(dma, REPS, sizeof *dma, cmp);
-                qsort(cpu, REPS, sizeof *cpu, cmp);
-                printf("  %2dT %4.1f/%5.1f", threads, dma[REPS / 2], cpu[REPS / 2]);
+                printf("  %2dT %4.1f/%5.1f", threads, probe_median(dma, REPS),
+                       probe_median(cpu, REPS));
             }
             printf("\n");
         }

@@ -7,14 +7,14 @@
  * nvcc -O2 -arch=sm_90 -Xcompiler -mavx2 sm_pull.cu -o sm_pull -lcuda */
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <immintrin.h>
-#include <pthread.h>
-#include <atomic>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "copy_load.h"
+#include "probe.h"
 
 #define TRYRT(call)                                                                      \
     do {                                                                                 \
@@ -26,14 +26,6 @@
     } while (0)
 
 enum { PIECE = 4 << 20, TOTAL = 256 << 20, REPS = 5, THREADS = 256, UNROLL = 4 };
-static const size_t LOAD_SRC = (size_t)1 << 30, LOAD_DST = 64 << 20;
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
 
 /* Each thread keeps UNROLL 16-byte loads in flight; a warp's loads of one
  * round cover UNROLL whole 512-byte runs. */
@@ -52,38 +44,6 @@ __global__ void pull(const int4 *__restrict__ src, int4 *__restrict__ dst, size_
     }
     for (; i < n16; i += stride)
         dst[i] = src[i];
-}
-
-static std::atomic<bool> stop_load;
-static uint8_t *load_src, *load_dst;
-
-/* As in dma_load.c: 512 KiB slices from a 1 GiB pageable buffer into a pinned
- * one with streaming stores, round and round. */
-static void *load_main(void *arg)
-{
-    size_t k = (size_t)(uintptr_t)arg * 97;
-    const size_t slice = 512 << 10;
-    while (!stop_load.load(std::memory_order_relaxed)) {
-        const __m256i *s = (const __m256i *)(load_src + (k * slice) % LOAD_SRC);
-        __m256i *d = (__m256i *)(load_dst + (k * slice) % LOAD_DST);
-        for (size_t i = 0; i < slice / 32; i += 4) {
-            __m256i a = _mm256_loadu_si256(s + i), b = _mm256_loadu_si256(s + i + 1);
-            __m256i c = _mm256_loadu_si256(s + i + 2), e = _mm256_loadu_si256(s + i + 3);
-            _mm256_stream_si256(d + i, a);
-            _mm256_stream_si256(d + i + 1, b);
-            _mm256_stream_si256(d + i + 2, c);
-            _mm256_stream_si256(d + i + 3, e);
-        }
-        k++;
-    }
-    _mm_sfence();
-    return NULL;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* Ways to move TOTAL bytes: the DMA engine in PIECE DMAs, or kernels of
@@ -111,13 +71,12 @@ int main(void)
     uint8_t *host, *dev_of_host, *dev;
     TRYRT(cudaHostAlloc((void **)&host, TOTAL, cudaHostAllocMapped));
     TRYRT(cudaHostGetDevicePointer((void **)&dev_of_host, host, 0));
-    TRYRT(cudaHostAlloc((void **)&load_dst, LOAD_DST, 0));
+    uint8_t *load_pinned;
+    TRYRT(cudaHostAlloc((void **)&load_pinned, LOAD_DST, 0));
+    load_prepare(load_pinned);
     TRYRT(cudaMalloc((void **)&dev, TOTAL));
-    load_src = (uint8_t *)malloc(LOAD_SRC);
-    memset(load_src, 1, LOAD_SRC);
     for (size_t i = 0; i < TOTAL; i++)
         host[i] = (uint8_t)(i * 131 + 7);
-    memset(load_dst, 3, LOAD_DST);
     cudaStream_t s;
     TRYRT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     int sms = 0;
@@ -140,21 +99,16 @@ int main(void)
     printf("\n");
     static const int loads[] = {0, 4, 8, 12};
     for (size_t li = 0; li < sizeof loads / sizeof *loads; li++) {
-        pthread_t th[16];
-        stop_load = false;
-        for (int t = 0; t < loads[li]; t++)
-            pthread_create(&th[t], NULL, load_main, (void *)(uintptr_t)t);
+        pthread_t th[LOAD_MAX_THREADS];
+        load_start(th, loads[li]);
         double gb[WAYS][REPS];
         for (int k = 0; k < REPS; k++)
             for (int w = 0; w < WAYS; w++)
                 gb[w][k] = move_once(ways[w], host, dev_of_host, dev, s);
-        stop_load = true;
-        for (int t = 0; t < loads[li]; t++)
-            pthread_join(th[t], NULL);
+        load_stop(th, loads[li]);
         printf("%-8d", loads[li]);
         for (int w = 0; w < WAYS; w++) {
-            qsort(gb[w], REPS, sizeof(double), cmp);
-            printf(w == 0 ? " %9.1f" : "  %11.1f", gb[w][REPS / 2]);
+            printf(w == 0 ? " %9.1f" : "  %11.1f", probe_median(gb[w], REPS));
         }
         printf("\n");
     }
