@@ -236,6 +236,44 @@ static void ordering(void)
     free(dst);
 }
 
+/* The synchronous forms are ordered on the default stream, as the driver's
+ * are on its legacy stream: a synchronous copy lands after, and reads after,
+ * an asynchronous copy queued there before it, whichever path it takes
+ * (small pageable copies go the driver's own way, whole page-locked ones
+ * straight to DMA). */
+static void sync_after_default_stream(void)
+{
+    const size_t big = 16 << 20, small = 4096;
+    uint8_t *pinned = NULL, *pageable = malloc(small), *back = malloc(small);
+    uint8_t *pinned_small = NULL;
+    CHECK_RESULT(pm_mem_alloc_host((void **)&pinned, big), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_host((void **)&pinned_small, small), PM_SUCCESS);
+    pm_deviceptr dev = device_alloc(big);
+    for (unsigned k = 0; k < 8; k++) {
+        uint8_t *src = k % 2 ? pinned_small : pageable;
+        fill(pinned, big, 90 + k);
+        fill(src, small, 100 + k);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, pinned, big, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_htod(dev, src, small), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(back, dev, small), PM_SUCCESS);
+        CHECK(first_mismatch(back, small, 100 + k) == small); /* the later copy's bytes */
+        /* A synchronous read waits for the asynchronous write before it (the
+         * stream is idle here: pinned may be refilled). */
+        fill(pinned, big, 110 + k);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, pinned, big, NULL), PM_SUCCESS);
+        uint8_t *dst = k % 2 ? pinned_small : back;
+        CHECK_RESULT(pm_memcpy_dtoh(dst, dev, small), PM_SUCCESS);
+        CHECK(first_mismatch(dst, small, 110 + k) == small);
+    }
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(pinned), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(pinned_small), PM_SUCCESS);
+    device_free(dev);
+    free(pageable);
+    free(back);
+}
+
 static void bad_arguments(void)
 {
     uint8_t buf[16];
@@ -501,6 +539,7 @@ int main(void)
     steered_fillers();
     registration_pieces();
     ordering();
+    sync_after_default_stream();
     store_kinds();
     learnt_stores();
     budget();

@@ -288,16 +288,23 @@ static pm_result posix_device_alloc(pm_deviceptr *d, size_t bytesize)
 
 static void posix_device_free(pm_deviceptr d) { free((void *)(uintptr_t)d); }
 
+/* The synchronous copies are ordered on the default stream, as the driver's
+ * are on its legacy stream: they start once the work queued there before
+ * them is done. */
 static pm_result posix_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)
 {
-    memcpy((void *)(uintptr_t)d, src, bytesize);
-    return PM_SUCCESS;
+    pm_result r = pm__posix_stream_synchronize(NULL);
+    if (r == PM_SUCCESS)
+        memcpy((void *)(uintptr_t)d, src, bytesize);
+    return r;
 }
 
 static pm_result posix_copy_dtoh(void *dst, pm_deviceptr d, size_t bytesize)
 {
-    memcpy(dst, (const void *)(uintptr_t)d, bytesize);
-    return PM_SUCCESS;
+    pm_result r = pm__posix_stream_synchronize(NULL);
+    if (r == PM_SUCCESS)
+        memcpy(dst, (const void *)(uintptr_t)d, bytesize);
+    return r;
 }
 
 /* An asynchronous copy: the stream's thread plays the DMA engine. */
