@@ -273,23 +273,43 @@ pm__retire_outcome pm__ranges_retire(pm__ranges *set, uintptr_t base, unsigned k
     return outcome;
 }
 
-bool pm__ranges_next_extent(pm__ranges *set, uintptr_t addr, pm__range *out)
+/* lock held */
+static bool next_extent_locked(pm__ranges *set, uintptr_t addr, pm__range *out)
 {
-    bool hit = false;
-    pthread_rwlock_rdlock(&set->lock);
     for (uintptr_t from = addr + 1; from > addr;) {
         node *n = ceil_node(set->root, from);
         if (!n)
-            break;
+            return false;
         if (n->published) {
             *out = n->r;
-            hit = true;
-            break;
+            return true;
         }
         from = n->r.pin_base + 1; /* pending: not pinned yet, look past it */
     }
+    return false;
+}
+
+bool pm__ranges_next_extent(pm__ranges *set, uintptr_t addr, pm__range *out)
+{
+    pthread_rwlock_rdlock(&set->lock);
+    bool hit = next_extent_locked(set, addr, out);
     pthread_rwlock_unlock(&set->lock);
     return hit;
+}
+
+pm__extent_found pm__ranges_extent_at_or_after(pm__ranges *set, uintptr_t addr, pm__range *out)
+{
+    pm__extent_found found = PM__EXTENT_NONE;
+    pthread_rwlock_rdlock(&set->lock);
+    node *n = floor_node(set->root, addr);
+    if (n && n->published && addr < extent_end(&n->r)) {
+        *out = n->r;
+        found = PM__EXTENT_AT;
+    } else if (next_extent_locked(set, addr, out)) {
+        found = PM__EXTENT_AFTER;
+    }
+    pthread_rwlock_unlock(&set->lock);
+    return found;
 }
 
 size_t pm__ranges_count(pm__ranges *set)

@@ -55,6 +55,10 @@ bool pm__ranges_find(pm__ranges *set, uintptr_t addr, pm__range *out);
 bool pm__ranges_find_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
 /* The published range with the lowest extent base above addr. */
 bool pm__ranges_next_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
+/* Both in one look (copies ask this of every piece): the range whose pinned
+ * extent contains addr, else the next one above it. */
+typedef enum { PM__EXTENT_NONE, PM__EXTENT_AT, PM__EXTENT_AFTER } pm__extent_found;
+pm__extent_found pm__ranges_extent_at_or_after(pm__ranges *set, uintptr_t addr, pm__range *out);
 
 /* Retires the published range whose user base is exactly base and whose
  * kind is in kind_mask: queries stop seeing it, but its extent stays claimed

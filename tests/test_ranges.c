@@ -1,5 +1,6 @@
 /* The registry alone, against a brute-force model: random claims, publishes,
- * retires and lookups, with the tree's invariants checked throughout. */
+ * retires and lookups (of user bytes, and of the extent at or after an
+ * address, as copies ask), with the tree's invariants checked throughout. */
 #include <stdint.h>
 
 #include "check.h"
@@ -72,6 +73,20 @@ int main(void)
             CHECK(hit == expect);
             if (hit)
                 CHECK(out.base == model[i].r.base && out.size == model[i].r.size);
+            /* The extent at addr, else the next one: slots lie in address order. */
+            size_t want = i;
+            bool at = model[i].state == 1 && addr >= model[i].r.pin_base &&
+                      addr < model[i].r.pin_base + model[i].r.pin_len;
+            if (!at) {
+                if (model[i].state != 1 || addr >= model[i].r.pin_base)
+                    want++;
+                while (want < slots && model[want].state != 1)
+                    want++;
+            }
+            pm__extent_found found = pm__ranges_extent_at_or_after(set, addr, &out);
+            CHECK(found == (at ? PM__EXTENT_AT : want < slots ? PM__EXTENT_AFTER : PM__EXTENT_NONE));
+            if (found != PM__EXTENT_NONE && want < slots)
+                CHECK(out.pin_base == model[want].r.pin_base);
         }
         if (step % 10000 == 0) {
             const char *why = NULL;

@@ -43,7 +43,10 @@ static pm_result pinmem_dtoh(const pm__backend *b, pm_deviceptr d, uint8_t *h, s
 
 static int reps_for(size_t n) { return n <= (1u << 20) ? 200 : n <= (64u << 20) ? 20 : 5; }
 
-/* Median nanoseconds of each of two ways, run in turn so drift hits both. */
+/* Median nanoseconds of each of two ways, run in turn so drift hits both,
+ * and each first in every other round, so that neither always follows the
+ * other (what the one before leaves behind, in the caches or the driver,
+ * weighs on short copies). */
 static void time_pair(const pm__backend *b, copy_fn f1, copy_fn f2, pm_deviceptr d, uint8_t *h,
                       size_t n, double *t1, double *t2, bool *failed)
 {
@@ -51,12 +54,14 @@ static void time_pair(const pm__backend *b, copy_fn f1, copy_fn f2, pm_deviceptr
     double *a = malloc(sizeof *a * (size_t)reps), *c = malloc(sizeof *c * (size_t)reps);
     *failed |= f1(b, d, h, n) != PM_SUCCESS || f2(b, d, h, n) != PM_SUCCESS; /* warm */
     for (int k = 0; k < reps; k++) {
+        copy_fn first = k % 2 ? f2 : f1, second = k % 2 ? f1 : f2;
         double t0 = now_ns();
-        *failed |= f1(b, d, h, n) != PM_SUCCESS;
-        double t1_ = now_ns();
-        *failed |= f2(b, d, h, n) != PM_SUCCESS;
-        a[k] = t1_ - t0;
-        c[k] = now_ns() - t1_;
+        *failed |= first(b, d, h, n) != PM_SUCCESS;
+        double t_mid = now_ns();
+        *failed |= second(b, d, h, n) != PM_SUCCESS;
+        double t_end = now_ns();
+        a[k] = k % 2 ? t_end - t_mid : t_mid - t0;
+        c[k] = k % 2 ? t_mid - t0 : t_end - t_mid;
     }
     *t1 = median(a, (size_t)reps);
     *t2 = median(c, (size_t)reps);

@@ -45,17 +45,15 @@ static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t
 {
     pm__range r;
     uintptr_t lo, hi;
-    if (pm__ranges_find_extent(ranges, at, &r)) {
-        pinned_bytes(&r, &lo, &hi);
-        if (at >= lo && at < hi)
-            return (piece){pm__copy_pinned_end(&r, registration_piece, at, end), true};
-        return (piece){min_addr(at < lo ? lo : r.pin_base + r.pin_len, end), false};
-    }
-    if (pm__ranges_next_extent(ranges, at, &r)) {
-        pinned_bytes(&r, &lo, &hi);
+    pm__extent_found found = pm__ranges_extent_at_or_after(ranges, at, &r);
+    if (found == PM__EXTENT_NONE)
+        return (piece){end, false};
+    pinned_bytes(&r, &lo, &hi);
+    if (found == PM__EXTENT_AFTER)
         return (piece){min_addr(lo, end), false};
-    }
-    return (piece){end, false};
+    if (at >= lo && at < hi)
+        return (piece){pm__copy_pinned_end(&r, registration_piece, at, end), true};
+    return (piece){min_addr(at < lo ? lo : r.pin_base + r.pin_len, end), false};
 }
 
 static void count(_Atomic unsigned long long *counter, size_t n)
@@ -135,21 +133,24 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
     pm_result r = b->stream_check(s);
     if (r != PM_SUCCESS)
         return r;
+    const uintptr_t start = (uintptr_t)host, end = start + bytes;
+    piece first = next_piece(inst->ranges, b->registration_piece, start, end);
+    if (first.pinned && first.end == end) {
+        /* All of it in one registration: one DMA, and no copy settings to
+         * read. A synchronous copy uses the driver's synchronous call,
+         * which costs what the driver's own copy costs (a queued DMA and a
+         * wait for the stream are two calls). */
+        r = pm__copy_backend(b, dir, host, dev, bytes, s, sync ? PM__VIA_SYNC : PM__VIA_PINNED);
+        if (r == PM_SUCCESS)
+            count(&pm__copy_count.direct_bytes, bytes);
+        return r;
+    }
     const pm__copy_settings *set = pm__copy_enter();
     bool queued = false;
-    const uintptr_t start = (uintptr_t)host, end = start + bytes;
     for (uintptr_t at = start; at < end && r == PM_SUCCESS;) {
-        piece p = next_piece(inst->ranges, b->registration_piece, at, end);
+        piece p = at == start ? first : next_piece(inst->ranges, b->registration_piece, at, end);
         size_t n = p.end - at, off = at - start;
-        if (p.pinned && sync && at == start && p.end == end) {
-            /* All of a synchronous copy in one registration: the driver's
-             * synchronous call, which returns once the DMA is done, costs
-             * what the driver's own copy costs (a queued DMA and a wait for
-             * the stream are two calls). */
-            r = pm__copy_backend(b, dir, host, dev, n, s, PM__VIA_SYNC);
-            if (r == PM_SUCCESS)
-                count(&pm__copy_count.direct_bytes, n);
-        } else if (p.pinned) {
+        if (p.pinned) {
             r = pm__copy_backend(b, dir, (uint8_t *)at, dev + off, n, s, PM__VIA_PINNED);
             queued = true;
             if (r == PM_SUCCESS)
