@@ -273,7 +273,7 @@ pm__retire_outcome pm__ranges_retire(pm__ranges *set, uintptr_t base, unsigned k
     return outcome;
 }
 
-/* lock held */
+/* lock held: the published range with the lowest extent base above addr. */
 static bool next_extent_locked(pm__ranges *set, uintptr_t addr, pm__range *out)
 {
     for (uintptr_t from = addr + 1; from > addr;) {
@@ -287,14 +287,6 @@ static bool next_extent_locked(pm__ranges *set, uintptr_t addr, pm__range *out)
         from = n->r.pin_base + 1; /* pending: not pinned yet, look past it */
     }
     return false;
-}
-
-bool pm__ranges_next_extent(pm__ranges *set, uintptr_t addr, pm__range *out)
-{
-    pthread_rwlock_rdlock(&set->lock);
-    bool hit = next_extent_locked(set, addr, out);
-    pthread_rwlock_unlock(&set->lock);
-    return hit;
 }
 
 pm__extent_found pm__ranges_extent_at_or_after(pm__ranges *set, uintptr_t addr, pm__range *out)

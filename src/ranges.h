@@ -53,10 +53,9 @@ void pm__ranges_withdraw(pm__ranges *set, uintptr_t pin_base);
 bool pm__ranges_find(pm__ranges *set, uintptr_t addr, pm__range *out);
 /* The published range whose pinned extent contains addr. */
 bool pm__ranges_find_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
-/* The published range with the lowest extent base above addr. */
-bool pm__ranges_next_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
-/* Both in one look (copies ask this of every piece): the range whose pinned
- * extent contains addr, else the next one above it. */
+/* In one look (copies ask this of every piece): the published range whose
+ * pinned extent contains addr, else the one with the lowest extent base above
+ * addr. */
 typedef enum { PM__EXTENT_NONE, PM__EXTENT_AT, PM__EXTENT_AFTER } pm__extent_found;
 pm__extent_found pm__ranges_extent_at_or_after(pm__ranges *set, uintptr_t addr, pm__range *out);
 

@@ -291,20 +291,22 @@ static void posix_device_free(pm_deviceptr d) { free((void *)(uintptr_t)d); }
 /* The synchronous copies are ordered on the default stream, as the driver's
  * are on its legacy stream: they start once the work queued there before
  * them is done. */
-static pm_result posix_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)
+static pm_result copy_in_default_stream_order(void *dst, const void *src, size_t bytesize)
 {
     pm_result r = pm__posix_stream_synchronize(NULL);
     if (r == PM_SUCCESS)
-        memcpy((void *)(uintptr_t)d, src, bytesize);
+        memcpy(dst, src, bytesize);
     return r;
+}
+
+static pm_result posix_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)
+{
+    return copy_in_default_stream_order((void *)(uintptr_t)d, src, bytesize);
 }
 
 static pm_result posix_copy_dtoh(void *dst, pm_deviceptr d, size_t bytesize)
 {
-    pm_result r = pm__posix_stream_synchronize(NULL);
-    if (r == PM_SUCCESS)
-        memcpy(dst, (const void *)(uintptr_t)d, bytesize);
-    return r;
+    return copy_in_default_stream_order(dst, (const void *)(uintptr_t)d, bytesize);
 }
 
 /* An asynchronous copy: the stream's thread plays the DMA engine. */

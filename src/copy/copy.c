@@ -133,34 +133,33 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
     pm_result r = b->stream_check(s);
     if (r != PM_SUCCESS)
         return r;
-    const uintptr_t start = (uintptr_t)host, end = start + bytes;
-    piece first = next_piece(inst->ranges, b->registration_piece, start, end);
-    if (first.pinned && first.end == end) {
-        /* All of it in one registration: one DMA, and no copy settings to
-         * read. A synchronous copy uses the driver's synchronous call,
-         * which costs what the driver's own copy costs (a queued DMA and a
-         * wait for the stream are two calls). */
-        r = pm__copy_backend(b, dir, host, dev, bytes, s, sync ? PM__VIA_SYNC : PM__VIA_PINNED);
-        if (r == PM_SUCCESS)
-            count(&pm__copy_count.direct_bytes, bytes);
-        return r;
-    }
-    const pm__copy_settings *set = pm__copy_enter();
+    /* The copy settings are read only for pageable pieces: a copy that is all
+     * page-locked takes no lock but the registry's. */
+    const pm__copy_settings *set = NULL;
     bool queued = false;
+    const uintptr_t start = (uintptr_t)host, end = start + bytes;
     for (uintptr_t at = start; at < end && r == PM_SUCCESS;) {
-        piece p = at == start ? first : next_piece(inst->ranges, b->registration_piece, at, end);
+        piece p = next_piece(inst->ranges, b->registration_piece, at, end);
         size_t n = p.end - at, off = at - start;
         if (p.pinned) {
-            r = pm__copy_backend(b, dir, (uint8_t *)at, dev + off, n, s, PM__VIA_PINNED);
-            queued = true;
+            /* A synchronous copy that is one page-locked piece is the driver's
+             * synchronous call, which costs what the driver's own copy costs
+             * (a queued DMA and a wait for the stream are two calls). */
+            bool whole = sync && at == start && p.end == end;
+            r = pm__copy_backend(b, dir, (uint8_t *)at, dev + off, n, s,
+                                 whole ? PM__VIA_SYNC : PM__VIA_PINNED);
+            queued |= !whole;
             if (r == PM_SUCCESS)
                 count(&pm__copy_count.direct_bytes, n);
         } else {
+            if (!set)
+                set = pm__copy_enter();
             r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s, sync, &queued);
         }
         at = p.end;
     }
-    pm__copy_leave();
+    if (set)
+        pm__copy_leave();
     if (r == PM_SUCCESS && sync && queued)
         r = b->stream_synchronize(s);
     return r;
