@@ -3,6 +3,7 @@
 #ifndef PINMEM_TEST_CHECK_H
 #define PINMEM_TEST_CHECK_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,25 +13,67 @@
 
 #define SKIP_STATUS 77
 
-static int check_failures;
+/* Atomic: checks may fail on several threads at once. */
+static _Atomic int check_failures;
+
+/* The first failures say where; after that only the count grows, so that a
+ * loop that keeps failing cannot flood the output. */
+#define CHECK_PRINT_LIMIT 40
+
+static inline int check_failed_(void)
+{
+    int n = ++check_failures;
+    if (n == CHECK_PRINT_LIMIT + 1)
+        fprintf(stderr, "(more failed checks are counted, not printed)\n");
+    return n <= CHECK_PRINT_LIMIT;
+}
 
 #define CHECK(cond)                                                                  \
     do {                                                                             \
-        if (!(cond)) {                                                               \
+        if (!(cond) && check_failed_())                                              \
             fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            check_failures++;                                                        \
-        }                                                                            \
     } while (0)
 
 #define CHECK_RESULT(call, expected)                                                     \
     do {                                                                                 \
         pm_result got_ = (call);                                                         \
-        if (got_ != (expected)) {                                                        \
+        if (got_ != (expected) && check_failed_())                                       \
             fprintf(stderr, "%s:%d: %s gave %s, expected %s (%s)\n", __FILE__, __LINE__, \
                     #call, pm_result_name(got_), pm_result_name(expected),               \
                     pm_last_error_detail());                                             \
-            check_failures++;                                                            \
+    } while (0)
+
+/* As CHECK and CHECK_RESULT, but a failure also ends the current case (the
+ * enclosing function returns; REQUIRE_OR returns value): later steps would
+ * use what the failed step did not make. */
+#define REQUIRE_OR(cond, value)                                                      \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            if (check_failed_())                                                     \
+                fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
+            return value;                                                            \
+        }                                                                            \
+    } while (0)
+#define REQUIRE(cond) REQUIRE_OR(cond, )
+#define REQUIRE_RESULT_OR(call, expected, value)                                         \
+    do {                                                                                 \
+        pm_result got_ = (call);                                                         \
+        if (got_ != (expected)) {                                                        \
+            if (check_failed_())                                                         \
+                fprintf(stderr, "%s:%d: %s gave %s, expected %s (%s)\n", __FILE__,      \
+                        __LINE__, #call, pm_result_name(got_), pm_result_name(expected), \
+                        pm_last_error_detail());                                         \
+            return value;                                                                \
         }                                                                                \
+    } while (0)
+#define REQUIRE_RESULT(call, expected) REQUIRE_RESULT_OR(call, expected, )
+
+/* Ends the current case (not the whole test) when the environment cannot give
+ * what it needs, saying why. */
+#define SKIP_CASE(why)                                       \
+    do {                                                     \
+        printf("skipped: %s: %s\n", __func__, why);          \
+        return;                                              \
     } while (0)
 
 #define SKIP(why)                          \
