@@ -71,6 +71,10 @@ typedef struct pm__backend {
      * their first page (0: one piece), and a DMA must stay inside one piece:
      * the driver refuses a copy that runs past a registration's end. */
     size_t registration_piece;
+    /* Bytes that can still be pinned before the system refuses (posix: the
+     * RLIMIT_MEMLOCK headroom); SIZE_MAX when nothing binds (cuda: the driver
+     * ignores the limit). Pools and the staging ring size themselves by it. */
+    size_t (*pinnable_bytes)(void);
     /* p lies in a range pinmem pinned through this backend. */
     pm_result (*device_pointer)(pm_deviceptr *out, void *p);
 
@@ -154,6 +158,9 @@ void *pm__map_anonymous_aligned(size_t bytesize, size_t align, size_t *map_len);
 /* Binds [p, p + len) to one NUMA node before it is faulted in. */
 pm_result pm__bind_to_node(void *p, size_t len, int node);
 bool pm__numa_node_exists(int node);
+/* Bytes this process may still lock with mlock: RLIMIT_MEMLOCK less what is
+ * locked now; SIZE_MAX when no limit binds (unlimited, or CAP_IPC_LOCK). */
+size_t pm__memlock_headroom(void);
 /* Address space for a pool chunk, bound to numa_node unless it is -1, nothing pinned. */
 pm_result pm__reserve_chunk_range(size_t len, size_t align, int numa_node, void **base);
 

@@ -486,6 +486,9 @@ static pm_result cuda_device_alloc(pm_deviceptr *d, size_t bytesize)
     DRIVER_CALL("cuMemAlloc", cu->mem_alloc((CUdeviceptr *)d, bytesize));
 }
 
+/* The driver pins past RLIMIT_MEMLOCK (spec: 64 MiB under a 1 MiB limit). */
+static size_t cuda_pinnable_bytes(void) { return SIZE_MAX; }
+
 static void cuda_device_free(pm_deviceptr d)
 {
     ctx_scope scope;
@@ -634,6 +637,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->baseline_pool_close = driver_pool_close;
     out->device_alloc = cuda_device_alloc;
     out->device_free = cuda_device_free;
+    out->pinnable_bytes = cuda_pinnable_bytes;
     out->copy_htod = cuda_copy_htod;
     out->copy_dtoh = cuda_copy_dtoh;
     out->cache_register = cuda_cache_register;

@@ -392,6 +392,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->host_free = posix_host_free;
     out->host_register = posix_host_register;
     out->host_unregister = posix_host_unregister;
+    out->pinnable_bytes = pm__memlock_headroom;
     out->device_pointer = posix_device_pointer;
     out->foreign_free_host = posix_foreign_free_host;
     out->foreign_unregister = posix_foreign_unregister;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -194,4 +195,35 @@ pm_result pm__reserve_chunk_range(size_t len, size_t align, int numa_node, void 
     }
     *base = p;
     return PM_SUCCESS;
+}
+
+/* Reads VmLck (bytes) and whether CAP_IPC_LOCK (bit 14) is effective. */
+static void read_lock_status(unsigned long long *locked, bool *can_lock_freely)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kib = 0, caps = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmLck: %llu kB", &kib) == 1)
+            continue;
+        if (sscanf(line, "CapEff: %llx", &caps) == 1)
+            continue;
+    }
+    if (f)
+        fclose(f);
+    *locked = kib * 1024;
+    *can_lock_freely = (caps >> 14) & 1;
+}
+
+size_t pm__memlock_headroom(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return SIZE_MAX;
+    unsigned long long locked = 0;
+    bool free_pass = false;
+    read_lock_status(&locked, &free_pass);
+    if (free_pass)
+        return SIZE_MAX;
+    return rl.rlim_cur > locked ? (size_t)(rl.rlim_cur - locked) : 0;
 }
