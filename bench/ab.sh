@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # A/B on the GPU machine: the working tree ("b") against the same tree with
 # PATCH applied ("a", usually the change reversed: git diff -R HEAD), both
-# built here, `pinmem bench` run in turn so that drift hits both. Results land
-# in $OUT/ab.txt. Usage: bench/ab.sh PATCH [passes] [bench names...]
+# built outside the tree, `pinmem bench` run in turn so that drift hits both.
+# Results land in $OUT/ab.txt (default: a new directory under ${TMPDIR:-/tmp});
+# nothing is written into the tree. Usage: bench/ab.sh PATCH [passes] [bench names...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
 [ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: bench/ab.sh PATCH [passes] [bench names...]" >&2; exit 2; }
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/pinmem-ab.XXXXXX")}
+mkdir -p "$OUT"
+echo "results: $OUT/ab.txt"
 patch_file=$(realpath "$1")
 passes=${2:-4}
 shift $(($# >= 2 ? 2 : 1))

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, run the whole suite on the CUDA backend
-# (the differential test included) and on the POSIX backend, then the
-# benchmarks. Everything lands in $OUT (default ./gpu-out).
+# One call on the GPU machine: build (with the probes), run the whole suite on
+# the CUDA backend (the differential test included) and on the POSIX backend,
+# then the benchmarks. Everything it writes lands in $OUT, never in the tree
+# (default: a new directory under ${TMPDIR:-/tmp}, printed at the start).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-out}
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/pinmem-gpu.XXXXXX")}
 mkdir -p "$OUT"
+echo "results: $OUT"
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON -DPINMEM_BUILD_PROBES=ON \
+    >"$OUT/build.log" 2>&1 &&
+    cmake --build build-gpu -j"$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+rm -f "$OUT/build.log" # only a failed build's log comes back: few files do
 {
     date -u +"date: %Y-%m-%dT%H:%M:%SZ"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
@@ -15,15 +21,11 @@ mkdir -p "$OUT"
     lscpu 2>/dev/null | grep -E "^Model name|^Thread\(s\) per core|^Core\(s\) per socket|^Socket|^CPU max MHz|^Hypervisor"
     # Which CPUs share a core, as the guest sees it (one group per core).
     echo "core groups: $(cat /sys/devices/system/cpu/cpu*/topology/core_cpus_list 2>/dev/null | sort -un | tr '\n' ' ')"
+    # How far the CPUs scale on code that shares nothing: the ceiling for the
+    # pools' thread-scaling figures.
+    ./build-gpu/bench/probe/probe_cpu_scaling
 } >"$OUT/env.txt"
-# How far the CPUs scale on code that shares nothing: the ceiling for the
-# pools' thread-scaling figures.
-gcc -O2 -pthread bench/probe/cpu_scaling.c -o /tmp/cpu_scaling && /tmp/cpu_scaling >>"$OUT/env.txt"
 cat "$OUT/env.txt"
-
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON >"$OUT/build.log" 2>&1 &&
-    cmake --build build-gpu -j"$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-rm -f "$OUT/build.log" # only a failed build's log comes back: few files do
 
 ./build-gpu/tools/pinmem info | tee -a "$OUT/env.txt"
 
@@ -37,7 +39,9 @@ echo "== benchmarks"
 # PINMEM_BENCH selects (default: pool, copy and staging); "all" adds cold
 # allocation and the registry.
 for what in ${PINMEM_BENCH:-pool copy staging}; do
-    ./build-gpu/tools/pinmem bench "$what" --plot "$OUT/copy.png" 2>&1 | tee -a "$OUT/bench.txt"
+    plot=()
+    [ "$what" != copy ] && [ "$what" != all ] || plot=(--plot "$OUT/copy.png")
+    ./build-gpu/tools/pinmem bench "$what" "${plot[@]}" 2>&1 | tee -a "$OUT/bench.txt"
 done
 
 # Pools with a release threshold pin VMM host granules; PINMEM_POOL_VMM=1

@@ -1,9 +1,9 @@
 /* Whether the GPU's own threads read page-locked host memory faster than the
  * DMA engine does while CPU threads copy through host memory, as the staging
- * fillers do. The DMA engine slows from 53 to 43 GB/s under twelve copying
- * threads (dma_load.c); if the slowdown is the reads it keeps in flight
- * waiting longer, a kernel with tens of thousands of loads in flight through
- * the mapped pointer may keep more of the link busy.
+ * fillers do. The DMA engine slows under such copies (dma_load.c); if the
+ * slowdown is the reads it keeps in flight waiting longer, a kernel with tens
+ * of thousands of loads in flight through the mapped pointer may keep more of
+ * the link busy.
  * nvcc -O2 -arch=sm_90 -Xcompiler -mavx2 sm_pull.cu -o sm_pull -lcuda */
 #include <cuda.h>
 #include <cuda_runtime.h>
