@@ -35,5 +35,7 @@ int main(void)
            same ? "equal" : "DIFFERENT");
     check(pm_stream_destroy(stream), "pm_stream_destroy");
     check(pm_mem_free_host(target), "pm_mem_free_host");
+    free(src);
+    free(back);
     return same ? 0 : 1;
 }
