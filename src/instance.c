@@ -43,6 +43,10 @@ static pm_result open_backend(pm__backend *b)
 
 static void initialise(void)
 {
+    /* Trying the driver first fails on machines without one; a selection
+     * that then succeeds must not leave that failure as the thread's detail. */
+    pm__detail_saved before;
+    pm__detail_save(&before);
     init_result = open_backend(&instance.backend);
     if (init_result == PM_SUCCESS) {
         instance.ranges = pm__ranges_create();
@@ -58,6 +62,8 @@ static void initialise(void)
     const char *stats = getenv("PINMEM_STATS");
     if (init_result == PM_SUCCESS && stats && strcmp(stats, "1") == 0)
         atexit(pm__pool_stats_print_at_exit);
+    if (init_result == PM_SUCCESS)
+        pm__detail_restore(&before);
 }
 
 pm__instance *pm__instance_get(pm_result *r)

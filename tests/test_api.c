@@ -1,9 +1,11 @@
 /* Result names, version, init and capabilities, and bad input of every kind. */
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "copy_util.h"
 
 static void results(void)
 {
@@ -90,8 +92,88 @@ static void failures_leave_no_trace(void)
     CHECK(strlen(pm_last_error_detail()) > 0);
 }
 
+/* A thread whose calls all succeed: its detail stays "" (only failing calls
+ * write it), whatever the library tried and recovered from inside. */
+static void *only_successes(void *arg)
+{
+    (void)arg;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *p = NULL, *q = NULL;
+    unsigned flags = 0;
+    pm_deviceptr d = 0, base = 0;
+    size_t size = 0;
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_host(&p, 100), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_get_flags(&flags, p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_get_device_pointer(&d, p, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_alloc(&q, 5000, PM_MEMHOSTALLOC_WRITECOMBINED), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(q), PM_SUCCESS);
+    uint8_t *buf = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE_OR(buf != MAP_FAILED, NULL);
+    CHECK_RESULT(pm_mem_host_register(buf + 10, page, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_unregister(buf + 10), PM_SUCCESS);
+    pm_deviceptr dev = device_alloc(4096);
+    CHECK_RESULT(pm_memcpy_htod(dev, p, 100), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_dtoh(buf, dev, 4096), PM_SUCCESS);
+    device_free(dev);
+    CHECK_RESULT(pm_mem_invalidate(buf, 2 * page), PM_SUCCESS);
+    munmap(buf, 2 * page);
+    CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
+    pm_stream_t s = NULL;
+    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), "") == 0);
+    CHECK(pm_last_driver_error() == 0);
+    if (strcmp(pm_last_error_detail(), "") != 0)
+        fprintf(stderr, "detail after only successful calls: %s\n", pm_last_error_detail());
+    return NULL;
+}
+
+/* The same for pools, where the environment allows them (memory to lock). */
+static void *only_pool_successes(void *arg)
+{
+    (void)arg;
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    pm_mem_pool_t pool = NULL, dflt = NULL;
+    void *p = NULL, *q = NULL;
+    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS ||
+        pm_mem_alloc_from_pool(&p, 100, pool) != PM_SUCCESS) {
+        printf("skipped: only_pool_successes: no pool memory here (%s)\n", pm_last_error_detail());
+        if (pool)
+            pm_mem_pool_destroy(pool);
+        return NULL;
+    }
+    unsigned flags = 0;
+    CHECK_RESULT(pm_mem_host_get_flags(&flags, p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_get_default_pool(&dflt), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&q, 3000, dflt), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(q), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), "") == 0);
+    if (strcmp(pm_last_error_detail(), "") != 0)
+        fprintf(stderr, "detail after only successful pool calls: %s\n", pm_last_error_detail());
+    return NULL;
+}
+
+static void successes_leave_no_detail(void)
+{
+    void *(*const bodies[])(void *) = {only_successes, only_pool_successes};
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, bodies[i], NULL) == 0);
+        pthread_join(t, NULL);
+    }
+}
+
 int main(void)
 {
+    successes_leave_no_detail(); /* first: the thread initialises the library */
     results();
     version_and_init();
     capabilities();
