@@ -137,15 +137,22 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
                         flags);
     const uintptr_t page_mask = inst->backend.caps.page_size - 1;
     const uintptr_t lo = (uintptr_t)p & ~page_mask;
-    if (bytesize > UINTPTR_MAX - (uintptr_t)p - page_mask)
+    /* The last byte, then the last page, each without wrapping around. */
+    if (bytesize - 1 > UINTPTR_MAX - (uintptr_t)p)
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_mem_host_register: [%p, +%zu) wraps around the address space", p,
                         bytesize);
+    const uintptr_t last = (uintptr_t)p + (bytesize - 1);
+    if ((last | page_mask) == UINTPTR_MAX)
+        return pm__fail(PM_ERROR_NOT_SUPPORTED,
+                        "pm_mem_host_register: [%p, +%zu) reaches the last page of the address "
+                        "space, which belongs to the kernel",
+                        p, bytesize);
     if ((flags & PM_MEMHOSTREGISTER_READ_ONLY) &&
         !inst->backend.caps.read_only_host_register_supported)
         return pm__fail(PM_ERROR_NOT_SUPPORTED,
                         "pm_mem_host_register: the device does not support READ_ONLY");
-    const uintptr_t hi = ((uintptr_t)p + bytesize + page_mask) & ~page_mask;
+    const uintptr_t hi = (last | page_mask) + 1;
     pm__range r = {
         .base = (uintptr_t)p,
         .size = bytesize,

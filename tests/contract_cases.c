@@ -216,6 +216,10 @@ static void register_arguments(const host_api *a, case_log *l)
     expect(l, "register kernel address space",
            a->host_register((void *)(uintptr_t)0xffff800000000000ull, 4096, 0),
            PM_ERROR_NOT_SUPPORTED);
+    expect(l, "register [top - 100, +200): wraps around",
+           a->host_register((void *)(UINTPTR_MAX - 100), 200, 0), PM_ERROR_INVALID_VALUE);
+    expect(l, "... unregister it", a->host_unregister((void *)(UINTPTR_MAX - 100)),
+           PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
     expect(l, "register(+100, 5000) unaligned", a->host_register(buf + 100, 5000, 0), PM_SUCCESS);
     expect(l, "same range again", a->host_register(buf + 100, 5000, 0),
            PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED);

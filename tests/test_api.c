@@ -55,6 +55,9 @@ static void capabilities(void)
 /* Garbage pointers of every kind: the driver's codes, no crash. */
 static void bad_pointers(void)
 {
+    pm_copy_stats before = {.struct_size = sizeof before};
+    CHECK_RESULT(pm_copy_get_stats(&before), PM_SUCCESS);
+    const unsigned long long pinned_before = before.pinned_bytes;
     void *const garbage[] = {(void *)1, (void *)(uintptr_t)-4096, (void *)(uintptr_t)0x1000,
                              (void *)(uintptr_t)0xdeadbeef000ull};
     for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
@@ -67,9 +70,28 @@ static void bad_pointers(void)
         CHECK_RESULT(pm_mem_get_address_range(&d, NULL, (pm_deviceptr)(uintptr_t)garbage[i]),
                      PM_ERROR_NOT_FOUND);
     }
-    /* A range that wraps around the address space. */
+    /* A range that wraps around the address space, by pages or by bytes. */
     CHECK_RESULT(pm_mem_host_register((void *)(uintptr_t)-4096, 8192, 0), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_host_register((void *)4096, SIZE_MAX, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)4097, SIZE_MAX - 4095, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 100), 200, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 100), 102, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)UINTPTR_MAX, 2, 0), PM_ERROR_INVALID_VALUE);
+    /* In the last page without wrapping: kernel address space, as elsewhere. */
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 100), 101, 0), PM_ERROR_NOT_SUPPORTED);
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 4095), 4096, 0),
+                 PM_ERROR_NOT_SUPPORTED);
+    CHECK_RESULT(pm_mem_host_register((void *)UINTPTR_MAX, 1, 0), PM_ERROR_NOT_SUPPORTED);
+    /* None of them left a registration or pinned bytes behind. */
+    CHECK_RESULT(pm_mem_host_unregister((void *)(UINTPTR_MAX - 100)),
+                 PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CHECK_RESULT(pm_mem_host_unregister((void *)UINTPTR_MAX), PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    unsigned top_flags;
+    CHECK_RESULT(pm_mem_host_get_flags(&top_flags, (void *)(UINTPTR_MAX - 50)),
+                 PM_ERROR_INVALID_VALUE);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    CHECK(st.pinned_bytes == pinned_before);
     /* Never-mapped user space (kernel space is a contract row). */
     CHECK_RESULT(pm_mem_host_register((void *)4096, 4096, 0), PM_ERROR_INVALID_VALUE);
 }

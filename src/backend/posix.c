@@ -125,17 +125,26 @@ static mapping_check inspect_mappings(uintptr_t lo, uintptr_t hi)
     return c;
 }
 
-static void page_extent(void *p, size_t bytesize, uintptr_t *lo, uintptr_t *hi)
+/* The pages [*lo, *hi) that [p, p + bytesize) touches (bytesize > 0); false
+ * when they would run past the top of the address space. */
+static bool page_extent(void *p, size_t bytesize, uintptr_t *lo, uintptr_t *hi)
 {
     const uintptr_t mask = page_size() - 1;
+    if (bytesize == 0 || bytesize - 1 > UINTPTR_MAX - (uintptr_t)p ||
+        (((uintptr_t)p + (bytesize - 1)) | mask) == UINTPTR_MAX)
+        return false;
     *lo = (uintptr_t)p & ~mask;
-    *hi = ((uintptr_t)p + bytesize + mask) & ~mask;
+    *hi = (((uintptr_t)p + (bytesize - 1)) | mask) + 1;
+    return true;
 }
 
 static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
 {
     uintptr_t lo, hi;
-    page_extent(p, bytesize, &lo, &hi);
+    if (!page_extent(p, bytesize, &lo, &hi))
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: [%p, +%zu) runs past the end of the address space",
+                        p, bytesize);
     /* The driver's answer for the kernel's half of the address space. */
     if (hi - 1 >= kernel_half)
         return pm__fail(PM_ERROR_NOT_SUPPORTED,
@@ -156,15 +165,21 @@ static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
                         "pm_mem_host_register: IOMEMORY given for ordinary memory");
     if (c.all_io)
         return PM_SUCCESS; /* device memory is never paged out; nothing to lock */
-    if (lock_pages((void *)lo, hi - lo) != 0)
-        return memlock_failure(errno, hi - lo, "pm_mem_host_register");
+    if (lock_pages((void *)lo, hi - lo) != 0) {
+        /* mlock can fail after locking part of the range (faulting ran out
+         * of memory): nothing may stay locked. */
+        int err = errno;
+        unlock_pages((void *)lo, hi - lo);
+        return memlock_failure(err, hi - lo, "pm_mem_host_register");
+    }
     return PM_SUCCESS;
 }
 
 static pm_result posix_host_unregister(void *p, size_t bytesize)
 {
     uintptr_t lo, hi;
-    page_extent(p, bytesize, &lo, &hi);
+    if (!page_extent(p, bytesize, &lo, &hi))
+        return PM_SUCCESS; /* never registered: no such range can be */
     /* ENOMEM here means the user unmapped the memory first: nothing is left
      * locked, so the registration is gone all the same. */
     unlock_pages((void *)lo, hi - lo);
