@@ -28,6 +28,20 @@ static pm_result release_pinned(pm__instance *inst, const pm__range *r)
     return inst->backend.host_free((void *)r->base, r->pin_len, r->backend_tag);
 }
 
+/* The budget is taken once the pinned extent is known, after pinning; a
+ * request it cannot admit even at its exact size is refused before anything
+ * is mapped or touched. */
+static pm_result budget_admits(size_t bytesize)
+{
+    const unsigned long long cap = pm__budget_cap(), now = pm__budget_pinned();
+    if (cap && (bytesize > cap || now > cap - bytesize))
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                        "pm_mem_host_alloc: %zu more pinned bytes would pass the pinned budget "
+                        "of %llu (%llu pinned now)",
+                        bytesize, cap, now);
+    return PM_SUCCESS;
+}
+
 static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned flags,
                                  pm__range *out)
 {
@@ -83,7 +97,9 @@ pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags)
         return PM_SUCCESS;
     }
     pm__range r;
-    pm_result res = alloc_and_claim(inst, bytesize, flags, &r);
+    pm_result res = budget_admits(bytesize);
+    if (res == PM_SUCCESS)
+        res = alloc_and_claim(inst, bytesize, flags, &r);
     if (res != PM_SUCCESS)
         return res;
     pm__ranges_publish(inst->ranges, &r);

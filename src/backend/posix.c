@@ -39,24 +39,47 @@ static unsigned long long locked_kib_now(void)
     return kib;
 }
 
-/* mlock failed: name the limit and how to raise it. */
-static pm_result memlock_failure(int err, size_t len, const char *what)
+/* Locking len bytes failed, or would: name the limit and how to raise it. */
+static pm_result memlock_refusal(const char *what, size_t len, const char *why)
 {
     struct rlimit rl;
     char limit[64] = "unlimited";
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
     return pm__fail(PM_ERROR_OUT_OF_MEMORY,
-                    "%s: mlock of %zu bytes failed (%s); RLIMIT_MEMLOCK is %s with %llu KiB "
+                    "%s: mlock of %zu bytes %s; RLIMIT_MEMLOCK is %s with %llu KiB "
                     "already locked; raise it with 'ulimit -l' or memlock in "
                     "/etc/security/limits.conf, or grant CAP_IPC_LOCK",
-                    what, len, strerror(err), limit, locked_kib_now());
+                    what, len, why, limit, locked_kib_now());
+}
+
+static pm_result memlock_failure(int err, size_t len, const char *what)
+{
+    char why[96];
+    snprintf(why, sizeof why, "failed (%s)", strerror(err));
+    return memlock_refusal(what, len, why);
+}
+
+/* Before faulting in a range that is large enough to be faulted ahead of
+ * mlock: a range the limit dooms is refused with nothing touched (mlock
+ * itself checks the limit before faulting, so smaller ranges need no look). */
+static pm_result check_lockable(size_t len, const char *what)
+{
+    if (len < pm__prefault_parallel_min)
+        return PM_SUCCESS;
+    size_t room = pm__memlock_headroom();
+    if (room != SIZE_MAX && len > room)
+        return memlock_refusal(what, len, "would pass the limit");
+    return PM_SUCCESS;
 }
 
 static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
                                   unsigned *tag)
 {
     (void)flags; /* write-combining has no meaning for the CPU's own memory */
+    pm_result r = check_lockable(bytesize, "pm_mem_host_alloc");
+    if (r != PM_SUCCESS)
+        return r;
     size_t len = 0;
     void *p = pm__map_anonymous(bytesize, &len);
     if (!p)
@@ -248,6 +271,9 @@ static pm_result posix_baseline_free(void *p, size_t bytesize)
 static pm_result posix_chunk_commit(void *p, size_t len, int numa_node)
 {
     (void)numa_node; /* bound when reserved */
+    pm_result r = check_lockable(len, "pool memory");
+    if (r != PM_SUCCESS)
+        return r;
     if (len >= pm__prefault_parallel_min)
         pm__prefault(p, len);
     if (lock_pages(p, len) != 0) {
