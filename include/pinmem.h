@@ -92,7 +92,9 @@ typedef struct pm_capabilities {
     int can_use_host_pointer_for_registered_mem;
     int read_only_host_register_supported;
     int pageable_memory_access_uses_host_page_tables;
-    int pinning_limited_by_memlock_rlimit; /* posix: mlock obeys RLIMIT_MEMLOCK; cuda: 0 */
+    int pinning_limited_by_memlock_rlimit; /* 1: RLIMIT_MEMLOCK bounds pinning now (posix,
+                                              with a finite limit and no CAP_IPC_LOCK);
+                                              0: nothing does (cuda: the driver ignores it) */
     int host_numa_node;                   /* closest host NUMA node; -1 if unknown */
     size_t page_size;
     size_t huge_page_size;                /* 0 when transparent huge pages are unavailable */

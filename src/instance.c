@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,8 @@ pm_result pm_get_capabilities(pm_capabilities *caps)
         n = sizeof *caps;
     pm_capabilities full = inst->backend.caps;
     full.struct_size = n;
+    /* Whether the limit binds can change (setrlimit, capabilities dropped). */
+    full.pinning_limited_by_memlock_rlimit = inst->backend.pinnable_bytes() != SIZE_MAX;
     memcpy(caps, &full, n);
     return PM_SUCCESS;
 }

@@ -426,7 +426,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     c->unified_addressing = 1;
     c->can_use_host_pointer_for_registered_mem = 1;
     c->read_only_host_register_supported = 1;
-    c->pinning_limited_by_memlock_rlimit = 1;
+    c->pinning_limited_by_memlock_rlimit = pm__memlock_headroom() != SIZE_MAX;
     pm__system_fill_caps(c);
 
     out->host_alloc = posix_host_alloc;
