@@ -226,6 +226,8 @@ pm_result pm_mem_host_unregister(void *p)
                         r.kind == PM__RANGE_REGISTERED
                             ? "pm_mem_host_unregister: %p is inside a registration, not the "
                               "pointer that was registered"
+                        : r.kind == PM__RANGE_POOL
+                            ? "pm_mem_host_unregister: %p is pool memory; use pm_mem_free"
                             : "pm_mem_host_unregister: %p is a host allocation; use "
                               "pm_mem_free_host",
                         p);
