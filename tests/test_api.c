@@ -183,6 +183,22 @@ static void *only_pool_successes(void *arg)
     return NULL;
 }
 
+/* Pool memory given to the host calls: the driver's codes, and a detail
+ * that names the call that frees it. */
+static void pool_memory_to_host_calls(void)
+{
+    pm_mem_pool_t pool = NULL;
+    void *p = NULL;
+    REQUIRE_RESULT(pm_mem_get_default_pool(&pool), PM_SUCCESS);
+    if (pm_mem_alloc_from_pool(&p, 1000, pool) != PM_SUCCESS)
+        SKIP_CASE("no pool memory here");
+    CHECK_RESULT(pm_mem_host_unregister(p), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pool memory; use pm_mem_free") != NULL);
+    CHECK_RESULT(pm_mem_free_host(p), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pool memory; use pm_mem_free") != NULL);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+}
+
 static void successes_leave_no_detail(void)
 {
     void *(*const bodies[])(void *) = {only_successes, only_pool_successes};
@@ -200,6 +216,7 @@ int main(void)
     version_and_init();
     capabilities();
     bad_pointers();
+    pool_memory_to_host_calls();
     failures_leave_no_trace();
     return check_finish("api");
 }
