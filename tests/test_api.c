@@ -101,6 +101,7 @@ static void failures_leave_no_trace(void)
 {
     long page = sysconf(_SC_PAGESIZE);
     unsigned char *buf = mmap(NULL, 2 * (size_t)page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(buf != MAP_FAILED);
     CHECK_RESULT(pm_mem_host_register(buf, (size_t)page, 0), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_host_unregister(buf), PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
     CHECK_RESULT(pm_mem_host_register(buf, (size_t)page, PM_MEMHOSTREGISTER_READ_ONLY), PM_SUCCESS);
@@ -125,7 +126,7 @@ static void *only_successes(void *arg)
     pm_deviceptr d = 0, base = 0;
     size_t size = 0;
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_host(&p, 100), PM_SUCCESS);
+    REQUIRE_RESULT_OR(pm_mem_alloc_host(&p, 100), PM_SUCCESS, NULL);
     CHECK_RESULT(pm_mem_host_get_flags(&flags, p), PM_SUCCESS);
     CHECK_RESULT(pm_mem_host_get_device_pointer(&d, p, 0), PM_SUCCESS);
     CHECK_RESULT(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)p), PM_SUCCESS);
@@ -136,6 +137,7 @@ static void *only_successes(void *arg)
     CHECK_RESULT(pm_mem_host_register(buf + 10, page, 0), PM_SUCCESS);
     CHECK_RESULT(pm_mem_host_unregister(buf + 10), PM_SUCCESS);
     pm_deviceptr dev = device_alloc(4096);
+    REQUIRE_OR(dev != 0, NULL);
     CHECK_RESULT(pm_memcpy_htod(dev, p, 100), PM_SUCCESS);
     CHECK_RESULT(pm_memcpy_dtoh(buf, dev, 4096), PM_SUCCESS);
     device_free(dev);

@@ -54,7 +54,7 @@ int main(void)
 {
     static model_slot model[slots];
     pm__ranges *set = pm__ranges_create();
-    CHECK(set != NULL);
+    REQUIRE_OR(set != NULL, check_finish("ranges"));
     wrapping_claims(set);
     size_t live = 0;
     for (int step = 0; step < steps; step++) {
