@@ -23,6 +23,7 @@ typedef struct object {
     size_t size;
     unsigned flags;           /* what get_flags reports */
     uintptr_t ext_lo, ext_hi; /* pages pinmem pinned for it (allocations, registrations) */
+    bool driver_placed;       /* CUDA write-combined: the driver placed it, exactly its bytes */
 } object;
 
 typedef struct pool_alloc {
@@ -251,12 +252,22 @@ static uint8_t *pick_pointer(bool for_unregister)
     return arena + rnd(arena_pages * page);
 }
 
-/* On CUDA, pinmem passes queries about its own pages outside the bytes it
- * was asked for to the driver, whose answers the spec's table does not give. */
+/* On CUDA, pinmem passes queries about addresses outside the bytes it was
+ * asked for to the driver, whose answers the spec's table does not give for
+ * pages the driver pinned: pinmem's own, and those around the allocations it
+ * placed itself (write-combined ones, packed closer than pages). */
 static bool answer_unsettled(uintptr_t q)
 {
     int kind;
-    return cuda && !alloc_at(q) && !reg_at(q) && in_extent(q, &kind);
+    if (!cuda || alloc_at(q) || reg_at(q))
+        return false;
+    if (in_extent(q, &kind))
+        return true;
+    for (int i = 0; i < m.n_allocs; i++)
+        if (m.allocs[i].driver_placed && q >= page_down(m.allocs[i].ext_lo) &&
+            q < page_up(m.allocs[i].ext_hi))
+            return true;
+    return false;
 }
 
 /* ------------------------------------------------------------ the calls */
@@ -304,6 +315,7 @@ static void op_host_alloc(void)
         .flags = used | 2,
         .ext_lo = driver_placed ? (uintptr_t)p : page_down((uintptr_t)p),
         .ext_hi = driver_placed ? (uintptr_t)p + size : page_up((uintptr_t)p + size),
+        .driver_placed = driver_placed,
     };
 }
 
