@@ -81,14 +81,14 @@ PM_API int pm_last_driver_error(void);
  * fork(): a child of a process that has initialised pinmem cannot use it, as
  * the CUDA driver cannot be used after fork (and the parent's streams,
  * staging threads and locks are not in the child). In such a child every
- * call that initialises fails at once with PM_ERROR_NOT_INITIALIZED, and
- * pm_last_error_detail() names the process that initialised pinmem; nothing
- * waits, and nothing is reported pinned: memory the parent pinned is not
- * page-locked in the child and is not pinmem's there (it stays mapped until
- * the child unmaps it or exits). The functions that need no instance
- * (version, result names and strings, the last error) work. A child forked
- * before its parent's first pinmem call, and any process after exec,
- * initialise as usual. */
+ * call fails at once with PM_ERROR_NOT_INITIALIZED, and pm_last_error_detail()
+ * names the process that initialised pinmem; nothing waits, and nothing is
+ * reported pinned: memory the parent pinned is not page-locked in the child
+ * and is not pinmem's there (it stays mapped until the child unmaps it or
+ * exits). Only the calls that need no library state work there: the version,
+ * result names and strings, and the last error. A child forked before its
+ * parent's first pinmem call, and any process after exec, initialise as
+ * usual. */
 PM_API pm_result pm_init(unsigned flags);
 /* "cuda" or "posix"; "none" when no backend could be initialised (and in a
  * forked child, see pm_init). */
