@@ -76,9 +76,22 @@ PM_API int pm_last_driver_error(void);
 /* ------------------------------------------------------ init, capabilities */
 
 /* Optional: every call initialises lazily. flags must be 0. Returns the result
- * of backend selection, the same on every call. */
+ * of backend selection, the same on every call.
+ *
+ * fork(): a child of a process that has initialised pinmem cannot use it, as
+ * the CUDA driver cannot be used after fork (and the parent's streams,
+ * staging threads and locks are not in the child). In such a child every
+ * call fails at once with PM_ERROR_NOT_INITIALIZED, and pm_last_error_detail()
+ * names the process that initialised pinmem; nothing waits, and nothing is
+ * reported pinned: memory the parent pinned is not page-locked in the child
+ * and is not pinmem's there (it stays mapped until the child unmaps it or
+ * exits). Only the calls that need no library state work there: the version,
+ * result names and strings, and the last error. A child forked before its
+ * parent's first pinmem call, and any process after exec, initialise as
+ * usual. */
 PM_API pm_result pm_init(unsigned flags);
-/* "cuda" or "posix"; NULL when no backend could be initialised. */
+/* "cuda" or "posix"; "none" when no backend could be initialised (and in a
+ * forked child, see pm_init). */
 PM_API const char *pm_backend_name(void);
 
 typedef struct pm_capabilities {
@@ -92,7 +105,9 @@ typedef struct pm_capabilities {
     int can_use_host_pointer_for_registered_mem;
     int read_only_host_register_supported;
     int pageable_memory_access_uses_host_page_tables;
-    int pinning_limited_by_memlock_rlimit; /* posix: mlock obeys RLIMIT_MEMLOCK; cuda: 0 */
+    int pinning_limited_by_memlock_rlimit; /* 1: RLIMIT_MEMLOCK bounds pinning now (posix,
+                                              with a finite limit and no CAP_IPC_LOCK);
+                                              0: nothing does (cuda: the driver ignores it) */
     int host_numa_node;                   /* closest host NUMA node; -1 if unknown */
     size_t page_size;
     size_t huge_page_size;                /* 0 when transparent huge pages are unavailable */

@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 const char *pm_result_name(pm_result r)
 {
@@ -53,6 +54,19 @@ pm_result pm__fail_driver(pm_result r, int driver_code, const char *fmt, ...)
     record(driver_code, fmt, ap);
     va_end(ap);
     return r;
+}
+
+void pm__detail_save(pm__detail_saved *s)
+{
+    _Static_assert(sizeof s->text == sizeof last_detail, "a saved detail holds a whole one");
+    memcpy(s->text, last_detail, sizeof last_detail);
+    s->driver_code = last_driver_code;
+}
+
+void pm__detail_restore(const pm__detail_saved *s)
+{
+    memcpy(last_detail, s->text, sizeof last_detail);
+    last_driver_code = s->driver_code;
 }
 
 const char *pm_last_error_detail(void) { return last_detail; }

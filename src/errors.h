@@ -17,4 +17,14 @@ pm_result pm__fail(pm_result r, const char *fmt, ...) PM__PRINTF(2, 3);
 /* Same, also keeping the raw driver code. */
 pm_result pm__fail_driver(pm_result r, int driver_code, const char *fmt, ...) PM__PRINTF(3, 4);
 
+/* The calling thread's detail and driver code, kept around an internal
+ * attempt whose failure is recovered from (another backend, another way to
+ * pin), so that a call that succeeds leaves them as they were. */
+typedef struct pm__detail_saved {
+    char text[512];
+    int driver_code;
+} pm__detail_saved;
+void pm__detail_save(pm__detail_saved *s);
+void pm__detail_restore(const pm__detail_saved *s);
+
 #endif

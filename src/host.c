@@ -28,6 +28,20 @@ static pm_result release_pinned(pm__instance *inst, const pm__range *r)
     return inst->backend.host_free((void *)r->base, r->pin_len, r->backend_tag);
 }
 
+/* The budget is taken once the pinned extent is known, after pinning; a
+ * request it cannot admit even at its exact size is refused before anything
+ * is mapped or touched. */
+static pm_result budget_admits(size_t bytesize)
+{
+    const unsigned long long cap = pm__budget_cap(), now = pm__budget_pinned();
+    if (cap && (bytesize > cap || now > cap - bytesize))
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                        "pm_mem_host_alloc: %zu more pinned bytes would pass the pinned budget "
+                        "of %llu (%llu pinned now)",
+                        bytesize, cap, now);
+    return PM_SUCCESS;
+}
+
 static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned flags,
                                  pm__range *out)
 {
@@ -83,7 +97,9 @@ pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags)
         return PM_SUCCESS;
     }
     pm__range r;
-    pm_result res = alloc_and_claim(inst, bytesize, flags, &r);
+    pm_result res = budget_admits(bytesize);
+    if (res == PM_SUCCESS)
+        res = alloc_and_claim(inst, bytesize, flags, &r);
     if (res != PM_SUCCESS)
         return res;
     pm__ranges_publish(inst->ranges, &r);
@@ -137,15 +153,22 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
                         flags);
     const uintptr_t page_mask = inst->backend.caps.page_size - 1;
     const uintptr_t lo = (uintptr_t)p & ~page_mask;
-    if (bytesize > UINTPTR_MAX - (uintptr_t)p - page_mask)
+    /* The last byte, then the last page, each without wrapping around. */
+    if (bytesize - 1 > UINTPTR_MAX - (uintptr_t)p)
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_mem_host_register: [%p, +%zu) wraps around the address space", p,
                         bytesize);
+    const uintptr_t last = (uintptr_t)p + (bytesize - 1);
+    if ((last | page_mask) == UINTPTR_MAX)
+        return pm__fail(PM_ERROR_NOT_SUPPORTED,
+                        "pm_mem_host_register: [%p, +%zu) reaches the last page of the address "
+                        "space, which belongs to the kernel",
+                        p, bytesize);
     if ((flags & PM_MEMHOSTREGISTER_READ_ONLY) &&
         !inst->backend.caps.read_only_host_register_supported)
         return pm__fail(PM_ERROR_NOT_SUPPORTED,
                         "pm_mem_host_register: the device does not support READ_ONLY");
-    const uintptr_t hi = ((uintptr_t)p + bytesize + page_mask) & ~page_mask;
+    const uintptr_t hi = (last | page_mask) + 1;
     pm__range r = {
         .base = (uintptr_t)p,
         .size = bytesize,
@@ -203,6 +226,8 @@ pm_result pm_mem_host_unregister(void *p)
                         r.kind == PM__RANGE_REGISTERED
                             ? "pm_mem_host_unregister: %p is inside a registration, not the "
                               "pointer that was registered"
+                        : r.kind == PM__RANGE_POOL
+                            ? "pm_mem_host_unregister: %p is pool memory; use pm_mem_free"
                             : "pm_mem_host_unregister: %p is a host allocation; use "
                               "pm_mem_free_host",
                         p);

@@ -2,9 +2,11 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "budget.h"
 #include "errors.h"
@@ -16,6 +18,19 @@ static atomic_bool ready; /* set once initialise succeeded: one load on the hot 
 static pm__instance instance;
 static pm_result init_result = PM_ERROR_NOT_INITIALIZED;
 static char init_detail[512];
+/* A process forked from one that initialised the library (pinmem.h, pm_init):
+ * every call refuses. The pid is the process that initialised. */
+static atomic_bool forked_child;
+static pid_t init_pid;
+
+/* Runs in the child, on its one thread: only atomic stores, no locks (the
+ * parent's other threads may have held any). */
+static void after_fork_in_child(void)
+{
+    atomic_store_explicit(&ready, false, memory_order_relaxed);
+    atomic_store_explicit(&forked_child, true, memory_order_relaxed);
+    pm__pools_after_fork();
+}
 
 /* PINMEM_BACKEND: auto (default) tries the driver, then POSIX. */
 static pm_result open_backend(pm__backend *b)
@@ -43,6 +58,15 @@ static pm_result open_backend(pm__backend *b)
 
 static void initialise(void)
 {
+    /* Trying the driver first fails on machines without one; a selection
+     * that then succeeds must not leave that failure as the thread's detail. */
+    pm__detail_saved before;
+    pm__detail_save(&before);
+    /* First, so that a fork from here on leaves the child refusing: the
+     * driver cannot be used after fork, and the parent's streams, workers and
+     * locks are not in the child. */
+    init_pid = getpid();
+    pthread_atfork(NULL, NULL, after_fork_in_child);
     init_result = open_backend(&instance.backend);
     if (init_result == PM_SUCCESS) {
         instance.ranges = pm__ranges_create();
@@ -58,12 +82,22 @@ static void initialise(void)
     const char *stats = getenv("PINMEM_STATS");
     if (init_result == PM_SUCCESS && stats && strcmp(stats, "1") == 0)
         atexit(pm__pool_stats_print_at_exit);
+    if (init_result == PM_SUCCESS)
+        pm__detail_restore(&before);
 }
 
 pm__instance *pm__instance_get(pm_result *r)
 {
     if (atomic_load_explicit(&ready, memory_order_acquire))
         return &instance;
+    if (atomic_load_explicit(&forked_child, memory_order_relaxed)) {
+        *r = pm__fail(PM_ERROR_NOT_INITIALIZED,
+                      "pinmem was initialised in process %d, and this process (%d) was forked "
+                      "from it: a forked child cannot use pinmem (nor the CUDA driver); exec in "
+                      "the child, or fork before the first pinmem call",
+                      (int)init_pid, (int)getpid());
+        return NULL;
+    }
     pthread_once(&once, initialise);
     if (init_result != PM_SUCCESS) {
         /* Every thread that asks learns why, not just the one that initialised. */
@@ -102,6 +136,8 @@ pm_result pm_get_capabilities(pm_capabilities *caps)
         n = sizeof *caps;
     pm_capabilities full = inst->backend.caps;
     full.struct_size = n;
+    /* Whether the limit binds can change (setrlimit, capabilities dropped). */
+    full.pinning_limited_by_memlock_rlimit = inst->backend.pinnable_bytes() != SIZE_MAX;
     memcpy(caps, &full, n);
     return PM_SUCCESS;
 }

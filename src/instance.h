@@ -13,7 +13,8 @@ typedef struct pm__instance {
 } pm__instance;
 
 /* The instance, or NULL with *r set (and the thread's detail recorded) when
- * no backend could be initialised. The same answer on every call. */
+ * no backend could be initialised, or in a child forked after the library
+ * was initialised (pinmem.h, pm_init). The same answer on every call. */
 pm__instance *pm__instance_get(pm_result *r);
 
 /* The backend, for internal code that runs only after a public call has

@@ -183,6 +183,12 @@ static node *overlapping(node *root, uintptr_t lo, uintptr_t hi)
 
 bool pm__ranges_claim(pm__ranges *set, const pm__range *r, pm__range *conflict)
 {
+    /* An extent that is empty or wraps cannot be ordered against the others:
+     * the overlap check would miss what lies past the wrap. */
+    if (r->pin_len == 0 || r->pin_len > UINTPTR_MAX - r->pin_base) {
+        conflict->kind = 0;
+        return false;
+    }
     node *fresh = calloc(1, sizeof *fresh);
     if (!fresh) {
         conflict->kind = 0;
@@ -341,9 +347,12 @@ static int check(const node *t, check_state *st)
         return 0;
     int hl = check(t->left, st);
     const pm__range *r = &t->r;
-    if (r->pin_base < st->prev_end)
+    if (r->pin_len == 0 || r->pin_len > UINTPTR_MAX - r->pin_base)
+        st->why = "an extent is empty or wraps around the address space";
+    else if (r->pin_base < st->prev_end)
         st->why = "extents overlap or are out of order";
-    else if (r->base < r->pin_base || r->base + r->size > extent_end(r))
+    else if (r->base < r->pin_base || r->base - r->pin_base > r->pin_len ||
+             r->size > r->pin_len - (r->base - r->pin_base))
         st->why = "user bytes lie outside the pinned extent";
     st->prev_end = extent_end(r);
     st->published += t->published;

@@ -4,7 +4,8 @@
  *  - pinned extents [pin_base, pin_base + pin_len) never overlap, so the
  *    extent's base is a unique key. They are whole pages, except for
  *    allocations the driver placed, whose extent is exactly their bytes;
- *  - the user's bytes [base, base + size) lie inside the extent;
+ *  - the user's bytes [base, base + size) lie inside the extent, and
+ *    pin_base + pin_len never wraps around the address space;
  *  - lookups are O(log n) (AVL tree), under a reader-writer lock.
  *
  * A range is first inserted PENDING (claiming its extent while the backend
@@ -42,7 +43,8 @@ void pm__ranges_destroy(pm__ranges *set);
 
 /* Claims r's extent as pending. On overlap returns false and copies the
  * (published or pending) range in the way to *conflict. false with
- * conflict->kind == 0 means out of memory. */
+ * conflict->kind == 0 means out of memory, or an extent that is empty or
+ * runs past the top of the address space (callers rule those out first). */
 bool pm__ranges_claim(pm__ranges *set, const pm__range *r, pm__range *conflict);
 /* Makes a claimed range visible to queries, with its final fields. */
 void pm__ranges_publish(pm__ranges *set, const pm__range *r);

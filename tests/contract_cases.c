@@ -1,11 +1,14 @@
 #include "contract_cases.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "instance.h"
 #include "pinmem.h"
 
 static void expect(case_log *log, const char *label, long long got, long long expected)
@@ -16,6 +19,7 @@ static void expect(case_log *log, const char *label, long long got, long long ex
     snprintf(o->label, sizeof o->label, "%s", label);
     o->got = got;
     o->expected = expected;
+    o->answer[0] = o->note[0] = '\0';
 }
 
 static size_t page(void) { return (size_t)sysconf(_SC_PAGESIZE); }
@@ -24,6 +28,15 @@ static uint8_t *map_pages(size_t n, int prot)
 {
     void *p = mmap(NULL, n * page(), prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
+}
+
+/* Memory a case works on was made; otherwise a failed row, and the case
+ * stops (it would work on what was not made). */
+static bool made(case_log *l, const char *what, const void *p)
+{
+    if (!p)
+        expect(l, what, 0, 1);
+    return p != NULL;
 }
 
 /* ------------------------------------------------------------ allocation */
@@ -84,6 +97,8 @@ static void alloc_free_errors(const host_api *a, case_log *l)
     free(m);
 
     uint8_t *buf = map_pages(2, PROT_READ | PROT_WRITE);
+    if (!made(l, "map 2 pages", buf))
+        return;
     expect(l, "register 2 pages", a->host_register(buf, 2 * page(), 0), PM_SUCCESS);
     expect(l, "free of registered memory", a->free_host(buf), PM_ERROR_INVALID_VALUE);
     expect(l, "unregister", a->host_unregister(buf), PM_SUCCESS);
@@ -98,6 +113,8 @@ static void flags_of_allocations(const host_api *a, case_log *l)
     void *p = NULL;
     unsigned f = 0;
     expect(l, "alloc_host(4096)", a->alloc_host(&p, 4096), PM_SUCCESS);
+    if (!made(l, "... made", p))
+        return;
     expect(l, "get_flags(alloc_host)", a->get_flags(&f, p), PM_SUCCESS);
     expect(l, "... == DEVICEMAP", f, 0x2);
     f = 0;
@@ -110,6 +127,8 @@ static void flags_of_allocations(const host_api *a, case_log *l)
         f = 0;
         snprintf(label, sizeof label, "host_alloc(flags %u)", alloc_flags[i]);
         expect(l, label, a->host_alloc(&p, 3 * page(), alloc_flags[i]), PM_SUCCESS);
+        if (!made(l, "... made", p))
+            continue;
         expect(l, "... get_flags", a->get_flags(&f, p), PM_SUCCESS);
         expect(l, "... == flags | DEVICEMAP", f, alloc_flags[i] | 0x2);
         f = 0;
@@ -140,6 +159,8 @@ static void device_pointers(const host_api *a, case_log *l)
         char label[64];
         snprintf(label, sizeof label, "host_alloc(flags %u)", alloc_flags[i]);
         expect(l, label, a->host_alloc(&p, 2 * page(), alloc_flags[i]), PM_SUCCESS);
+        if (!made(l, "... made", p))
+            continue;
         expect(l, "... get_device_pointer", a->get_device_pointer(&d, p, 0), PM_SUCCESS);
         expect(l, "... equals the host pointer", d == (uintptr_t)p, 1);
         d = 0;
@@ -155,6 +176,8 @@ static void device_pointers(const host_api *a, case_log *l)
            PM_ERROR_INVALID_VALUE);
     free(m);
     uint8_t *buf = map_pages(2, PROT_READ | PROT_WRITE);
+    if (!made(l, "map 2 pages", buf))
+        return;
     expect(l, "register(+100, 5000, 0)", a->host_register(buf + 100, 5000, 0), PM_SUCCESS);
     expect(l, "... get_device_pointer", a->get_device_pointer(&d, buf + 200, 0), PM_SUCCESS);
     expect(l, "... equals the host pointer", d == (uintptr_t)(buf + 200), 1);
@@ -187,6 +210,8 @@ static void address_ranges(const host_api *a, case_log *l)
     a->free_host(p);
 
     uint8_t *buf = map_pages(3, PROT_READ | PROT_WRITE);
+    if (!made(l, "map 3 pages", buf))
+        return;
     a->host_register(buf + 100, 5000, 0);
     base = 0;
     size = 0;
@@ -208,6 +233,8 @@ static void address_ranges(const host_api *a, case_log *l)
 static void register_arguments(const host_api *a, case_log *l)
 {
     uint8_t *buf = map_pages(4, PROT_READ | PROT_WRITE);
+    if (!made(l, "map 4 pages", buf))
+        return;
     expect(l, "register(NULL)", a->host_register(NULL, 4096, 0), PM_ERROR_INVALID_VALUE);
     expect(l, "register(size 0)", a->host_register(buf, 0, 0), PM_ERROR_INVALID_VALUE);
     expect(l, "register(flags 0x10)", a->host_register(buf, 4096, 0x10), PM_ERROR_INVALID_VALUE);
@@ -216,6 +243,16 @@ static void register_arguments(const host_api *a, case_log *l)
     expect(l, "register kernel address space",
            a->host_register((void *)(uintptr_t)0xffff800000000000ull, 4096, 0),
            PM_ERROR_NOT_SUPPORTED);
+    expect(l, "register [top - 100, +200): wraps around",
+           a->host_register((void *)(UINTPTR_MAX - 100), 200, 0), PM_ERROR_INVALID_VALUE);
+    expect(l, "... unregister it", a->host_unregister((void *)(UINTPTR_MAX - 100)),
+           PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    /* In the last page without wrapping (pinmem: NOT_SUPPORTED, as for other
+     * kernel addresses); the table has no row. */
+    expect(l, "register [top - 100, +101): the last page, no wrap",
+           a->host_register((void *)(UINTPTR_MAX - 100), 101, 0), EXPECT_UNKNOWN);
+    expect(l, "register [top - 4095, +4096): the whole last page",
+           a->host_register((void *)(UINTPTR_MAX - 4095), 4096, 0), EXPECT_UNKNOWN);
     expect(l, "register(+100, 5000) unaligned", a->host_register(buf + 100, 5000, 0), PM_SUCCESS);
     expect(l, "same range again", a->host_register(buf + 100, 5000, 0),
            PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
@@ -240,6 +277,8 @@ static void register_flags(const host_api *a, case_log *l)
     static const unsigned reg[] = {1, 2, 8, 0};
     static const unsigned reported[] = {0x3, 0x2, 0x2, 0x2};
     uint8_t *buf = map_pages(1, PROT_READ | PROT_WRITE);
+    if (!made(l, "map a page", buf))
+        return;
     for (size_t i = 0; i < sizeof reg / sizeof reg[0]; i++) {
         unsigned f = 0;
         char label[64];
@@ -266,6 +305,8 @@ static void register_other_memory(const host_api *a, case_log *l)
            PM_ERROR_INVALID_VALUE);
 
     uint8_t *ro = map_pages(1, PROT_READ);
+    if (!made(l, "map a read-only page", ro))
+        return;
     expect(l, "register PROT_READ without READ_ONLY", a->host_register(ro, page(), 0),
            PM_ERROR_INVALID_VALUE);
     expect(l, "register PROT_READ with READ_ONLY", a->host_register(ro, page(), 8), PM_SUCCESS);
@@ -277,6 +318,8 @@ static void register_stale_mapping(const host_api *a, case_log *l)
 {
     const size_t len = 4 * page();
     uint8_t *buf = map_pages(4, PROT_READ | PROT_WRITE);
+    if (!made(l, "map 4 pages", buf))
+        return;
     expect(l, "register", a->host_register(buf, len, 0), PM_SUCCESS);
     munmap(buf, len);
     void *again = mmap(buf, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
@@ -288,6 +331,291 @@ static void register_stale_mapping(const host_api *a, case_log *l)
     expect(l, "register the new mapping now", a->host_register(buf, len, 0), PM_SUCCESS);
     expect(l, "... unregister", a->host_unregister(buf), PM_SUCCESS);
     munmap(buf, len);
+}
+
+/* ---------------------------------------------------------------- sweeps */
+
+/* Every call that takes a pointer, at every pointer around an object: the
+ * byte before it, the start of its first page, its first and last bytes, the
+ * byte after it, the last byte of its last page and the byte after that page.
+ * Objects are allocations of odd sizes and registrations, aligned and not
+ * (registered inside a mapping with a mapped guard page on either side, so
+ * that every pointer probed is mapped memory). Each probe runs on an object
+ * in its first state: a call that took it away (free, unregister) is
+ * followed by a fresh one, a registration a probe made is undone.
+ *
+ * Expected answers come from the spec's rows: inside the object's bytes, and
+ * (for registrations) in pageable memory around it. Where the table has no
+ * row (an address in the object's pages but outside its bytes; memory beside
+ * an allocation, which the allocator chose) the expectation is
+ * EXPECT_UNKNOWN and only the differential test compares the sides. */
+
+enum sweep_call { S_FLAGS, S_DEVPTR, S_RANGE, S_REGISTER, S_UNREGISTER, S_FREE, S_CALLS };
+static const char *const call_names[S_CALLS] = {"get_flags", "get_device_pointer",
+                                                "get_address_range", "register(q, 1)",
+                                                "unregister", "free_host"};
+enum { P_BEFORE, P_PAGE, P_FIRST, P_LAST, P_AFTER, P_PAGE_LAST, P_PAGE_AFTER, P_POINTERS };
+static const char *const pointer_names[P_POINTERS] = {"p-1",    "page(p)",   "p",    "p+size-1",
+                                                      "p+size", "end(p)-1", "end(p)"};
+/* Where a probed pointer lies, seen from the object. */
+enum { IN_BYTES, IN_PAGES, BESIDE };
+
+typedef struct sweep_spec {
+    const char *name;
+    int registered;  /* 0: allocated with alloc_host (flags ~0u) or host_alloc(flags) */
+    unsigned flags;  /* host_alloc flags, or register flags */
+    size_t offset;   /* registrations: from the first page after the guard page */
+    size_t size;
+} sweep_spec;
+
+typedef struct sweep_object {
+    const sweep_spec *spec;
+    uint8_t *p;
+    uint8_t *map; /* registrations: guard page, pages, guard page */
+    size_t map_len;
+} sweep_object;
+
+static uintptr_t page_down(uintptr_t a) { return a & ~(uintptr_t)(page() - 1); }
+static uintptr_t page_up(uintptr_t a) { return page_down(a + page() - 1); }
+
+static int object_make(const host_api *a, sweep_object *o)
+{
+    const sweep_spec *sp = o->spec;
+    void *p = NULL;
+    if (!sp->registered) {
+        int rc = sp->flags == ~0u ? a->alloc_host(&p, sp->size) : a->host_alloc(&p, sp->size, sp->flags);
+        o->p = p;
+        return rc == 0 && p ? 0 : -1;
+    }
+    if (!o->map) {
+        o->map_len = page_up(sp->offset + sp->size) + 2 * page();
+        o->map = map_pages(o->map_len / page(), PROT_READ | PROT_WRITE);
+        if (!o->map)
+            return -1;
+    }
+    o->p = o->map + page() + sp->offset;
+    return a->host_register(o->p, sp->size, sp->flags) == 0 ? 0 : -1;
+}
+
+static void object_drop(const host_api *a, sweep_object *o)
+{
+    if (o->spec->registered)
+        a->host_unregister(o->p);
+    else
+        a->free_host(o->p);
+}
+
+static uint8_t *pointer_at(const sweep_object *o, int which)
+{
+    const uintptr_t p = (uintptr_t)o->p, end = page_up(p + o->spec->size);
+    switch (which) {
+    case P_BEFORE: return (uint8_t *)(p - 1);
+    case P_PAGE: return (uint8_t *)page_down(p);
+    case P_FIRST: return (uint8_t *)p;
+    case P_LAST: return (uint8_t *)(p + o->spec->size - 1);
+    case P_AFTER: return (uint8_t *)(p + o->spec->size);
+    case P_PAGE_LAST: return (uint8_t *)(end - 1);
+    default: return (uint8_t *)end;
+    }
+}
+
+static int where(const sweep_object *o, const uint8_t *q)
+{
+    const uintptr_t p = (uintptr_t)o->p, u = (uintptr_t)q;
+    if (u >= p && u - p < o->spec->size)
+        return IN_BYTES;
+    if (u >= page_down(p) && u < page_up(p + o->spec->size))
+        return IN_PAGES;
+    return BESIDE;
+}
+
+/* The flags queries report for the object (spec: DEVICEMAP always, and
+ * PORTABLE kept from a registration's flags). */
+static unsigned reported_flags(const sweep_spec *sp)
+{
+    if (sp->registered)
+        return (sp->flags & 1) | 0x2;
+    return (sp->flags == ~0u ? 0 : sp->flags) | 0x2;
+}
+
+/* The spec's answer, or EXPECT_UNKNOWN. */
+static long long sweep_expected(const sweep_object *o, int call, const uint8_t *q)
+{
+    const int at = where(o, q), reg = o->spec->registered, base = q == o->p;
+    if (call == S_FREE) /* not the base of a live allocation, or the base of the one */
+        return !reg && base ? PM_SUCCESS : PM_ERROR_INVALID_VALUE;
+    if (at == IN_BYTES) {
+        switch (call) {
+        case S_FLAGS: case S_DEVPTR: case S_RANGE: return PM_SUCCESS;
+        case S_REGISTER: return reg ? PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED : PM_ERROR_INVALID_VALUE;
+        default: return reg && base ? PM_SUCCESS : PM_ERROR_INVALID_VALUE;
+        }
+    }
+    if (at == IN_PAGES || !reg)
+        return EXPECT_UNKNOWN;
+    switch (call) { /* pageable memory beside a registration */
+    case S_FLAGS: case S_DEVPTR: return PM_ERROR_INVALID_VALUE;
+    case S_RANGE: return PM_ERROR_NOT_FOUND;
+    case S_REGISTER: return PM_SUCCESS;
+    default: return PM_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    }
+}
+
+/* "INVALID_VALUE", or the number of a code pinmem has no name for. */
+static void code_name(char *out, size_t cap, int rc)
+{
+    const char *n = pm_result_name((pm_result)rc);
+    if (strcmp(n, "PM_ERROR_UNRECOGNIZED") == 0)
+        snprintf(out, cap, "code %d", rc);
+    else
+        snprintf(out, cap, "%s", strncmp(n, "PM_ERROR_", 9) == 0 ? n + 9 : n + 3);
+}
+
+/* "p+12", "p-4096", "q": an address relative to the object's base, or to q. */
+static void relative(char *out, size_t cap, const char *name, uintptr_t v, uintptr_t to)
+{
+    if (v == to)
+        snprintf(out, cap, "%s", name);
+    else if (v > to)
+        snprintf(out, cap, "%s+%llu", name, (unsigned long long)(v - to));
+    else
+        snprintf(out, cap, "%s-%llu", name, (unsigned long long)(to - v));
+}
+
+static bool is_mapped(const void *q)
+{
+    return msync((void *)page_down((uintptr_t)q), page(), MS_ASYNC) == 0;
+}
+
+/* One probe: the call at q, recorded with its answer spelled out. Returns
+ * the call's code. */
+static int probe(const host_api *a, case_log *l, sweep_object *o, int call, int which)
+{
+    uint8_t *q = pointer_at(o, which);
+    const uintptr_t p = (uintptr_t)o->p;
+    unsigned f = 0;
+    unsigned long long d = 0, b = 0;
+    size_t n = 0;
+    int rc = 0;
+    bool right = true;
+    const bool mapped = is_mapped(q); /* before the call, which may unmap it */
+    char value[40] = "", at[24];
+    switch (call) {
+    case S_FLAGS:
+        rc = a->get_flags(&f, q);
+        right = f == reported_flags(o->spec);
+        snprintf(value, sizeof value, " flags=0x%x", f);
+        break;
+    case S_DEVPTR:
+        rc = a->get_device_pointer(&d, q, 0);
+        right = d == (uintptr_t)q;
+        relative(at, sizeof at, "q", (uintptr_t)d, (uintptr_t)q);
+        snprintf(value, sizeof value, " d=%s", at);
+        break;
+    case S_RANGE:
+        rc = a->get_address_range(&b, &n, (uintptr_t)q);
+        right = b == p && n == o->spec->size;
+        relative(at, sizeof at, "p", (uintptr_t)b, p);
+        snprintf(value, sizeof value, " base=%s size=%zu", at, n);
+        break;
+    case S_REGISTER:
+        rc = a->host_register(q, 1, 0);
+        if (rc == 0)
+            a->host_unregister(q);
+        break;
+    case S_UNREGISTER:
+        rc = a->host_unregister(q);
+        break;
+    default:
+        rc = a->free_host(q);
+        break;
+    }
+    if (l->n < (int)(sizeof l->obs / sizeof l->obs[0])) {
+        observation *ob = &l->obs[l->n++];
+        snprintf(ob->label, sizeof ob->label, "%s | %s | %s", o->spec->name, call_names[call],
+                 pointer_names[which]);
+        ob->got = rc != 0 ? rc : right ? 0 : GOT_WRONG_VALUE;
+        ob->expected = sweep_expected(o, call, q);
+        char name[32];
+        code_name(name, sizeof name, rc);
+        snprintf(ob->answer, sizeof ob->answer, "%s%s", name, rc == 0 ? value : "");
+        char known[24] = "";
+        if (a->describe)
+            a->describe(q, known, sizeof known);
+        snprintf(ob->note, sizeof ob->note, "%s%s%s", mapped ? "" : "q unmapped",
+                 !mapped && known[0] ? ", " : "", known);
+    }
+    return rc;
+}
+
+static void sweep(const host_api *a, case_log *l, const sweep_spec *specs, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        sweep_object o = {.spec = &specs[i]};
+        char label[96];
+        snprintf(label, sizeof label, "%s | make", specs[i].name);
+        if (object_make(a, &o) != 0) {
+            expect(l, label, -1, 0);
+            if (o.map)
+                munmap(o.map, o.map_len);
+            continue;
+        }
+        bool alive = true;
+        for (int call = 0; call < S_CALLS && alive; call++) {
+            for (int which = 0; which < P_POINTERS && alive; which++) {
+                int rc = probe(a, l, &o, call, which);
+                /* Whatever took the object away, or may have: start again. */
+                if (rc == 0 && (call == S_UNREGISTER || call == S_FREE)) {
+                    if (pointer_at(&o, which) != o.p)
+                        object_drop(a, &o);
+                    alive = object_make(a, &o) == 0;
+                    if (!alive)
+                        expect(l, label, -1, 0);
+                }
+            }
+        }
+        if (alive)
+            object_drop(a, &o);
+        if (o.map)
+            munmap(o.map, o.map_len);
+    }
+}
+
+#define MIB_3 (((size_t)1 << 20) + 3)
+
+static void sweep_alloc_host(const host_api *a, case_log *l)
+{
+    static const sweep_spec specs[] = {
+        {"alloc_host(1)", 0, ~0u, 0, 1},         {"alloc_host(100)", 0, ~0u, 0, 100},
+        {"alloc_host(4095)", 0, ~0u, 0, 4095},   {"alloc_host(4097)", 0, ~0u, 0, 4097},
+        {"alloc_host(1M+3)", 0, ~0u, 0, MIB_3},
+    };
+    sweep(a, l, specs, sizeof specs / sizeof specs[0]);
+}
+
+static void sweep_host_alloc(const host_api *a, case_log *l)
+{
+    static const sweep_spec specs[] = {
+        {"host_alloc(1, WC)", 0, 4, 0, 1},         {"host_alloc(100, WC)", 0, 4, 0, 100},
+        {"host_alloc(4095, WC)", 0, 4, 0, 4095},   {"host_alloc(4097, WC)", 0, 4, 0, 4097},
+        {"host_alloc(1M+3, WC)", 0, 4, 0, MIB_3},  {"host_alloc(1, PORTABLE)", 0, 1, 0, 1},
+        {"host_alloc(4097, PORTABLE)", 0, 1, 0, 4097},
+    };
+    sweep(a, l, specs, sizeof specs / sizeof specs[0]);
+}
+
+static void sweep_register(const host_api *a, case_log *l)
+{
+    const size_t pg = page();
+    const sweep_spec specs[] = {
+        {"register(aligned, 2 pages)", 1, 0, 0, 2 * pg},
+        {"register(aligned, 5000)", 1, 0, 0, 5000},
+        {"register(+100, 5000)", 1, 0, 100, 5000},
+        {"register(+100, 1)", 1, 0, 100, 1},
+        {"register(page-1, 2)", 1, 0, pg - 1, 2},
+        {"register(+100, to a page end)", 1, 1, 100, 2 * pg - 100},
+    };
+    sweep(a, l, specs, sizeof specs / sizeof specs[0]);
 }
 
 const contract_case contract_cases[] = {
@@ -302,6 +630,9 @@ const contract_case contract_cases[] = {
     {"register/flags", register_flags},
     {"register/other_memory", register_other_memory},
     {"register/stale_mapping", register_stale_mapping},
+    {"sweep/alloc_host", sweep_alloc_host},
+    {"sweep/host_alloc", sweep_host_alloc},
+    {"sweep/register", sweep_register},
 };
 const size_t contract_case_count = sizeof contract_cases / sizeof contract_cases[0];
 
@@ -320,7 +651,17 @@ static int p_address_range(unsigned long long *b, size_t *s, unsigned long long 
     return pm_mem_get_address_range(b, s, d);
 }
 
+static void p_describe(const void *q, char *out, size_t cap)
+{
+    pm_result r;
+    pm__instance *inst = pm__instance_get(&r);
+    pm__range range;
+    if (inst && !pm__ranges_find(inst->ranges, (uintptr_t)q, &range) &&
+        pm__ranges_find_extent(inst->ranges, (uintptr_t)q, &range))
+        snprintf(out, cap, "pinmem's pages");
+}
+
 const host_api pinmem_host_api = {
     "pinmem",     p_alloc_host,     p_host_alloc, p_free_host,     p_register,
-    p_unregister, p_device_pointer, p_get_flags,  p_address_range,
+    p_unregister, p_device_pointer, p_get_flags,  p_address_range, p_describe,
 };

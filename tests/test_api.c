@@ -1,9 +1,11 @@
 /* Result names, version, init and capabilities, and bad input of every kind. */
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "copy_util.h"
 
 static void results(void)
 {
@@ -53,6 +55,9 @@ static void capabilities(void)
 /* Garbage pointers of every kind: the driver's codes, no crash. */
 static void bad_pointers(void)
 {
+    pm_copy_stats before = {.struct_size = sizeof before};
+    CHECK_RESULT(pm_copy_get_stats(&before), PM_SUCCESS);
+    const unsigned long long pinned_before = before.pinned_bytes;
     void *const garbage[] = {(void *)1, (void *)(uintptr_t)-4096, (void *)(uintptr_t)0x1000,
                              (void *)(uintptr_t)0xdeadbeef000ull};
     for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
@@ -65,9 +70,28 @@ static void bad_pointers(void)
         CHECK_RESULT(pm_mem_get_address_range(&d, NULL, (pm_deviceptr)(uintptr_t)garbage[i]),
                      PM_ERROR_NOT_FOUND);
     }
-    /* A range that wraps around the address space. */
+    /* A range that wraps around the address space, by pages or by bytes. */
     CHECK_RESULT(pm_mem_host_register((void *)(uintptr_t)-4096, 8192, 0), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_host_register((void *)4096, SIZE_MAX, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)4097, SIZE_MAX - 4095, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 100), 200, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 100), 102, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register((void *)UINTPTR_MAX, 2, 0), PM_ERROR_INVALID_VALUE);
+    /* In the last page without wrapping: kernel address space, as elsewhere. */
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 100), 101, 0), PM_ERROR_NOT_SUPPORTED);
+    CHECK_RESULT(pm_mem_host_register((void *)(UINTPTR_MAX - 4095), 4096, 0),
+                 PM_ERROR_NOT_SUPPORTED);
+    CHECK_RESULT(pm_mem_host_register((void *)UINTPTR_MAX, 1, 0), PM_ERROR_NOT_SUPPORTED);
+    /* None of them left a registration or pinned bytes behind. */
+    CHECK_RESULT(pm_mem_host_unregister((void *)(UINTPTR_MAX - 100)),
+                 PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CHECK_RESULT(pm_mem_host_unregister((void *)UINTPTR_MAX), PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    unsigned top_flags;
+    CHECK_RESULT(pm_mem_host_get_flags(&top_flags, (void *)(UINTPTR_MAX - 50)),
+                 PM_ERROR_INVALID_VALUE);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    CHECK(st.pinned_bytes == pinned_before);
     /* Never-mapped user space (kernel space is a contract row). */
     CHECK_RESULT(pm_mem_host_register((void *)4096, 4096, 0), PM_ERROR_INVALID_VALUE);
 }
@@ -77,6 +101,7 @@ static void failures_leave_no_trace(void)
 {
     long page = sysconf(_SC_PAGESIZE);
     unsigned char *buf = mmap(NULL, 2 * (size_t)page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(buf != MAP_FAILED);
     CHECK_RESULT(pm_mem_host_register(buf, (size_t)page, 0), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_host_unregister(buf), PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
     CHECK_RESULT(pm_mem_host_register(buf, (size_t)page, PM_MEMHOSTREGISTER_READ_ONLY), PM_SUCCESS);
@@ -90,12 +115,110 @@ static void failures_leave_no_trace(void)
     CHECK(strlen(pm_last_error_detail()) > 0);
 }
 
+/* A thread whose calls all succeed: its detail stays "" (only failing calls
+ * write it), whatever the library tried and recovered from inside. */
+static void *only_successes(void *arg)
+{
+    (void)arg;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *p = NULL, *q = NULL;
+    unsigned flags = 0;
+    pm_deviceptr d = 0, base = 0;
+    size_t size = 0;
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    REQUIRE_RESULT_OR(pm_mem_alloc_host(&p, 100), PM_SUCCESS, NULL);
+    CHECK_RESULT(pm_mem_host_get_flags(&flags, p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_get_device_pointer(&d, p, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_alloc(&q, 5000, PM_MEMHOSTALLOC_WRITECOMBINED), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(q), PM_SUCCESS);
+    uint8_t *buf = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE_OR(buf != MAP_FAILED, NULL);
+    CHECK_RESULT(pm_mem_host_register(buf + 10, page, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_unregister(buf + 10), PM_SUCCESS);
+    pm_deviceptr dev = device_alloc(4096);
+    REQUIRE_OR(dev != 0, NULL);
+    CHECK_RESULT(pm_memcpy_htod(dev, p, 100), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_dtoh(buf, dev, 4096), PM_SUCCESS);
+    device_free(dev);
+    CHECK_RESULT(pm_mem_invalidate(buf, 2 * page), PM_SUCCESS);
+    munmap(buf, 2 * page);
+    CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
+    pm_stream_t s = NULL;
+    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), "") == 0);
+    CHECK(pm_last_driver_error() == 0);
+    if (strcmp(pm_last_error_detail(), "") != 0)
+        fprintf(stderr, "detail after only successful calls: %s\n", pm_last_error_detail());
+    return NULL;
+}
+
+/* The same for pools, where the environment allows them (memory to lock). */
+static void *only_pool_successes(void *arg)
+{
+    (void)arg;
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    pm_mem_pool_t pool = NULL, dflt = NULL;
+    void *p = NULL, *q = NULL;
+    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS ||
+        pm_mem_alloc_from_pool(&p, 100, pool) != PM_SUCCESS) {
+        printf("skipped: only_pool_successes: no pool memory here (%s)\n", pm_last_error_detail());
+        if (pool)
+            pm_mem_pool_destroy(pool);
+        return NULL;
+    }
+    unsigned flags = 0;
+    CHECK_RESULT(pm_mem_host_get_flags(&flags, p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_get_default_pool(&dflt), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool(&q, 3000, dflt), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(q), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), "") == 0);
+    if (strcmp(pm_last_error_detail(), "") != 0)
+        fprintf(stderr, "detail after only successful pool calls: %s\n", pm_last_error_detail());
+    return NULL;
+}
+
+/* Pool memory given to the host calls: the driver's codes, and a detail
+ * that names the call that frees it. */
+static void pool_memory_to_host_calls(void)
+{
+    pm_mem_pool_t pool = NULL;
+    void *p = NULL;
+    REQUIRE_RESULT(pm_mem_get_default_pool(&pool), PM_SUCCESS);
+    if (pm_mem_alloc_from_pool(&p, 1000, pool) != PM_SUCCESS)
+        SKIP_CASE("no pool memory here");
+    CHECK_RESULT(pm_mem_host_unregister(p), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pool memory; use pm_mem_free") != NULL);
+    CHECK_RESULT(pm_mem_free_host(p), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pool memory; use pm_mem_free") != NULL);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+}
+
+static void successes_leave_no_detail(void)
+{
+    void *(*const bodies[])(void *) = {only_successes, only_pool_successes};
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, bodies[i], NULL) == 0);
+        pthread_join(t, NULL);
+    }
+}
+
 int main(void)
 {
+    successes_leave_no_detail(); /* first: the thread initialises the library */
     results();
     version_and_init();
     capabilities();
     bad_pointers();
+    pool_memory_to_host_calls();
     failures_leave_no_trace();
     return check_finish("api");
 }

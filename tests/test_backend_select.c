@@ -12,6 +12,7 @@ static int in_child(const char *backend, const char *device, int (*body)(void))
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
+        check_failures = 0; /* the child counts its own */
         if (backend)
             setenv("PINMEM_BACKEND", backend, 1);
         else
@@ -36,6 +37,7 @@ static int driver_present(void)
 static int expect_posix(void)
 {
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), "") == 0);
     CHECK(strcmp(pm_backend_name(), "posix") == 0);
     return check_failures;
 }
@@ -74,6 +76,10 @@ static int expect_cuda(void)
 static int expect_auto(void)
 {
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    /* Only calls that succeeded: whatever selection tried on the way (the
+     * driver, where there is none) is not this thread's failure. */
+    CHECK(strcmp(pm_last_error_detail(), "") == 0);
+    CHECK(pm_last_driver_error() == 0);
     CHECK(strcmp(pm_backend_name(), driver_present() ? "cuda" : "posix") == 0 ||
           strcmp(pm_backend_name(), "posix") == 0);
     return check_failures;

@@ -17,11 +17,45 @@ typedef struct model_slot {
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static uint64_t next(void) { return xorshift64(&rng); }
 
+/* Extents that are empty or run past the top of the address space are
+ * refused: the overlap check orders extents by their ends. */
+static void wrapping_claims(pm__ranges *set)
+{
+    const uintptr_t top_page = UINTPTR_MAX - page + 1;
+    pm__range near_top = {.pin_base = top_page - page, .pin_len = page, .base = top_page - page,
+                          .size = 1, .kind = PM__RANGE_REGISTERED};
+    pm__range conflict;
+    REQUIRE(pm__ranges_claim(set, &near_top, &conflict));
+    pm__ranges_publish(set, &near_top);
+    const pm__range bad[] = {
+        {.pin_base = top_page, .pin_len = page, .base = top_page, .size = 1},
+        {.pin_base = top_page - page, .pin_len = 3 * page, .base = top_page - page, .size = 1},
+        {.pin_base = UINTPTR_MAX - 100, .pin_len = 200, .base = UINTPTR_MAX - 100, .size = 200},
+        {.pin_base = arena, .pin_len = 0, .base = arena, .size = 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pm__range r = bad[i];
+        r.kind = PM__RANGE_REGISTERED;
+        conflict.kind = 99;
+        CHECK(!pm__ranges_claim(set, &r, &conflict));
+        CHECK(conflict.kind == 0);
+    }
+    pm__range out;
+    CHECK(pm__ranges_find(set, top_page - page, &out));
+    CHECK(!pm__ranges_find(set, UINTPTR_MAX - 50, &out));
+    CHECK(!pm__ranges_find_extent(set, top_page, &out));
+    CHECK(pm__ranges_retire(set, top_page - page, PM__RANGE_REGISTERED, &out) == PM__RETIRED);
+    pm__ranges_withdraw(set, top_page - page);
+    CHECK(pm__ranges_count(set) == 0);
+    CHECK(pm__ranges_validate(set, NULL));
+}
+
 int main(void)
 {
     static model_slot model[slots];
     pm__ranges *set = pm__ranges_create();
-    CHECK(set != NULL);
+    REQUIRE_OR(set != NULL, check_finish("ranges"));
+    wrapping_claims(set);
     size_t live = 0;
     for (int step = 0; step < steps; step++) {
         size_t i = next() % slots;

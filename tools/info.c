@@ -1,5 +1,6 @@
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -21,21 +22,69 @@ static void print_memlock_limit(void)
     printf("  RLIMIT_MEMLOCK:        %s (hard %s)\n", soft, hard);
 }
 
+/* CAP_IPC_LOCK (bit 14) in this process's effective capabilities. */
+static int can_lock_past_the_limit(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long caps = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "CapEff: %llx", &caps) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (int)((caps >> 14) & 1);
+}
+
+/* What bounds how much can be pinned: the limit, or what lifts it. */
+static void print_pinning_bound(const pm_capabilities *c)
+{
+    struct rlimit rl;
+    char limit[32] = "unknown";
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        human_size((size_t)rl.rlim_cur, limit, sizeof limit);
+    printf("  pinning bound by:      ");
+    if (c->pinning_limited_by_memlock_rlimit)
+        printf("RLIMIT_MEMLOCK (%s)\n", limit);
+    else if (strcmp(c->backend, "cuda") == 0)
+        printf("nothing: the CUDA driver pins past RLIMIT_MEMLOCK\n");
+    else if (can_lock_past_the_limit())
+        printf("nothing: CAP_IPC_LOCK lifts RLIMIT_MEMLOCK\n");
+    else
+        printf("nothing: RLIMIT_MEMLOCK is unlimited\n");
+}
+
+static int by_value(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* How many nodes, then which: "1 (node 0)", "2 (nodes 0, 1)". */
 static void print_numa_nodes(void)
 {
-    DIR *d = opendir("/sys/devices/system/node");
-    printf("  NUMA nodes:            ");
+    enum { most = 1024 };
+    static int ids[most];
     int n = 0;
+    DIR *d = opendir("/sys/devices/system/node");
     struct dirent *e;
-    while (d && (e = readdir(d))) {
+    while (d && (e = readdir(d)) && n < most) {
         int id;
         char extra;
         if (sscanf(e->d_name, "node%d%c", &id, &extra) == 1)
-            printf("%s%d", n++ ? ", " : "", id);
+            ids[n++] = id;
     }
     if (d)
         closedir(d);
-    printf("%s\n", n ? "" : "none reported");
+    if (n == 0) {
+        printf("  NUMA nodes:            none reported\n");
+        return;
+    }
+    qsort(ids, (size_t)n, sizeof ids[0], by_value);
+    printf("  NUMA nodes:            %d (node%s ", n, n > 1 ? "s" : "");
+    for (int i = 0; i < n; i++)
+        printf("%s%d", i ? ", " : "", ids[i]);
+    printf(")\n");
 }
 
 int cmd_info(void)
@@ -65,8 +114,7 @@ int cmd_info(void)
            c.read_only_host_register_supported ? "supported" : "not supported");
     printf("  pageable access via host page tables: %s\n",
            c.pageable_memory_access_uses_host_page_tables ? "yes" : "no");
-    printf("  pinning bound by RLIMIT_MEMLOCK: %s\n",
-           c.pinning_limited_by_memlock_rlimit ? "yes" : "no");
+    print_pinning_bound(&c);
     printf("  host NUMA node:        %d\n", c.host_numa_node);
     printf("  page size:             %s\n", human_size(c.page_size, page, sizeof page));
     printf("  huge page size:        %s\n",

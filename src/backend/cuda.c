@@ -145,11 +145,17 @@ static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, s
     if (flags & PM_MEMHOSTALLOC_WRITECOMBINED)
         return driver_host_alloc(bytesize, flags, base, pin_len, tag);
     CUresult rc;
+    pm__detail_saved before;
+    pm__detail_save(&before);
     pm_result r = map_and_register(bytesize, 0, -1, base, pin_len, &rc);
     /* A stale registration the user never undid can sit at the address the
      * kernel just handed out; the driver picks its own address instead. */
-    if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
-        return driver_host_alloc(bytesize, flags, base, pin_len, tag);
+    if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+        r = driver_host_alloc(bytesize, flags, base, pin_len, tag);
+        if (r == PM_SUCCESS)
+            pm__detail_restore(&before);
+        return r;
+    }
     if (r == PM_SUCCESS)
         *tag = TAG_MAPPED_REGISTERED;
     return r;

@@ -39,24 +39,47 @@ static unsigned long long locked_kib_now(void)
     return kib;
 }
 
-/* mlock failed: name the limit and how to raise it. */
-static pm_result memlock_failure(int err, size_t len, const char *what)
+/* Locking len bytes failed, or would: name the limit and how to raise it. */
+static pm_result memlock_refusal(const char *what, size_t len, const char *why)
 {
     struct rlimit rl;
     char limit[64] = "unlimited";
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
     return pm__fail(PM_ERROR_OUT_OF_MEMORY,
-                    "%s: mlock of %zu bytes failed (%s); RLIMIT_MEMLOCK is %s with %llu KiB "
+                    "%s: mlock of %zu bytes %s; RLIMIT_MEMLOCK is %s with %llu KiB "
                     "already locked; raise it with 'ulimit -l' or memlock in "
                     "/etc/security/limits.conf, or grant CAP_IPC_LOCK",
-                    what, len, strerror(err), limit, locked_kib_now());
+                    what, len, why, limit, locked_kib_now());
+}
+
+static pm_result memlock_failure(int err, size_t len, const char *what)
+{
+    char why[96];
+    snprintf(why, sizeof why, "failed (%s)", strerror(err));
+    return memlock_refusal(what, len, why);
+}
+
+/* Before faulting in a range that is large enough to be faulted ahead of
+ * mlock: a range the limit dooms is refused with nothing touched (mlock
+ * itself checks the limit before faulting, so smaller ranges need no look). */
+static pm_result check_lockable(size_t len, const char *what)
+{
+    if (len < pm__prefault_parallel_min)
+        return PM_SUCCESS;
+    size_t room = pm__memlock_headroom();
+    if (room != SIZE_MAX && len > room)
+        return memlock_refusal(what, len, "would pass the limit");
+    return PM_SUCCESS;
 }
 
 static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
                                   unsigned *tag)
 {
     (void)flags; /* write-combining has no meaning for the CPU's own memory */
+    pm_result r = check_lockable(bytesize, "pm_mem_host_alloc");
+    if (r != PM_SUCCESS)
+        return r;
     size_t len = 0;
     void *p = pm__map_anonymous(bytesize, &len);
     if (!p)
@@ -125,17 +148,26 @@ static mapping_check inspect_mappings(uintptr_t lo, uintptr_t hi)
     return c;
 }
 
-static void page_extent(void *p, size_t bytesize, uintptr_t *lo, uintptr_t *hi)
+/* The pages [*lo, *hi) that [p, p + bytesize) touches (bytesize > 0); false
+ * when they would run past the top of the address space. */
+static bool page_extent(void *p, size_t bytesize, uintptr_t *lo, uintptr_t *hi)
 {
     const uintptr_t mask = page_size() - 1;
+    if (bytesize == 0 || bytesize - 1 > UINTPTR_MAX - (uintptr_t)p ||
+        (((uintptr_t)p + (bytesize - 1)) | mask) == UINTPTR_MAX)
+        return false;
     *lo = (uintptr_t)p & ~mask;
-    *hi = ((uintptr_t)p + bytesize + mask) & ~mask;
+    *hi = (((uintptr_t)p + (bytesize - 1)) | mask) + 1;
+    return true;
 }
 
 static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
 {
     uintptr_t lo, hi;
-    page_extent(p, bytesize, &lo, &hi);
+    if (!page_extent(p, bytesize, &lo, &hi))
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: [%p, +%zu) runs past the end of the address space",
+                        p, bytesize);
     /* The driver's answer for the kernel's half of the address space. */
     if (hi - 1 >= kernel_half)
         return pm__fail(PM_ERROR_NOT_SUPPORTED,
@@ -156,15 +188,21 @@ static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
                         "pm_mem_host_register: IOMEMORY given for ordinary memory");
     if (c.all_io)
         return PM_SUCCESS; /* device memory is never paged out; nothing to lock */
-    if (lock_pages((void *)lo, hi - lo) != 0)
-        return memlock_failure(errno, hi - lo, "pm_mem_host_register");
+    if (lock_pages((void *)lo, hi - lo) != 0) {
+        /* mlock can fail after locking part of the range (faulting ran out
+         * of memory): nothing may stay locked. */
+        int err = errno;
+        unlock_pages((void *)lo, hi - lo);
+        return memlock_failure(err, hi - lo, "pm_mem_host_register");
+    }
     return PM_SUCCESS;
 }
 
 static pm_result posix_host_unregister(void *p, size_t bytesize)
 {
     uintptr_t lo, hi;
-    page_extent(p, bytesize, &lo, &hi);
+    if (!page_extent(p, bytesize, &lo, &hi))
+        return PM_SUCCESS; /* never registered: no such range can be */
     /* ENOMEM here means the user unmapped the memory first: nothing is left
      * locked, so the registration is gone all the same. */
     unlock_pages((void *)lo, hi - lo);
@@ -233,6 +271,9 @@ static pm_result posix_baseline_free(void *p, size_t bytesize)
 static pm_result posix_chunk_commit(void *p, size_t len, int numa_node)
 {
     (void)numa_node; /* bound when reserved */
+    pm_result r = check_lockable(len, "pool memory");
+    if (r != PM_SUCCESS)
+        return r;
     if (len >= pm__prefault_parallel_min)
         pm__prefault(p, len);
     if (lock_pages(p, len) != 0) {
@@ -385,7 +426,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     c->unified_addressing = 1;
     c->can_use_host_pointer_for_registered_mem = 1;
     c->read_only_host_register_supported = 1;
-    c->pinning_limited_by_memlock_rlimit = 1;
+    c->pinning_limited_by_memlock_rlimit = pm__memlock_headroom() != SIZE_MAX;
     pm__system_fill_caps(c);
 
     out->host_alloc = posix_host_alloc;

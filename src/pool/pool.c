@@ -32,6 +32,13 @@ const pm__backend *pm__pool_backend(void)
     return &inst->backend;
 }
 
+void pm__pools_after_fork(void)
+{
+    atomic_fetch_add(&pools_epoch, 1);
+    for (unsigned i = 0; i < PM__MAX_CACHED_POOLS; i++)
+        pm__thread_caches[i] = NULL;
+}
+
 /* The default threshold keeps everything, so its chunks are pinned the
  * fastest way; any other asks for memory to go back, so its chunks are
  * pinned in pieces that go back one by one without waiting for the device

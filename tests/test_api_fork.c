@@ -1,0 +1,236 @@
+/* fork() (pinmem.h, pm_init): a child of a process that has used pinmem
+ * refuses every call at once, with PM_ERROR_NOT_INITIALIZED and a detail
+ * naming the parent: no hang in staged copies, on streams with work queued,
+ * in synchronization; no pool fast path that still hands out or takes back
+ * blocks; nothing reported pinned. A child forked before the parent's first
+ * call initialises as usual. The parent goes on unharmed. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "copy_util.h"
+
+/* Runs body in a child that a watchdog ends after 20 s, so that a hang
+ * fails the test instead of stalling it. 0 when the child passed. */
+static int in_child(int (*body)(void *), void *arg)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        check_failures = 0; /* the child counts its own */
+        int rc = body(arg);
+        fflush(stdout);
+        _exit(rc);
+    }
+    if (pid < 0)
+        return -1;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status)) {
+        fprintf(stderr, "child ended by signal %d%s\n", WTERMSIG(status),
+                WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
+        return -1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int fresh_child(void *arg)
+{
+    (void)arg;
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    void *p = NULL;
+    CHECK_RESULT(pm_mem_alloc_host(&p, 4096), PM_SUCCESS);
+    unsigned f = 0;
+    CHECK_RESULT(pm_mem_host_get_flags(&f, p), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), "") == 0);
+    return check_finish("fork: child of a parent that never used pinmem");
+}
+
+/* What the parent holds when it forks. */
+typedef struct parent_state {
+    void *host;             /* pm_mem_alloc_host */
+    uint8_t *registered;    /* pm_mem_host_register'ed, 2 pages */
+    pm_mem_pool_t pool;
+    void *pool_block;       /* live; its run has blocks in this thread's cache */
+    pm_stream_t stream;     /* with work queued that waits for the parent */
+    uint8_t *pageable;      /* for a staged copy */
+    size_t pageable_bytes;
+    pm_deviceptr dev;
+    int release[2];         /* the queued work reads a byte from here */
+} parent_state;
+
+static void wait_for_parent(void *arg)
+{
+    parent_state *st = arg;
+    char c;
+    while (read(st->release[0], &c, 1) < 0)
+        ;
+}
+
+static pid_t initialiser; /* the test's own process */
+
+static void expect_refusal(pm_result got, const char *call)
+{
+    char parent[32];
+    snprintf(parent, sizeof parent, "process %d", (int)initialiser);
+    if (got != PM_ERROR_NOT_INITIALIZED && check_failed_())
+        fprintf(stderr, "in the child, %s gave %s, expected PM_ERROR_NOT_INITIALIZED\n", call,
+                pm_result_name(got));
+    else if (!strstr(pm_last_error_detail(), parent) || !strstr(pm_last_error_detail(), "fork"))
+        CHECK(!"the detail names the parent and fork");
+}
+
+static int used_child(void *arg)
+{
+    parent_state *st = arg;
+    unsigned f = 0;
+    pm_deviceptr d = 0, base = 0;
+    size_t size = 0;
+    void *p = NULL;
+    expect_refusal(pm_init(0), "pm_init");
+    printf("child's detail: %s\n", pm_last_error_detail());
+    CHECK(strcmp(pm_backend_name(), "none") == 0);
+    /* Nothing inherited is reported pinned. */
+    expect_refusal(pm_mem_host_get_flags(&f, st->host), "pm_mem_host_get_flags");
+    expect_refusal(pm_mem_host_get_flags(&f, st->registered), "pm_mem_host_get_flags");
+    expect_refusal(pm_mem_host_get_device_pointer(&d, st->pool_block, 0),
+                   "pm_mem_host_get_device_pointer");
+    expect_refusal(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)st->host),
+                   "pm_mem_get_address_range");
+    /* The pool fast paths: this thread's cache and memos came from the parent. */
+    expect_refusal(pm_mem_alloc_from_pool(&p, 64, st->pool), "pm_mem_alloc_from_pool");
+    expect_refusal(pm_mem_free(st->pool_block), "pm_mem_free");
+    expect_refusal(pm_mem_alloc_from_pool_async(&p, 64, st->pool, NULL),
+                   "pm_mem_alloc_from_pool_async");
+    expect_refusal(pm_mem_free_async(st->pool_block, NULL), "pm_mem_free_async");
+    /* What would wait for the parent's threads. */
+    expect_refusal(pm_memcpy_htod(st->dev, st->pageable, st->pageable_bytes), "pm_memcpy_htod");
+    expect_refusal(pm_memcpy_dtoh(st->pageable, st->dev, st->pageable_bytes), "pm_memcpy_dtoh");
+    expect_refusal(pm_memcpy_htod_async(st->dev, st->host, 4096, st->stream),
+                   "pm_memcpy_htod_async");
+    expect_refusal(pm_stream_synchronize(st->stream), "pm_stream_synchronize");
+    expect_refusal(pm_stream_synchronize(NULL), "pm_stream_synchronize(NULL)");
+    expect_refusal(pm_stream_destroy(st->stream), "pm_stream_destroy");
+    /* Nothing of the parent's can be given back from here. */
+    expect_refusal(pm_mem_free_host(st->host), "pm_mem_free_host");
+    expect_refusal(pm_mem_host_unregister(st->registered), "pm_mem_host_unregister");
+    expect_refusal(pm_mem_pool_destroy(st->pool), "pm_mem_pool_destroy");
+    expect_refusal(pm_mem_pool_trim_to(st->pool, 0), "pm_mem_pool_trim_to");
+    expect_refusal(pm_mem_alloc_host(&p, 4096), "pm_mem_alloc_host");
+    pm_copy_stats cs = {.struct_size = sizeof cs};
+    expect_refusal(pm_copy_get_stats(&cs), "pm_copy_get_stats");
+    pm_pool_stats ps = {.struct_size = sizeof ps};
+    expect_refusal(pm_mem_pool_get_stats(NULL, &ps), "pm_mem_pool_get_stats");
+    /* The inherited memory is still there to read. */
+    CHECK(((volatile uint8_t *)st->host)[0] == 0x5a);
+    return check_finish("fork: child of a parent that used pinmem");
+}
+
+static int grandchild(void *arg)
+{
+    (void)arg;
+    expect_refusal(pm_init(0), "pm_init");
+    void *p = NULL;
+    expect_refusal(pm_mem_alloc_host(&p, 4096), "pm_mem_alloc_host");
+    return check_finish("fork: grandchild");
+}
+
+static int child_then_grandchild(void *arg)
+{
+    (void)arg;
+    expect_refusal(pm_init(0), "pm_init");
+    CHECK(in_child(grandchild, NULL) == 0);
+    return check_finish("fork: child forking again");
+}
+
+/* Used from a thread other than the one that forks. */
+static void *use_pinmem(void *arg)
+{
+    parent_state *st = arg;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    CHECK_RESULT(pm_mem_alloc_host(&st->host, 3 * page), PM_SUCCESS);
+    return NULL;
+}
+
+static void used_parent(void)
+{
+    parent_state st = {0};
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    REQUIRE(pipe(st.release) == 0);
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, use_pinmem, &st) == 0);
+    pthread_join(t, NULL);
+    REQUIRE(st.host != NULL);
+    memset(st.host, 0x5a, 3 * page);
+    st.registered = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(st.registered != MAP_FAILED);
+    REQUIRE_RESULT(pm_mem_host_register(st.registered, 2 * page, 0), PM_SUCCESS);
+    /* A small staging engine, so that a 1 MiB pageable copy is staged. */
+    small_copy_config(0);
+    st.pageable_bytes = 1 << 20;
+    st.pageable = malloc(st.pageable_bytes);
+    st.dev = device_alloc(st.pageable_bytes);
+    REQUIRE(st.pageable && st.dev);
+    fill(st.pageable, st.pageable_bytes, 3);
+    CHECK_RESULT(pm_memcpy_htod(st.dev, st.pageable, st.pageable_bytes), PM_SUCCESS);
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    REQUIRE_RESULT(pm_mem_pool_create(&st.pool, &props), PM_SUCCESS);
+    void *warm = NULL;
+    bool pools = pm_mem_alloc_from_pool(&warm, 64, st.pool) == PM_SUCCESS;
+    if (!pools)
+        printf("skipped: pool fast paths after fork: no pool memory here (%s)\n",
+               pm_last_error_detail());
+    if (pools) {
+        CHECK_RESULT(pm_mem_alloc_from_pool(&st.pool_block, 64, st.pool), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free(warm), PM_SUCCESS); /* into this thread's cache */
+    }
+    REQUIRE_RESULT(pm_stream_create(&st.stream), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(st.stream, wait_for_parent, &st), PM_SUCCESS);
+
+    CHECK(in_child(used_child, &st) == 0);
+    CHECK(in_child(child_then_grandchild, NULL) == 0);
+
+    /* The parent is unharmed: its stream runs on, its pools and memory work. */
+    CHECK(write(st.release[1], "x", 1) == 1);
+    CHECK_RESULT(pm_stream_synchronize(st.stream), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(st.stream), PM_SUCCESS);
+    memset(st.pageable, 0, st.pageable_bytes);
+    CHECK_RESULT(pm_memcpy_dtoh(st.pageable, st.dev, st.pageable_bytes), PM_SUCCESS);
+    CHECK(first_mismatch(st.pageable, st.pageable_bytes, 3) == st.pageable_bytes);
+    unsigned f = 0;
+    CHECK_RESULT(pm_mem_host_get_flags(&f, st.host), PM_SUCCESS);
+    if (pools) {
+        void *again = NULL;
+        CHECK_RESULT(pm_mem_alloc_from_pool(&again, 64, st.pool), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free(again), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free(st.pool_block), PM_SUCCESS);
+    }
+    CHECK_RESULT(pm_mem_pool_destroy(st.pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_unregister(st.registered), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(st.host), PM_SUCCESS);
+    munmap(st.registered, 2 * page);
+    device_free(st.dev);
+    free(st.pageable);
+    close(st.release[0]);
+    close(st.release[1]);
+}
+
+int main(void)
+{
+    /* Before the parent's first call: the child initialises on its own. */
+    CHECK(in_child(fresh_child, NULL) == 0);
+    initialiser = getpid();
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    if (strcmp(pm_backend_name(), "posix") != 0)
+        SKIP("forks a process that has used pinmem: only on the POSIX backend (the driver "
+             "forbids use after fork)");
+    used_parent();
+    return check_finish("fork");
+}
