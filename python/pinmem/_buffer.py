@@ -276,7 +276,9 @@ def make(ptr, nbytes, pool, flags):
 
 
 def _check_size(nbytes, what):
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+    if isinstance(nbytes, bool):
+        raise TypeError(f"{what}: nbytes must be an int, not a bool")
+    if not isinstance(nbytes, int):
         try:
             nbytes = nbytes.__index__()
         except AttributeError:

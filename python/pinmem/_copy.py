@@ -1,13 +1,9 @@
 """pinmem.copy: one call for every kind of memory on either side."""
 
 from . import _lib
-from ._buffer import Buffer, DeviceBuffer
 from ._errors import check
-from ._register import Registration
-from ._resolve import DEVICE, resolve
+from ._resolve import DEVICE, UNKNOWN, mapped, resolve
 from ._stream import stream_handle, wait_for
-
-_PINMEM_TYPES = (Buffer, DeviceBuffer, Registration)
 
 # The CUDA array interface's stream numbers 1 and 2 are the legacy and the
 # per-thread default streams, whose driver handles are those same numbers;
@@ -27,6 +23,8 @@ def _order_after(side, handle):
 
 
 def _size(nbytes, dst, src):
+    if nbytes is None and dst.nbytes == src.nbytes and dst.nbytes is not None:
+        return dst.nbytes
     if nbytes is not None:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             try:
@@ -66,18 +64,21 @@ def copy(dst, src, nbytes=None, *, stream=None):
     order. Returns dst.
     """
     handle = stream_handle(stream, "pinmem.copy: stream")
-    d = resolve(dst, writable=True, what="pinmem.copy: destination", consumer_stream=handle,
-                pinmem_types=_PINMEM_TYPES)
+    d = resolve(dst, writable=True, what="pinmem.copy: destination", consumer_stream=handle)
     try:
-        s = resolve(src, writable=False, what="pinmem.copy: source", consumer_stream=handle,
-                    pinmem_types=_PINMEM_TYPES)
+        s = resolve(src, writable=False, what="pinmem.copy: source", consumer_stream=handle)
         try:
             n = _size(nbytes, d, s)
+            for side, role in ((d, "destination"), (s, "source")):
+                if n and side.where == UNKNOWN and side.address and not mapped(side.address, n):
+                    raise ValueError(f"pinmem.copy: the {role} address {side.address:#x} (+{n} "
+                                     f"bytes) is not mapped in this process")
             if n:
-                lib = _lib.load()
-                for side in (d, s):
-                    if side.where == DEVICE and side.stream is not None:
-                        _order_after(side, handle)
+                lib = _lib._lib or _lib.load()
+                if d.stream is not None and d.where == DEVICE:
+                    _order_after(d, handle)
+                if s.stream is not None and s.where == DEVICE:
+                    _order_after(s, handle)
                 if handle is None:
                     check(lib.pm_memcpy(d.address, s.address, n), "pinmem.copy")
                 else:

@@ -39,6 +39,25 @@ DEVICE = "device"
 UNKNOWN = "unknown"  # an int address: the library tells
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mincore.restype = ctypes.c_int
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_PAGE = __import__("mmap").PAGESIZE
+
+
+def mapped(address, nbytes):
+    """Whether the first and the last page of [address, address + nbytes) are
+    mapped in this process (mincore answers ENOMEM for unmapped pages): a
+    stray int address then fails cleanly instead of faulting in a copy.
+    Device pointers lie in address space the driver reserves, so they pass."""
+    vec = ctypes.c_ubyte()
+    for at in {address, address + max(nbytes, 1) - 1}:
+        page = at - at % _PAGE
+        if _libc.mincore(page, _PAGE, ctypes.byref(vec)) != 0:
+            return False
+    return True
+
+
 class Side:
     """One side of a copy: where, how many bytes, on which side of the bus
     (as far as the object says), a stream the data is ordered on (the CUDA
@@ -170,38 +189,53 @@ def _from_dlpack(obj, writable, what, consumer_stream):
     return Side(imported.address, imported.nbytes, where, release=imported.release, keep=obj)
 
 
-def _is_torch_tensor(obj):
-    mod = type(obj).__module__
-    return (mod == "torch" or mod.startswith("torch.")) and hasattr(obj, "data_ptr") and hasattr(obj, "element_size")
+def _by_int(obj, writable, what, consumer_stream):
+    if obj < 0 or obj >= 1 << 64:
+        raise ValueError(f"{what}: {obj} is not an address")
+    return Side(obj, None, UNKNOWN)
 
 
-def resolve(obj, *, writable, what, consumer_stream=None, pinmem_types=()):
-    """A Side for obj; TypeError for an object that is no memory at all,
-    ValueError for memory copy() cannot take (non-contiguous, read-only for a
-    destination, closed)."""
-    if isinstance(obj, bool):
-        raise TypeError(f"{what}: expected memory or an int address, not a bool")
-    if isinstance(obj, int):
-        if obj < 0 or obj >= 1 << 64:
-            raise ValueError(f"{what}: {obj} is not an address")
-        return Side(obj, None, UNKNOWN)
-    for cls in pinmem_types:
-        if isinstance(obj, cls):
-            return obj._copy_side(writable, what)
-    if _is_torch_tensor(obj):
-        return _from_torch(obj, writable, what)
-    iface = getattr(obj, "__cuda_array_interface__", None) if not isinstance(obj, type) else None
-    if isinstance(iface, dict):
-        side = _from_interface(iface, obj, writable, what, DEVICE)
-        if side is not None:
-            return side
-    iface = getattr(obj, "__array_interface__", None) if not isinstance(obj, type) else None
-    if isinstance(iface, dict):
-        side = _from_interface(iface, obj, writable, what, HOST)
-        if side is not None:
-            return side
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__") and not isinstance(obj, type):
-        return _from_dlpack(obj, writable, what, consumer_stream)
+def _by_bool(obj, writable, what, consumer_stream):
+    raise TypeError(f"{what}: expected memory or an int address, not a bool")
+
+
+def _by_pinmem(obj, writable, what, consumer_stream):
+    return obj._copy_side(writable, what)
+
+
+def _by_torch(obj, writable, what, consumer_stream):
+    return _from_torch(obj, writable, what)
+
+
+def _by_interface(name, where):
+    def handler(obj, writable, what, consumer_stream):
+        iface = getattr(obj, name)
+        side = _from_interface(iface, obj, writable, what, where) if isinstance(iface, dict) else None
+        return side if side is not None else _by_buffer(obj, writable, what, consumer_stream)
+    return handler
+
+
+_by_cuda_interface = _by_interface("__cuda_array_interface__", DEVICE)
+_by_array_interface = _by_interface("__array_interface__", HOST)
+
+
+def _by_numpy(obj, writable, what, consumer_stream):
+    # numpy's flags are cheap to read; its __array_interface__ dict is not, so
+    # only the address is taken from it.
+    flags = obj.flags
+    if not flags.c_contiguous:
+        raise ValueError(f"{what}: the ndarray is not contiguous; copy only takes contiguous "
+                         f"memory (numpy.ascontiguousarray makes a contiguous copy)")
+    if writable and not flags.writeable:
+        raise ValueError(f"{what}: the ndarray is read-only")
+    return Side(obj.__array_interface__["data"][0], obj.nbytes, HOST, keep=obj)
+
+
+def _by_dlpack(obj, writable, what, consumer_stream):
+    return _from_dlpack(obj, writable, what, consumer_stream)
+
+
+def _by_buffer(obj, writable, what, consumer_stream):
     try:
         memoryview(obj).release()
     except TypeError:
@@ -211,3 +245,47 @@ def resolve(obj, *, writable, what, consumer_stream=None, pinmem_types=()):
             f"__array_interface__ or DLPack), an object with the buffer protocol, or an int "
             f"address") from None
     return _from_buffer(obj, writable, what)
+
+
+# How each type's memory is found, learnt from its first object: every
+# interface consulted is an attribute of the type, so the choice holds for
+# all its objects.
+_handlers = {int: _by_int, bool: _by_bool}
+
+
+def _pick(cls):
+    from ._buffer import Buffer, DeviceBuffer
+    from ._register import Registration
+
+    if issubclass(cls, bool):
+        return _by_bool
+    if issubclass(cls, int):
+        return _by_int
+    if issubclass(cls, (Buffer, DeviceBuffer, Registration)):
+        return _by_pinmem
+    mod = cls.__module__ or ""
+    if (mod == "torch" or mod.startswith("torch.")) and hasattr(cls, "data_ptr") \
+            and hasattr(cls, "element_size"):
+        return _by_torch
+    if mod.split(".")[0] == "numpy" and hasattr(cls, "flags") and hasattr(cls, "__array_interface__"):
+        return _by_numpy
+    if hasattr(cls, "__cuda_array_interface__"):
+        return _by_cuda_interface
+    if hasattr(cls, "__array_interface__"):
+        return _by_array_interface
+    if hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__"):
+        return _by_dlpack
+    return _by_buffer
+
+
+def resolve(obj, *, writable, what, consumer_stream=None):
+    """A Side for obj; TypeError for an object that is no memory at all,
+    ValueError for memory copy() cannot take (non-contiguous, read-only for a
+    destination, closed)."""
+    cls = type(obj)
+    handler = _handlers.get(cls)
+    if handler is None:
+        if isinstance(obj, type):
+            return _by_buffer(obj, writable, what, consumer_stream)
+        handler = _handlers[cls] = _pick(cls)
+    return handler(obj, writable, what, consumer_stream)
