@@ -83,8 +83,8 @@ def to_host(t, *, out=None):
         if out.device.type != "cpu":
             raise ValueError(f"pinmem.torch.to_host: out must be a CPU tensor, not on {out.device}")
         if out.dtype != t.dtype or out.shape != t.shape:
-            raise ValueError(f"pinmem.torch.to_host: out is {out.dtype} {tuple(out.shape)}, the "
-                             f"tensor {t.dtype} {tuple(t.shape)}")
+            raise ValueError(f"pinmem.torch.to_host: out has dtype {out.dtype} and shape "
+                             f"{tuple(out.shape)}, the tensor {t.dtype} and {tuple(t.shape)}")
         if not out.is_contiguous():
             raise ValueError("pinmem.torch.to_host: out is not contiguous")
     n = _nbytes(t)
