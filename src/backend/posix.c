@@ -292,23 +292,23 @@ static pm__ranges *devices(void)
     return device_ranges;
 }
 
-/* The driver's allocations are aligned at least this far. */
-enum { device_alignment = 256 };
-
+/* Mapped rather than malloc'ed: page aligned (the driver's allocations are
+ * aligned at least 256 bytes), and a size no system can give fails with
+ * ENOMEM instead of tripping an allocator's limits. */
 static pm_result posix_device_alloc(pm_deviceptr *d, size_t bytesize)
 {
-    size_t len = bytesize + (device_alignment - 1) < bytesize
-                     ? 0
-                     : (bytesize + device_alignment - 1) & ~(size_t)(device_alignment - 1);
-    void *p = len ? aligned_alloc(device_alignment, len) : NULL;
-    if (!p)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: allocating %zu bytes failed",
-                        bytesize);
+    const size_t mask = page_size() - 1;
+    size_t len = bytesize + mask < bytesize ? 0 : (bytesize + mask) & ~mask;
+    void *p = len ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                  : MAP_FAILED;
+    if (p == MAP_FAILED)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: mapping %zu bytes failed: %s",
+                        bytesize, len ? strerror(errno) : "too large");
     pm__range r = {.base = (uintptr_t)p, .size = bytesize, .pin_base = (uintptr_t)p,
                    .pin_len = len, .kind = PM__RANGE_ALLOC};
     pm__range conflict;
     if (!devices() || !pm__ranges_claim(devices(), &r, &conflict)) {
-        free(p);
+        munmap(p, len);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: out of memory for its registry");
     }
     pm__ranges_publish(devices(), &r);
@@ -324,7 +324,7 @@ static pm_result posix_device_release(pm_deviceptr d)
                         "pm_device_free: 0x%llx is not the base of live device memory", d);
     /* Withdrawn before it is freed: the allocator may hand the address out again at once. */
     pm__ranges_withdraw(devices(), r.pin_base);
-    free((void *)r.base);
+    munmap((void *)r.pin_base, r.pin_len);
     return PM_SUCCESS;
 }
 

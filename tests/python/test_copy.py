@@ -204,3 +204,28 @@ def test_large_pinned_copy():
         pinmem.copy(dev, b)
         assert readback(dev, n) == want
     assert os.environ is not None
+
+
+def test_dlpack_producers():
+    torch = optional("torch")
+
+    class OnlyDLPack:
+        """A producer known only through DLPack (as JAX arrays are)."""
+
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, stream=None):
+            return self.t.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    src = torch.arange(5000, dtype=torch.int32)
+    out = torch.zeros(5000, dtype=torch.int32)
+    with pinmem.device_empty(20000) as dev:
+        pinmem.copy(dev, OnlyDLPack(src))
+        pinmem.copy(OnlyDLPack(out), dev)
+    assert torch.equal(out, src)
+    with pytest.raises(ValueError, match="contiguous"):
+        pinmem.copy(bytearray(8), OnlyDLPack(torch.zeros(4, 4).t()[::2]))
