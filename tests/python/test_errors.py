@@ -171,7 +171,7 @@ def test_a_crash_would_show():
     # everything above again in a child process: a crash there is a failure here
     code = textwrap.dedent("""
         import pinmem
-        for bad in (lambda: pinmem.copy(0, 0, 16), lambda: pinmem.copy(1 << 40, 1 << 41, 16),
+        for bad in (lambda: pinmem.copy(0, 0, 16), lambda: pinmem.copy(0x500000000000, 0x510000000000, 16),
                     lambda: pinmem.empty(-1), lambda: pinmem.register(1)):
             try:
                 bad()
