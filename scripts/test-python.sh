@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Python suites (tests/python) against the libpinmem.so of a build
 # directory (default build-test; an AddressSanitizer one such as
-# build-test-address-undefined works too, taking about 1.5 minutes), with Debian's python3 and its numpy, pytest
-# and torch packages: installed when missing and we are root, otherwise named
-# and whatever needs them skipped.
+# build-test-address-undefined works too, taking about 1.5 minutes), with
+# Debian's python3 and its numpy, pytest and torch packages: installed when
+# missing and we are root, otherwise named and whatever needs them skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-test}
