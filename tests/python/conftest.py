@@ -66,3 +66,15 @@ def pytest_report_header(config):
         return [f"pinmem: {pinmem.library_path()} (backend {pinmem.backend()})"]
     except Exception as e:  # the tests will say more
         return [f"pinmem: {e}"]
+
+
+def skip_unless_pools_fit():
+    """Skips when pool memory cannot be pinned under this user's memlock limit
+    (an ordinary user's 8 MiB): the pool pins whole granules or chunks."""
+    if memlock_headroom() is None:
+        return
+    try:
+        with pinmem.Pool() as pool:
+            pool.alloc(4096).close()
+    except pinmem.PinmemMemoryError as e:
+        pytest.skip(f"pool memory is past this user's memlock limit ({e.detail[:120]})")

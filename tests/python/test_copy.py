@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import pinmem
-from conftest import memlock_headroom, optional
+from conftest import memlock_headroom, optional, skip_unless_pools_fit
 
 
 def fill(obj, seed):
@@ -33,6 +33,7 @@ def test_round_trip_bytearray(n):
 
 
 def test_buffer_pool_and_registration_sources():
+    skip_unless_pools_fit()
     n = 1 << 18
     with pinmem.device_empty(n) as dev, pinmem.empty(n) as b, pinmem.Pool() as pool:
         want = fill(b, 1)

@@ -3,6 +3,12 @@
 import pytest
 
 import pinmem
+from conftest import skip_unless_pools_fit
+
+
+@pytest.fixture(autouse=True)
+def _pools_fit():
+    skip_unless_pools_fit()
 
 
 def test_alloc_free_stats():
