@@ -70,3 +70,10 @@ for shape in $PINMEM_SWEEP; do
         grep -E "^(staged|[0-9]+ [MG]iB .*(htod|dtoh))"
 done 2>&1 | tee "$OUT/sweep.txt"
 fi
+
+# The Python package (python/): its suites on CUDA with torch, CuPy, Numba
+# and cuda.core, Numba's own pinned-memory tests with pinmem's plugin, and
+# python -m pinmem bench, all into python.txt (bench/gpu-python.sh alone
+# repeats it: OUT=... bash bench/gpu-python.sh build-gpu).
+echo "== Python package"
+bash bench/gpu-python.sh build-gpu 2>&1 | tee "$OUT/python.txt" | grep -E "^== |passed|failed|Error" | tail -30

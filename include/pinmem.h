@@ -55,6 +55,9 @@ PM_API const char *pm_version_string(void);
     X(PM_ERROR_HOST_MEMORY_NOT_REGISTERED, 713, "the address is not a registered range")    \
     X(PM_ERROR_NOT_PERMITTED, 800, "the operation is not permitted")                        \
     X(PM_ERROR_NOT_SUPPORTED, 801, "the operation is not supported on this system")         \
+    X(PM_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900, "the operation is not permitted while the stream is capturing") \
+    X(PM_ERROR_STREAM_CAPTURE_INVALIDATED, 901, "the stream's capture was invalidated by an earlier error") \
+    X(PM_ERROR_STREAM_CAPTURE_IMPLICIT, 906, "the legacy stream was used while another stream captures") \
     X(PM_ERROR_UNKNOWN, 999, "an unexpected error occurred")
 
 typedef enum pm_result {
@@ -391,6 +394,43 @@ typedef struct pm_copy_stats {
 } pm_copy_stats;
 
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);
+
+/* ------------------------------------ device memory, copies in any direction */
+
+/* cuMemAlloc / cuMemFree in pinmem's context (the calling thread's current
+ * context, else the primary context of pinmem's device). On the posix
+ * backend, ordinary memory that pinmem records as device memory: there an
+ * address is device memory exactly when it lies in a live pm_device_alloc
+ * range, and every other address is host memory (pageable unless pinmem
+ * pinned it). bytes 0 is INVALID_VALUE, as with the driver; pm_device_free(0)
+ * succeeds and does nothing; any other pointer must be an allocation's base. */
+PM_API pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes);
+PM_API pm_result pm_device_free(pm_deviceptr dptr);
+
+/* cuMemcpy / cuMemcpyAsync: direction from the pointers (unified addressing);
+ * host memory of any kind on either side, device memory, or both.
+ *
+ * Host to device and device to host go through the copy engine above, with
+ * its semantics: from a pageable source, return once the source has been
+ * read; into a pageable destination, return when the bytes are there;
+ * page-locked host memory, stream-ordered. Device to device is
+ * stream-ordered (pm_memcpy_async may return before it is done, pm_memcpy
+ * on cuda as well, as cuMemcpy does); host to host of any kinds is done
+ * before the call returns, after the work queued before it on the stream.
+ * Host memory the driver page-locked itself (cuda: cuMemHostAlloc,
+ * cuMemHostRegister called directly, other libraries' pinned memory) goes to
+ * the driver's own copy. On a stream that is capturing a graph (cuda), the
+ * whole copy is the driver's cuMemcpyAsync, so a capture gets exactly the
+ * driver's answer (a pageable host side fails the capture, as the driver's
+ * own copy does).
+ *
+ * bytes 0 succeeds and does nothing; otherwise NULL on either side, ranges
+ * that wrap around the address space or overlap each other, a device range
+ * that runs past its allocation's end (posix) and a stream that is not live
+ * (posix) are INVALID_VALUE (INVALID_HANDLE for the stream). pm_memcpy is
+ * ordered on the default stream, as the synchronous copies above are. */
+PM_API pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes);
+PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t stream);
 
 #ifdef __cplusplus
 }

@@ -12,5 +12,6 @@ cmake --build "$dir" -j"$(nproc)" >/dev/null
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
-cd "$dir"
-ctest --output-on-failure -j2
+(cd "$dir" && ctest --output-on-failure -j2)
+# The Python suites, against the plain build's library.
+[ -n "$sanitize" ] || bash scripts/test-python.sh "$dir"

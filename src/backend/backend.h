@@ -52,6 +52,13 @@ typedef struct pm__chunk_ops {
     void (*unreserve)(void *base, size_t len);
 } pm__chunk_ops;
 
+/* What memory an address is, for pm_memcpy (pointer_kind below). */
+typedef enum pm__memory_kind {
+    PM__MEMORY_HOST,               /* host memory the driver does not know as pinned */
+    PM__MEMORY_HOST_DRIVER_PINNED, /* host memory the driver page-locked, the whole range */
+    PM__MEMORY_DEVICE,             /* device memory (managed memory included) */
+} pm__memory_kind;
+
 typedef struct pm__backend {
     const char *name;
     pm_capabilities caps;
@@ -137,6 +144,27 @@ typedef struct pm__backend {
                                  bool host_pinned);
     pm_result (*copy_dtoh_async)(void *dst, pm_deviceptr d, size_t bytesize, pm_stream_t s,
                                  bool host_pinned);
+
+    /* pm_memcpy asks these. pointer_kind: what [p, p + bytes) is (cuda: the
+     * driver's memory type; posix: device memory is a live device_alloc
+     * range, and a range that starts in one and runs past its end is
+     * INVALID_VALUE). Memory pinmem pinned is host memory the generic layer
+     * knows from its registry before it asks. */
+    pm_result (*pointer_kind)(pm_deviceptr p, size_t bytes, pm__memory_kind *kind);
+    /* pm_device_free: INVALID_VALUE unless d is the base of live device memory. */
+    pm_result (*device_release)(pm_deviceptr d);
+    /* Whether work enqueued on s now goes into a graph capture (cuda; an
+     * error from the query also counts, so the driver's copy then answers);
+     * posix streams never capture. */
+    bool (*stream_is_capturing)(pm_stream_t s);
+    /* The driver's own copy, direction from the pointers (cuMemcpy,
+     * cuMemcpyAsync): for what the copy engine does not take. posix: a
+     * synchronous copy waits for the default stream; an asynchronous one is
+     * queued on s when both sides are device memory (device_only), and is
+     * otherwise done before returning, after s's earlier work, as the driver
+     * does copies from host to host. */
+    pm_result (*copy_any)(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
+                          bool sync, bool device_only);
 } pm__backend;
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */

@@ -531,6 +531,64 @@ static pm_result cuda_copy_dtoh_async(void *dst, pm_deviceptr d, size_t bytesize
                 cu->memcpy_dtoh_async(dst, (CUdeviceptr)d, bytesize, (CUstream)s));
 }
 
+static pm_result cuda_device_release(pm_deviceptr d)
+{
+    DRIVER_CALL("cuMemFree", cu->mem_free((CUdeviceptr)d));
+}
+
+/* One query for the memory type and the extent the driver knows: host memory
+ * it pinned is copied by the driver only when the whole copy lies in one such
+ * extent (it refuses copies that run past a registration's end). Pageable
+ * memory gets the default answers (type 0), not an error. */
+static pm_result cuda_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
+{
+    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned int type = 0;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    void *data[3] = {&type, &start, &size};
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = cu->pointer_get_attributes(3, attrs, data, (CUdeviceptr)p);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuPointerGetAttributes");
+    if (type == 0)
+        *kind = PM__MEMORY_HOST;
+    else if (type == CU_MEMORYTYPE_HOST)
+        *kind = p >= start && p - start < size && bytes <= size - (p - start)
+                    ? PM__MEMORY_HOST_DRIVER_PINNED
+                    : PM__MEMORY_HOST;
+    else
+        *kind = PM__MEMORY_DEVICE;
+    return PM_SUCCESS;
+}
+
+static bool cuda_stream_is_capturing(pm_stream_t s)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    ctx_scope scope; /* the legacy stream is the current context's */
+    if (ctx_enter(&scope) != PM_SUCCESS)
+        return true;
+    CUresult rc = cu->stream_is_capturing((CUstream)s, &status);
+    ctx_leave(&scope);
+    return rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
+                               bool sync, bool device_only)
+{
+    (void)device_only; /* the driver knows */
+    if (sync)
+        DRIVER_CALL("cuMemcpy", cu->memcpy_unified((CUdeviceptr)dst, (CUdeviceptr)src, bytes));
+    DRIVER_CALL("cuMemcpyAsync", cu->memcpy_unified_async((CUdeviceptr)dst, (CUdeviceptr)src,
+                                                         bytes, (CUstream)s));
+}
+
 /* Pinned, not locked: the user may still unmap or discard the memory (the
  * cache hears of it and unregisters). */
 static pm_result cuda_cache_register(void *p, size_t bytesize)
@@ -653,5 +711,9 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->copy_dtoh_async = cuda_copy_dtoh_async;
     out->baseline_alloc = cuda_baseline_alloc;
     out->baseline_free = cuda_baseline_free;
+    out->pointer_kind = cuda_pointer_kind;
+    out->device_release = cuda_device_release;
+    out->stream_is_capturing = cuda_stream_is_capturing;
+    out->copy_any = cuda_copy_any;
     return PM_SUCCESS;
 }

@@ -65,6 +65,10 @@ static const symbol required[] = {
     SYM(mem_pool_set_attribute, "cuMemPoolSetAttribute", 11020),
     SYM(mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync", 11020),
     SYM(mem_free_async, "cuMemFreeAsync", 11020),
+    SYM(memcpy_unified, "cuMemcpy", 4000),
+    SYM(memcpy_unified_async, "cuMemcpyAsync", 4000),
+    SYM(pointer_get_attributes, "cuPointerGetAttributes", 7000),
+    SYM(stream_is_capturing, "cuStreamIsCapturing", 10000),
 };
 
 /* Left NULL when missing: the pools then pin whole chunks. */

@@ -66,6 +66,12 @@ typedef struct pm__cuda_api {
     CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*mem_get_allocation_granularity)(size_t *, const CUmemAllocationProp *,
                                                CUmemAllocationGranularity_flags);
+    /* pm_memcpy: copies in the direction their pointers give, what a pointer
+     * is, and whether a stream is capturing. */
+    CUresult (*memcpy_unified)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*memcpy_unified_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*pointer_get_attributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+    CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

@@ -2,6 +2,7 @@
  * pointer, and the answers are the driver's (spec/driver-behavior.md). */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "../errors.h"
+#include "../ranges.h"
 #include "backend.h"
 #include "posix_stream.h"
 
@@ -317,17 +319,78 @@ static pm_result malloc_pool_free(void *pool, void *p, pm_stream_t s)
 
 static void malloc_pool_close(void *pool) { (void)pool; }
 
-/* "Device" memory is host memory here: copies run through the same code. */
+/* "Device" memory is host memory here: copies run through the same code.
+ * Its ranges are recorded, so that pm_memcpy can tell device memory from
+ * host memory the way the driver does under unified addressing. */
+static pthread_once_t device_ranges_once = PTHREAD_ONCE_INIT;
+static pm__ranges *device_ranges;
+
+static void make_device_ranges(void) { device_ranges = pm__ranges_create(); }
+
+static pm__ranges *devices(void)
+{
+    pthread_once(&device_ranges_once, make_device_ranges);
+    return device_ranges;
+}
+
+/* Mapped rather than malloc'ed: page aligned (the driver's allocations are
+ * aligned at least 256 bytes), and a size no system can give fails with
+ * ENOMEM instead of tripping an allocator's limits. */
 static pm_result posix_device_alloc(pm_deviceptr *d, size_t bytesize)
 {
-    void *p = malloc(bytesize);
-    if (!p)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "malloc of %zu bytes failed", bytesize);
+    const size_t mask = page_size() - 1;
+    size_t len = bytesize + mask < bytesize ? 0 : (bytesize + mask) & ~mask;
+    void *p = len ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                  : MAP_FAILED;
+    if (p == MAP_FAILED)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: mapping %zu bytes failed: %s",
+                        bytesize, len ? strerror(errno) : "too large");
+    pm__range r = {.base = (uintptr_t)p, .size = bytesize, .pin_base = (uintptr_t)p,
+                   .pin_len = len, .kind = PM__RANGE_ALLOC};
+    pm__range conflict;
+    if (!devices() || !pm__ranges_claim(devices(), &r, &conflict)) {
+        munmap(p, len);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: out of memory for its registry");
+    }
+    pm__ranges_publish(devices(), &r);
     *d = (pm_deviceptr)(uintptr_t)p;
     return PM_SUCCESS;
 }
 
-static void posix_device_free(pm_deviceptr d) { free((void *)(uintptr_t)d); }
+static pm_result posix_device_release(pm_deviceptr d)
+{
+    pm__range r;
+    if (!devices() || pm__ranges_retire(devices(), (uintptr_t)d, PM__RANGE_ALLOC, &r) != PM__RETIRED)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_device_free: 0x%llx is not the base of live device memory", d);
+    /* Withdrawn before it is freed: the allocator may hand the address out again at once. */
+    pm__ranges_withdraw(devices(), r.pin_base);
+    munmap((void *)r.pin_base, r.pin_len);
+    return PM_SUCCESS;
+}
+
+static void posix_device_free(pm_deviceptr d) { posix_device_release(d); }
+
+static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
+{
+    pm__range r;
+    *kind = PM__MEMORY_HOST;
+    if (!devices() || !pm__ranges_find(devices(), (uintptr_t)p, &r))
+        return PM_SUCCESS;
+    if (bytes > r.base + r.size - (uintptr_t)p)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_memcpy: %zu bytes from 0x%llx run past the end of the device "
+                        "allocation at 0x%llx (%zu bytes)",
+                        bytes, p, (unsigned long long)r.base, r.size);
+    *kind = PM__MEMORY_DEVICE;
+    return PM_SUCCESS;
+}
+
+static bool posix_stream_is_capturing(pm_stream_t s)
+{
+    (void)s;
+    return false;
+}
 
 /* The synchronous copies are ordered on the default stream, as the driver's
  * are on its legacy stream: they start once the work queued there before
@@ -395,6 +458,16 @@ static pm_result posix_copy_dtoh_async(void *dst, pm_deviceptr d, size_t bytesiz
                                        bool host_pinned)
 {
     return copy_async(dst, (const void *)(uintptr_t)d, bytesize, s, host_pinned);
+}
+
+static pm_result posix_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
+                                bool sync, bool device_only)
+{
+    void *d = (void *)(uintptr_t)dst;
+    const void *from = (const void *)(uintptr_t)src;
+    if (sync)
+        return copy_in_default_stream_order(d, from, bytes);
+    return copy_async(d, from, bytes, s, device_only);
 }
 
 /* The stream thread copies through the page tables, so a cached
@@ -473,5 +546,9 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->copy_dtoh_async = posix_copy_dtoh_async;
     out->baseline_alloc = posix_baseline_alloc;
     out->baseline_free = posix_baseline_free;
+    out->pointer_kind = posix_pointer_kind;
+    out->device_release = posix_device_release;
+    out->stream_is_capturing = posix_stream_is_capturing;
+    out->copy_any = posix_copy_any;
     return PM_SUCCESS;
 }

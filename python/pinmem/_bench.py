@@ -1,0 +1,265 @@
+"""python -m pinmem bench: pinmem beside PyTorch in one process.
+
+Cold pinning (pinmem.empty against torch.empty(pin_memory=True), PyTorch's
+default and its pinned_use_cuda_host_register setting each in a process of
+its own, since PyTorch reads that setting once), pageable copies both ways
+(pinmem.copy against tensor.copy_, with a pinned tensor's copy as the
+ceiling), and what a pinmem.copy call costs in Python over the C call. On
+the posix backend it runs what needs no GPU (pinning, and pageable copies to
+the simulated device memory) and says what it skips.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pinmem
+from pinmem import _lib
+
+MiB = 1 << 20
+
+
+def _size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _label(n):
+    return f"{n >> 30} GiB" if n >= 1 << 30 else f"{n >> 20} MiB" if n >= MiB else f"{n >> 10} KiB"
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except Exception as e:
+        return None, f"PyTorch does not import ({e.__class__.__name__})"
+    if not torch.cuda.is_available():
+        return None, "PyTorch has no CUDA device here"
+    return torch, None
+
+
+def _median_time(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------ cold pinning
+
+def _pin_pinmem(size):
+    t0 = time.perf_counter()
+    b = pinmem.empty(size)
+    elapsed = time.perf_counter() - t0
+    b.close()
+    return elapsed
+
+
+_TORCH_PIN_CHILD = r"""
+import json, sys, time, torch
+torch.cuda.init()
+torch.empty(1, device="cuda")
+out = {}
+for size in [int(s) for s in sys.argv[1:]]:
+    t0 = time.perf_counter()
+    t = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    out[size] = time.perf_counter() - t0
+    del t
+print(json.dumps(out))
+"""
+
+
+def _pin_torch(sizes, conf):
+    env = dict(os.environ)
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    else:
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    run = subprocess.run([sys.executable, "-c", _TORCH_PIN_CHILD] + [str(s) for s in sizes],
+                         env=env, capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        return None, run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
+    return {int(k): v for k, v in json.loads(run.stdout.strip().splitlines()[-1]).items()}, None
+
+
+def bench_pinning(sizes, reps):
+    print("== cold pinning (first touch of fresh memory), milliseconds")
+    torch, why = _torch_cuda()
+    default = best = None
+    best_conf = "pinned_use_cuda_host_register:True,pinned_num_register_threads:16"
+    if torch is not None:
+        default, why_default = _pin_torch(sizes, None)
+        best, why_best = _pin_torch(sizes, best_conf)
+        if default is None:
+            print(f"  skipped: torch default: {why_default}")
+        if best is None:
+            print(f"  skipped: torch {best_conf}: {why_best}")
+    else:
+        print(f"  skipped: torch.empty(pin_memory=True): {why}")
+    print(f"  {'size':>8} {'pinmem':>10} {'torch':>10} {'ratio':>7} {'torch best':>11} {'ratio':>7}")
+    results = {}
+    for size in sizes:
+        try:
+            ours = statistics.median(_pin_pinmem(size) for _ in range(reps))
+        except pinmem.PinmemError as e:
+            print(f"  {_label(size):>8} skipped: {e.result} ({e.detail[:90]})")
+            continue
+        row = f"  {_label(size):>8} {ours * 1e3:10.1f}"
+        for table in (default, best):
+            if table and size in table:
+                row += f" {table[size] * 1e3:10.1f} {table[size] / ours:6.1f}x"
+            else:
+                row += f" {'-':>10} {'-':>7}"
+        print(row)
+        results[size] = (ours, default and default.get(size), best and best.get(size))
+    return results
+
+
+# --------------------------------------------------------- pageable copies
+
+def _host_array(size):
+    try:
+        import numpy
+        a = numpy.empty(size, dtype=numpy.uint8)
+        a[::4096] = 1  # fault the pages in, as a program's data would be
+        return a
+    except ImportError:
+        b = bytearray(size)
+        return b
+
+
+def bench_copies(sizes, reps):
+    print("== pageable copies, GB/s (median of the repetitions)")
+    torch, why = _torch_cuda()
+    cuda = pinmem.backend() == "cuda"
+    if torch is None:
+        print(f"  skipped: tensor.copy_ and the pinned ceiling: {why}")
+    if not cuda:
+        print("  posix backend: pinmem copies to simulated device memory (host memory); no PCIe")
+    header = f"  {'size':>8} {'way':>4} {'pinmem':>8}"
+    if torch is not None:
+        header += f" {'torch':>8} {'ratio':>7} {'pinned':>8} {'share':>6}"
+    print(header)
+    results = {}
+    for size in sizes:
+        host = _host_array(size)
+        if torch is not None:
+            dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+            host_t = torch.from_numpy(host) if hasattr(host, "dtype") else torch.frombuffer(host, dtype=torch.uint8)
+            pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        else:
+            dev = pinmem.device_empty(size)
+        for way in ("h2d", "d2h"):
+            dst, src = (dev, host) if way == "h2d" else (host, dev)
+
+            def ours():
+                pinmem.copy(dst, src)
+
+            ours()
+            t_ours = _median_time(ours, reps)
+            row = f"  {_label(size):>8} {way:>4} {size / t_ours / 1e9:8.1f}"
+            if torch is not None:
+                tdst, tsrc = (dev, host_t) if way == "h2d" else (host_t, dev)
+                pdst, psrc = (dev, pinned) if way == "h2d" else (pinned, dev)
+
+                def theirs():
+                    tdst.copy_(tsrc)
+                    torch.cuda.synchronize()
+
+                def ceiling():
+                    pdst.copy_(psrc, non_blocking=True)
+                    torch.cuda.synchronize()
+
+                theirs()
+                ceiling()
+                t_theirs = _median_time(theirs, reps)
+                t_ceiling = _median_time(ceiling, reps)
+                row += (f" {size / t_theirs / 1e9:8.1f} {t_theirs / t_ours:6.1f}x "
+                        f"{size / t_ceiling / 1e9:8.1f} {t_ceiling / t_ours * 100:5.0f}%")
+                results[(size, way)] = (t_ours, t_theirs, t_ceiling)
+            else:
+                results[(size, way)] = (t_ours, None, None)
+            print(row)
+        del host, dev
+    return results
+
+
+# ------------------------------------------------------- Python call cost
+
+def bench_overhead(reps):
+    print("== one 64-byte pinmem.copy call from Python, microseconds")
+    lib = _lib.load()
+    n = 64
+    src = pinmem.empty(4096)
+    dst = pinmem.device_empty(4096)
+    calls = 20000
+
+    def per_call(fn):
+        fn()
+        best = float("inf")
+        for _ in range(max(reps, 3)):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / calls)
+        return best * 1e6
+
+    d_ptr, s_ptr = dst.ptr, src.ptr
+    raw = per_call(lambda: lib.pm_memcpy(d_ptr, s_ptr, n))
+    rows = [("C call through ctypes (pm_memcpy)", raw),
+            ("pinmem.copy(int, int, 64)", per_call(lambda: pinmem.copy(d_ptr, s_ptr, n))),
+            ("pinmem.copy(DeviceBuffer, Buffer, 64)", per_call(lambda: pinmem.copy(dst, src, n)))]
+    try:
+        import numpy
+        arr = numpy.empty(n, dtype=numpy.uint8)
+        rows.append(("pinmem.copy(DeviceBuffer, ndarray)", per_call(lambda: pinmem.copy(dst, arr, n))))
+    except ImportError:
+        pass
+    torch, _ = _torch_cuda()
+    if torch is not None:
+        a = torch.empty(n, dtype=torch.uint8)
+        d = torch.empty(n, dtype=torch.uint8, device="cuda")
+        rows.append(("pinmem.copy(cuda tensor, cpu tensor)", per_call(lambda: pinmem.copy(d, a))))
+    for name, us in rows:
+        extra = "" if name.startswith("C call") else f"  (+{us - raw:.2f} over the ctypes call)"
+        print(f"  {name:<40} {us:7.2f}{extra}")
+    src.close()
+    dst.close()
+    return dict(rows)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="python -m pinmem bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="*", default=["pin", "copy", "overhead"],
+                        help="pin, copy, overhead (default: all)")
+    parser.add_argument("--pin-sizes", default="64M,1G", help="sizes to pin cold (default 64M,1G)")
+    parser.add_argument("--sizes", default="1M,4M,16M,64M,256M,1G",
+                        help="copy sizes (default 1M,4M,16M,64M,256M,1G)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per figure (default 5)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.pin_sizes, args.sizes, args.reps = "16M", "1M,16M", 3
+    unknown = set(args.what) - {"pin", "copy", "overhead"}
+    if unknown:
+        parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
+    print(f"pinmem {pinmem.version()} ({pinmem.library_path()}), backend {pinmem.backend()}, "
+          f"{pinmem.capabilities()['device_name']}")
+    if "pin" in args.what:
+        bench_pinning([_size(s) for s in args.pin_sizes.split(",")], args.reps)
+    if "copy" in args.what:
+        bench_copies([_size(s) for s in args.sizes.split(",")], args.reps)
+    if "overhead" in args.what:
+        bench_overhead(args.reps)
+    return 0

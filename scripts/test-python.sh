@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The Python suites (tests/python) against the libpinmem.so of a build
+# directory (default build-test; an AddressSanitizer one such as
+# build-test-address-undefined works too, taking about 1.5 minutes), with
+# Debian's python3 and its numpy, pytest and torch packages: installed when
+# missing and we are root, otherwise named and whatever needs them skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-build-test}
+py=/usr/bin/python3
+[ -x "$py" ] || py=$(command -v python3)
+missing=()
+for pkg in pytest numpy torch; do
+    "$py" -c "import $pkg" 2>/dev/null || missing+=("python3-$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "== installing ${missing[*]}"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "python tests: ${missing[*]} missing (install them as root: apt-get install ${missing[*]}); what needs them is skipped"
+    fi
+fi
+if ! "$py" -c "import pytest" 2>/dev/null; then
+    echo "skipped: the Python suites need pytest ($py -m pytest)"
+    exit 0
+fi
+preload=
+if [[ $dir == *address* ]]; then
+    # An AddressSanitizer build of the library in an ordinary interpreter: the
+    # runtime goes first; the interpreter's own leaks at exit are not ours.
+    preload=$(gcc -print-file-name=libasan.so)
+    export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+fi
+echo "== Python suites ($py, $dir/libpinmem.so)"
+LD_PRELOAD=$preload PINMEM_LIBRARY=$PWD/$dir/libpinmem.so PYTHONDONTWRITEBYTECODE=1 \
+    "$py" -m pytest -q -rs -p no:cacheprovider tests/python

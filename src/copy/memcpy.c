@@ -1,0 +1,91 @@
+/* pm_memcpy / pm_memcpy_async (cuMemcpy, cuMemcpyAsync): the direction from
+ * the pointers. Host memory on one side and device memory on the other goes
+ * through the copy engine (copy.c), which cuts the host side into
+ * page-locked and pageable pieces; everything else is the backend's own
+ * copy, as the driver does it. pm_device_alloc / pm_device_free give the
+ * device memory both backends recognise. */
+#include <stdint.h>
+
+#include "../errors.h"
+#include "../instance.h"
+#include "copy.h"
+
+pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!dptr)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_device_alloc: dptr is NULL");
+    if (bytes == 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_device_alloc: bytes is 0");
+    return inst->backend.device_alloc(dptr, bytes);
+}
+
+pm_result pm_device_free(pm_deviceptr dptr)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (dptr == 0)
+        return PM_SUCCESS;
+    return inst->backend.device_release(dptr);
+}
+
+/* Memory pinmem pinned is host memory for the engine, whatever the driver
+ * calls it (pool memory in VMM granules included). */
+static pm_result kind_of(pm__instance *inst, pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
+{
+    pm__range r;
+    if (pm__ranges_find_extent(inst->ranges, (uintptr_t)p, &r)) {
+        *kind = PM__MEMORY_HOST;
+        return PM_SUCCESS;
+    }
+    return inst->backend.pointer_kind(p, bytes, kind);
+}
+
+static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_deviceptr src,
+                                    size_t bytes, pm_stream_t s, bool sync)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (bytes == 0)
+        return PM_SUCCESS;
+    if (!dst || !src)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: the %s pointer is NULL", name,
+                        dst ? "source" : "destination");
+    if (bytes > UINT64_MAX - dst || bytes > UINT64_MAX - src || bytes > UINTPTR_MAX)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %zu bytes from 0x%llx or 0x%llx wrap around",
+                        name, bytes, dst, src);
+    /* memcpy's rule: the driver gives no defined result for overlap, so it is refused. */
+    if (dst < src + bytes && src < dst + bytes)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "%s: the ranges overlap (destination 0x%llx, source 0x%llx, %zu bytes)",
+                        name, dst, src, bytes);
+    const pm__backend *b = &inst->backend;
+    pm_result r = b->stream_check(s);
+    if (r != PM_SUCCESS)
+        return r;
+    /* Staged pieces cannot be captured (the CPU part would not replay), so a
+     * capture gets the driver's own copy, and with it the driver's answer. */
+    if (b->stream_is_capturing(s))
+        return b->copy_any(dst, src, bytes, s, sync, false);
+    pm__memory_kind to, from;
+    if ((r = kind_of(inst, dst, bytes, &to)) != PM_SUCCESS ||
+        (r = kind_of(inst, src, bytes, &from)) != PM_SUCCESS)
+        return r;
+    void *dst_host = (void *)(uintptr_t)dst, *src_host = (void *)(uintptr_t)src;
+    if (to == PM__MEMORY_DEVICE && from == PM__MEMORY_HOST)
+        return sync ? pm_memcpy_htod(dst, src_host, bytes)
+                    : pm_memcpy_htod_async(dst, src_host, bytes, s);
+    if (to == PM__MEMORY_HOST && from == PM__MEMORY_DEVICE)
+        return sync ? pm_memcpy_dtoh(dst_host, src, bytes)
+                    : pm_memcpy_dtoh_async(dst_host, src, bytes, s);
+    return b->copy_any(dst, src, bytes, s, sync,
+                       to == PM__MEMORY_DEVICE && from == PM__MEMORY_DEVICE);
+}
+
+pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes)
+{
+    return copy_any_direction("pm_memcpy", dst, src, bytes, NULL, true);
+}
+
+pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t stream)
+{
+    return copy_any_direction("pm_memcpy_async", dst, src, bytes, stream, false);
+}

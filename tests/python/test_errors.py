@@ -1,0 +1,186 @@
+"""Bad input of every kind: PinmemError, TypeError or ValueError with a clear
+message, never a crash."""
+
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pinmem
+from conftest import optional
+
+
+def test_pinmem_error_fields():
+    with pytest.raises(pinmem.PinmemError) as e:
+        pinmem.Pool(("numa", 999))
+    err = e.value
+    assert err.result == "PM_ERROR_INVALID_VALUE"
+    assert err.code == 1
+    assert "999" in err.detail or err.detail
+    assert err.result in str(err)
+    copy = pickle.loads(pickle.dumps(err))
+    assert (copy.result, copy.detail, copy.code) == (err.result, err.detail, err.code)
+
+
+def test_out_of_memory_is_a_memory_error():
+    with pytest.raises(MemoryError) as e:
+        pinmem.empty(1 << 50)
+    assert isinstance(e.value, pinmem.PinmemError)
+    assert isinstance(e.value, pinmem.PinmemMemoryError)
+    assert e.value.result == "PM_ERROR_OUT_OF_MEMORY"
+    with pytest.raises(MemoryError):
+        pinmem.device_empty(1 << 62)
+
+
+def test_empty_arguments():
+    with pytest.raises(TypeError, match="nbytes"):
+        pinmem.empty("100")
+    with pytest.raises(TypeError):
+        pinmem.empty(10.0)
+    with pytest.raises(TypeError):
+        pinmem.empty(True)
+    with pytest.raises(ValueError, match="negative"):
+        pinmem.empty(-1)
+    with pytest.raises(ValueError):
+        pinmem.empty(1 << 64)
+    with pytest.raises(ValueError, match="flags"):
+        pinmem.empty(10, flags=0x80)
+    with pytest.raises(TypeError):
+        pinmem.empty(10, flags=None)
+    with pytest.raises(ValueError):
+        pinmem.device_empty(-5)
+    with pytest.raises(pinmem.PinmemError):
+        pinmem.device_empty(0)  # as cuMemAlloc: size 0 is refused
+
+
+def test_copy_wrong_types():
+    dst = bytearray(16)
+    for bad in ("text", 1.5, None, object(), [1, 2, 3], {"a": 1}, True, str):
+        with pytest.raises(TypeError):
+            pinmem.copy(dst, bad)
+        with pytest.raises(TypeError):
+            pinmem.copy(bad, bytearray(16))
+
+
+def test_copy_read_only_destination():
+    np = optional("numpy")
+    with pytest.raises(ValueError, match="read-only"):
+        pinmem.copy(b"immutable" * 2, bytearray(18))
+    a = np.zeros(4)
+    a.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        pinmem.copy(a, np.ones(4))
+    with pytest.raises(ValueError, match="read-only"):
+        pinmem.copy(memoryview(bytearray(4)).toreadonly(), bytearray(4))
+
+
+def test_copy_non_contiguous():
+    np = optional("numpy")
+    a = np.zeros((32, 32))
+    with pytest.raises(ValueError, match="contiguous"):
+        pinmem.copy(a[:, ::2], np.zeros((32, 16)))
+    with pytest.raises(ValueError, match="contiguous"):
+        pinmem.copy(np.zeros((16, 32)), a.T[::2])
+    with pytest.raises(ValueError, match="contiguous"):
+        pinmem.copy(bytearray(8), memoryview(bytearray(16))[::2])
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(8, 8)
+    with pytest.raises(ValueError, match="contiguous"):
+        pinmem.copy(t.t(), torch.zeros(8, 8))
+    # contiguous slices are fine
+    pinmem.copy(a[4:8], np.ones((4, 32)))
+    assert a[5, 3] == 1
+
+
+def test_copy_closed_objects():
+    b = pinmem.empty(16)
+    b.close()
+    with pytest.raises(ValueError, match="closed"):
+        pinmem.copy(bytearray(16), b)
+    d = pinmem.device_empty(16)
+    d.close()
+    with pytest.raises(ValueError, match="closed"):
+        pinmem.copy(d, bytearray(16))
+
+
+def test_copy_overlap_and_null():
+    data = bytearray(64)
+    with pinmem.register(data) as r:
+        with pytest.raises(pinmem.PinmemError, match="overlap"):
+            pinmem.copy(r.ptr + 8, r.ptr, 16)
+    with pytest.raises(pinmem.PinmemError) as e:
+        pinmem.copy(0, bytearray(16))
+    assert e.value.result == "PM_ERROR_INVALID_VALUE"
+    with pytest.raises(ValueError):
+        pinmem.copy(-1, bytearray(16))
+    with pytest.raises(ValueError):
+        pinmem.copy(1 << 64, bytearray(16))
+
+
+def test_posix_checks_device_ranges_and_streams():
+    if pinmem.backend() != "posix":
+        pytest.skip("the driver answers these on the cuda backend")
+    with pinmem.device_empty(64) as dev:
+        with pytest.raises(pinmem.PinmemError, match="past the end"):
+            pinmem.copy(dev.ptr + 32, bytearray(64))
+        with pytest.raises(pinmem.PinmemError) as e:
+            pinmem.copy(dev, bytearray(64), stream=0x1234)
+        assert e.value.result == "PM_ERROR_INVALID_HANDLE"
+        s = pinmem.Stream()
+        handle = s.handle
+        s.close()
+        with pytest.raises(pinmem.PinmemError):
+            pinmem.copy(dev, bytearray(64), stream=handle)
+        with pytest.raises(ValueError, match="closed"):
+            pinmem.copy(dev, bytearray(64), stream=s)
+
+
+def test_foreign_pointers():
+    # memory pinmem does not own: the library's answers, not a crash
+    with pytest.raises(pinmem.PinmemError):
+        pinmem._lib.load().pm_mem_free_host(12345) and pinmem._errors.check(
+            pinmem._lib.load().pm_mem_free_host(12345))
+    with pytest.raises(pinmem.PinmemError):
+        pinmem._errors.check(pinmem._lib.load().pm_device_free(4096 * 7))
+
+
+def test_dlpack_bad_capsules():
+    class NotACapsule:
+        def __dlpack__(self, stream=None):
+            return "capsule"
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    class Elsewhere:
+        def __dlpack__(self, stream=None):
+            raise AssertionError("not called")
+
+        def __dlpack_device__(self):
+            return (7, 0)  # Vulkan
+
+    with pytest.raises(TypeError, match="DLPack"):
+        pinmem.copy(bytearray(4), NotACapsule())
+    with pytest.raises(ValueError, match="CPU or CUDA"):
+        pinmem.copy(bytearray(4), Elsewhere())
+
+
+def test_a_crash_would_show():
+    # everything above again in a child process: a crash there is a failure here
+    code = textwrap.dedent("""
+        import pinmem
+        for bad in (lambda: pinmem.copy(0, 0, 16), lambda: pinmem.copy(0x500000000000, 0x510000000000, 16),
+                    lambda: pinmem.empty(-1), lambda: pinmem.register(1)):
+            try:
+                bad()
+            except (pinmem.PinmemError, TypeError, ValueError):
+                pass
+        print("survived")
+    """)
+    import os
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(pinmem.__file__))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "survived" in run.stdout, run.stderr

@@ -1,0 +1,467 @@
+/* pm_memcpy / pm_memcpy_async and pm_device_alloc / pm_device_free: every
+ * pair of memory kinds (pageable, host allocation, pool, registered, device)
+ * both ways, synchronous and asynchronous, sizes from 1 byte to 64 MiB at
+ * random offsets, byte for byte with the bytes around the destination
+ * checked untouched; stream order; eight threads at once; bad arguments. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "copy_util.h"
+
+enum kind { PAGEABLE, HOST_ALLOC, POOL, REGISTERED, DEVICE, KINDS };
+static const char *const kind_names[KINDS] = {"pageable", "host alloc", "pool", "registered",
+                                              "device"};
+
+static pm_mem_pool_t pool;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+typedef struct mem {
+    enum kind kind;
+    size_t n;
+    uint8_t *host;   /* host kinds */
+    pm_deviceptr dev; /* DEVICE */
+} mem;
+
+static pm_deviceptr addr(const mem *m, size_t off)
+{
+    return m->kind == DEVICE ? m->dev + off : (pm_deviceptr)(uintptr_t)(m->host + off);
+}
+
+static bool pinned_kind(enum kind k) { return k == HOST_ALLOC || k == POOL || k == REGISTERED; }
+
+/* false (and nothing held) when the memory could not be had: pinned kinds are
+ * bounded by the memlock limit of an ordinary user. */
+static bool mem_make(mem *m, enum kind k, size_t n)
+{
+    *m = (mem){.kind = k, .n = n};
+    pm_result r = PM_SUCCESS;
+    switch (k) {
+    case PAGEABLE:
+        m->host = malloc(n);
+        r = m->host ? PM_SUCCESS : PM_ERROR_OUT_OF_MEMORY;
+        break;
+    case HOST_ALLOC:
+        r = pm_mem_alloc_host((void **)&m->host, n);
+        break;
+    case POOL:
+        r = pm_mem_alloc_from_pool((void **)&m->host, n, pool);
+        break;
+    case REGISTERED:
+        m->host = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+        r = m->host ? pm_mem_host_register(m->host, n, 0) : PM_ERROR_OUT_OF_MEMORY;
+        if (r != PM_SUCCESS) {
+            free(m->host);
+            m->host = NULL;
+        }
+        break;
+    case DEVICE:
+        r = pm_device_alloc(&m->dev, n);
+        break;
+    default:
+        break;
+    }
+    return r == PM_SUCCESS;
+}
+
+static void mem_free(mem *m)
+{
+    switch (m->kind) {
+    case PAGEABLE:
+        free(m->host);
+        break;
+    case HOST_ALLOC:
+        CHECK_RESULT(pm_mem_free_host(m->host), PM_SUCCESS);
+        break;
+    case POOL:
+        CHECK_RESULT(pm_mem_free(m->host), PM_SUCCESS);
+        break;
+    case REGISTERED:
+        CHECK_RESULT(pm_mem_host_unregister(m->host), PM_SUCCESS);
+        free(m->host);
+        break;
+    case DEVICE:
+        CHECK_RESULT(pm_device_free(m->dev), PM_SUCCESS);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Writes and reads through the engine's own entry points, not the calls under test. */
+static void mem_write(mem *m, size_t off, const uint8_t *data, size_t n)
+{
+    if (m->kind == DEVICE)
+        CHECK_RESULT(pm_memcpy_htod(m->dev + off, data, n), PM_SUCCESS);
+    else
+        memcpy(m->host + off, data, n);
+}
+
+static void mem_read(const mem *m, size_t off, uint8_t *out, size_t n)
+{
+    if (m->kind == DEVICE)
+        CHECK_RESULT(pm_memcpy_dtoh(out, m->dev + off, n), PM_SUCCESS);
+    else
+        memcpy(out, m->host + off, n);
+}
+
+static void random_bytes(uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x = xorshift64(&rng);
+        memcpy(p + i, &x, 8);
+    }
+    for (; i < n; i++)
+        p[i] = (uint8_t)xorshift64(&rng);
+}
+
+/* One copy of n bytes from src + so to dst + doff; dst's other bytes keep 0xA5. */
+static void check_copy(mem *dst, size_t doff, mem *src, size_t so, size_t n, bool async,
+                       pm_stream_t s)
+{
+    uint8_t *want = malloc(n), *got = malloc(dst->n);
+    REQUIRE(want && got);
+    random_bytes(want, n);
+    mem_write(src, so, want, n);
+    memset(got, 0xA5, dst->n);
+    mem_write(dst, 0, got, dst->n);
+    pm_deviceptr to = addr(dst, doff), from = addr(src, so);
+    if (async) {
+        CHECK_RESULT(pm_memcpy_async(to, from, n, s), PM_SUCCESS);
+        /* a pageable source may be reused as soon as the call returns */
+        if (src->kind == PAGEABLE)
+            memset(src->host + so, 0x3C, n);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    } else {
+        CHECK_RESULT(pm_memcpy(to, from, n), PM_SUCCESS);
+    }
+    mem_read(dst, 0, got, dst->n);
+    size_t bad = SIZE_MAX;
+    for (size_t i = 0; i < dst->n && bad == SIZE_MAX; i++)
+        if (got[i] != (i >= doff && i - doff < n ? want[i - doff] : 0xA5))
+            bad = i;
+    if (bad != SIZE_MAX)
+        fprintf(stderr, "%s -> %s, %zu bytes (%s, offsets %zu/%zu): byte %zu wrong\n",
+                kind_names[src->kind], kind_names[dst->kind], n, async ? "async" : "sync", so,
+                doff, bad);
+    CHECK(bad == SIZE_MAX);
+    free(want);
+    free(got);
+}
+
+/* Both buffers of one pair, n bytes plus room for the offsets. */
+static bool pair_copy(enum kind from, enum kind to, size_t n, bool async, pm_stream_t s)
+{
+    mem src, dst;
+    if (!mem_make(&src, from, n + 64))
+        return false;
+    if (!mem_make(&dst, to, n + 64)) {
+        mem_free(&src);
+        return false;
+    }
+    check_copy(&dst, (size_t)(xorshift64(&rng) % 64), &src, (size_t)(xorshift64(&rng) % 64), n,
+               async, s);
+    mem_free(&src);
+    mem_free(&dst);
+    return true;
+}
+
+static void every_pair(void)
+{
+    static const size_t sizes[] = {1, 2, 3, 15, 4095, 4096, 4097, (64 << 10) + 7,
+                                   (1 << 20) + 3, (3 << 20) + 11};
+    pm_stream_t s;
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    int skipped = 0;
+    for (int from = 0; from < KINDS; from++)
+        for (int to = 0; to < KINDS; to++)
+            for (int async = 0; async < 2; async++)
+                for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+                    skipped += !pair_copy(from, to, sizes[i], async, s);
+    if (skipped)
+        printf("every_pair: %d copies skipped (pinned memory beyond the memlock limit)\n",
+               skipped);
+    CHECK(skipped == 0 || test_backend()->pinnable_bytes() < ((size_t)16 << 20));
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+}
+
+/* 64 MiB: each kind once as source and once as destination, both ways. */
+static void large(void)
+{
+    static const enum kind pairs[][2] = {{PAGEABLE, DEVICE}, {DEVICE, PAGEABLE},
+                                         {DEVICE, DEVICE},   {HOST_ALLOC, POOL},
+                                         {POOL, REGISTERED}, {REGISTERED, HOST_ALLOC},
+                                         {PAGEABLE, PAGEABLE}};
+    const size_t n = (size_t)64 << 20;
+    pm_stream_t s;
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    /* two 64 MiB pinned buffers and the staging ring */
+    bool room = test_backend()->pinnable_bytes() >= 3 * n;
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        if (!room && (pinned_kind(pairs[i][0]) || pinned_kind(pairs[i][1]))) {
+            printf("skipped: large: %s -> %s (64 MiB pinned is past the memlock limit)\n",
+                   kind_names[pairs[i][0]], kind_names[pairs[i][1]]);
+            continue;
+        }
+        for (int async = 0; async < 2; async++)
+            CHECK(pair_copy(pairs[i][0], pairs[i][1], n, async, s));
+    }
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+}
+
+/* Stream order: work held at a gate on the stream writes a page-locked
+ * buffer; copies queued after it must see what it wrote. */
+static atomic_int gate;
+static uint8_t gate_pattern[1 << 16];
+
+typedef struct gated_write {
+    uint8_t *dst;
+    size_t n;
+} gated_write;
+
+static void write_behind_gate(void *arg)
+{
+    gated_write *w = arg;
+    while (!atomic_load(&gate))
+        usleep(200);
+    memcpy(w->dst, gate_pattern, w->n);
+}
+
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(20000);
+    atomic_store(&gate, 1);
+    return NULL;
+}
+
+static void ordering(void)
+{
+    const size_t n = sizeof gate_pattern;
+    random_bytes(gate_pattern, n);
+    mem pinned, d1, d2;
+    REQUIRE(mem_make(&pinned, HOST_ALLOC, n));
+    if (!mem_make(&d1, DEVICE, n) || !mem_make(&d2, DEVICE, n)) {
+        CHECK(!"device memory");
+        return;
+    }
+    uint8_t *out = calloc(1, n), *host_out = calloc(1, n);
+    REQUIRE(out && host_out);
+    memset(pinned.host, 0, n);
+    pm_stream_t s;
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+
+    /* pinned -> device -> device -> pageable, all behind the gate */
+    atomic_store(&gate, 0);
+    gated_write w = {pinned.host, n};
+    CHECK_RESULT(pm_stream_launch_host_func(s, write_behind_gate, &w), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_async(d1.dev, addr(&pinned, 0), n, s), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_async(d2.dev, d1.dev, n, s), PM_SUCCESS);
+    pthread_t opener;
+    REQUIRE(pthread_create(&opener, NULL, open_gate_later, NULL) == 0);
+    /* into pageable memory: returns only when the bytes are there */
+    CHECK_RESULT(pm_memcpy_async((pm_deviceptr)(uintptr_t)out, d2.dev, n, s), PM_SUCCESS);
+    CHECK(memcmp(out, gate_pattern, n) == 0);
+    pthread_join(opener, NULL);
+
+    /* host to host waits for the stream's earlier work too */
+    memset(pinned.host, 0, n);
+    atomic_store(&gate, 0);
+    CHECK_RESULT(pm_stream_launch_host_func(s, write_behind_gate, &w), PM_SUCCESS);
+    REQUIRE(pthread_create(&opener, NULL, open_gate_later, NULL) == 0);
+    CHECK_RESULT(pm_memcpy_async((pm_deviceptr)(uintptr_t)host_out, addr(&pinned, 0), n, s),
+                 PM_SUCCESS);
+    CHECK(memcmp(host_out, gate_pattern, n) == 0);
+    pthread_join(opener, NULL);
+
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    mem_free(&pinned);
+    mem_free(&d1);
+    mem_free(&d2);
+    free(out);
+    free(host_out);
+}
+
+/* The synchronous form is ordered after the default stream's earlier work. */
+static void sync_after_default_stream(void)
+{
+    const size_t n = sizeof gate_pattern;
+    random_bytes(gate_pattern, n);
+    mem pinned, d;
+    REQUIRE(mem_make(&pinned, HOST_ALLOC, n));
+    REQUIRE(mem_make(&d, DEVICE, n));
+    uint8_t *out = calloc(1, n);
+    REQUIRE(out);
+    memset(pinned.host, 0, n);
+    atomic_store(&gate, 0);
+    gated_write w = {pinned.host, n};
+    CHECK_RESULT(pm_stream_launch_host_func(NULL, write_behind_gate, &w), PM_SUCCESS);
+    pthread_t opener;
+    REQUIRE(pthread_create(&opener, NULL, open_gate_later, NULL) == 0);
+    CHECK_RESULT(pm_memcpy(d.dev, addr(&pinned, 0), n), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy((pm_deviceptr)(uintptr_t)out, d.dev, n), PM_SUCCESS);
+    CHECK(memcmp(out, gate_pattern, n) == 0);
+    pthread_join(opener, NULL);
+    mem_free(&pinned);
+    mem_free(&d);
+    free(out);
+}
+
+static void *copy_thread(void *arg)
+{
+    uint64_t seed = (uint64_t)(uintptr_t)arg * 0x9E3779B97F4A7C15ull + 1;
+    static const enum kind kinds[] = {PAGEABLE, POOL, DEVICE};
+    pm_stream_t s;
+    if (pm_stream_create(&s) != PM_SUCCESS) {
+        CHECK(!"stream");
+        return NULL;
+    }
+    for (int i = 0; i < 40; i++) {
+        enum kind from = kinds[xorshift64(&seed) % 3], to = kinds[xorshift64(&seed) % 3];
+        size_t n = 1 + (size_t)(xorshift64(&seed) % (256 << 10));
+        mem src, dst;
+        /* pool memory may be past an ordinary user's memlock limit */
+        const bool may_fail = test_backend()->pinnable_bytes() < ((size_t)64 << 20);
+        if (!mem_make(&src, from, n)) {
+            CHECK(may_fail && pinned_kind(from));
+            continue;
+        }
+        if (!mem_make(&dst, to, n)) {
+            CHECK(may_fail && pinned_kind(to));
+            mem_free(&src);
+            continue;
+        }
+        uint8_t *want = malloc(n), *got = malloc(n);
+        for (size_t j = 0; j < n; j++)
+            want[j] = (uint8_t)(xorshift64(&seed) >> 7);
+        mem_write(&src, 0, want, n);
+        if (i % 2)
+            CHECK_RESULT(pm_memcpy(addr(&dst, 0), addr(&src, 0), n), PM_SUCCESS);
+        else {
+            CHECK_RESULT(pm_memcpy_async(addr(&dst, 0), addr(&src, 0), n, s), PM_SUCCESS);
+            CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        }
+        mem_read(&dst, 0, got, n);
+        CHECK(memcmp(want, got, n) == 0);
+        free(want);
+        free(got);
+        mem_free(&src);
+        mem_free(&dst);
+    }
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    return NULL;
+}
+
+static void eight_threads(void)
+{
+    pthread_t t[8];
+    for (uintptr_t i = 0; i < 8; i++)
+        REQUIRE(pthread_create(&t[i], NULL, copy_thread, (void *)(i + 1)) == 0);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+}
+
+/* Host to device and back go through the copy engine; device to device and
+ * host to host do not. */
+static void engine_takes_host_device(void)
+{
+    const size_t n = 1 << 20;
+    mem h, d, d2;
+    REQUIRE(mem_make(&h, PAGEABLE, n));
+    REQUIRE(mem_make(&d, DEVICE, n));
+    REQUIRE(mem_make(&d2, DEVICE, n));
+    memset(h.host, 7, n);
+    pm_copy_stats a = {.struct_size = sizeof a}, b = a, c = a;
+    CHECK_RESULT(pm_copy_get_stats(&a), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy(d.dev, addr(&h, 0), n), PM_SUCCESS);
+    CHECK_RESULT(pm_copy_get_stats(&b), PM_SUCCESS);
+    /* staged, or where no staging ring could be pinned (memlock), the driver's path */
+    CHECK(b.staged_bytes - a.staged_bytes + b.driver_bytes - a.driver_bytes == n);
+    CHECK_RESULT(pm_memcpy(d2.dev, d.dev, n), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy(addr(&h, 0), addr(&h, 0) + n / 2, n / 2), PM_SUCCESS);
+    CHECK_RESULT(pm_copy_get_stats(&c), PM_SUCCESS);
+    CHECK(c.staged_bytes == b.staged_bytes && c.direct_bytes == b.direct_bytes &&
+          c.driver_bytes == b.driver_bytes);
+    mem_free(&h);
+    mem_free(&d);
+    mem_free(&d2);
+}
+
+static void bad_arguments(void)
+{
+    const bool posix = strcmp(pm_backend_name(), "posix") == 0;
+    uint8_t *h = malloc(64);
+    REQUIRE(h);
+    pm_deviceptr hp = (pm_deviceptr)(uintptr_t)h, d = 0, d2 = 0;
+    REQUIRE_RESULT(pm_device_alloc(&d, 64), PM_SUCCESS);
+    REQUIRE_RESULT(pm_device_alloc(&d2, 64), PM_SUCCESS);
+    CHECK(d % 256 == 0);
+
+    CHECK_RESULT(pm_memcpy(0, hp, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy(d, 0, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_async(0, d, 16, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy(0, 0, 0), PM_SUCCESS); /* size 0: nothing to do, as the driver */
+    CHECK_RESULT(pm_memcpy_async(d, hp, 0, NULL), PM_SUCCESS);
+    /* overlapping ranges of one buffer, host and device; neighbours are fine */
+    CHECK_RESULT(pm_memcpy(hp + 8, hp, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy(hp, hp, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_async(d, d + 15, 16, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy(hp + 16, hp, 16), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy(d + 32, d, 32), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy(d2, d, 64), PM_SUCCESS);
+    /* wrapping around the address space */
+    CHECK_RESULT(pm_memcpy(UINT64_MAX - 4, hp, 16), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy(hp, UINT64_MAX - 4, 16), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "wrap") != NULL);
+    if (posix) {
+        /* a device range past its allocation's end; streams that are not live */
+        CHECK_RESULT(pm_memcpy(d + 56, hp, 16), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_memcpy_async(hp, d + 60, 8, NULL), PM_ERROR_INVALID_VALUE);
+        CHECK_RESULT(pm_memcpy_async(d, hp, 16, (pm_stream_t)(uintptr_t)0x1234),
+                     PM_ERROR_INVALID_HANDLE);
+        pm_stream_t s;
+        CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_async(d, hp, 16, s), PM_ERROR_INVALID_HANDLE);
+    }
+
+    CHECK_RESULT(pm_device_alloc(NULL, 16), PM_ERROR_INVALID_VALUE);
+    pm_deviceptr none = 0;
+    CHECK_RESULT(pm_device_alloc(&none, 0), PM_ERROR_INVALID_VALUE);
+    CHECK(none == 0);
+    CHECK_RESULT(pm_device_free(0), PM_SUCCESS);
+    CHECK_RESULT(pm_device_free(d + 8), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_device_free(hp), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_device_free(d), PM_SUCCESS);
+    CHECK_RESULT(pm_device_free(d), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_device_free(d2), PM_SUCCESS);
+    CHECK_RESULT(pm_device_alloc(&d, (size_t)1 << 62), PM_ERROR_OUT_OF_MEMORY);
+    free(h);
+}
+
+int main(void)
+{
+    if (pm_init(0) != PM_SUCCESS)
+        SKIP("no backend");
+    printf("backend: %s\n", pm_backend_name());
+    small_copy_config(0);
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS) {
+        fprintf(stderr, "pool: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    bad_arguments();
+    engine_takes_host_device();
+    every_pair();
+    large();
+    ordering();
+    sync_after_default_stream();
+    eight_threads();
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    return check_finish("test_memcpy");
+}
