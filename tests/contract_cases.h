@@ -19,7 +19,7 @@ typedef struct host_api {
     int (*get_address_range)(unsigned long long *pbase, size_t *psize, unsigned long long dptr);
     /* Optional: what this side knows of address q that its answers may not
      * show (pinmem: "pinmem's pages" for pages it pinned outside the bytes
-     * it was asked for, where the CUDA backend passes queries to the driver). */
+     * it was asked for, which answer as pageable memory). */
     void (*describe)(const void *q, char *out, size_t cap);
 } host_api;
 
