@@ -1,7 +1,13 @@
 /* The spec's host-memory API (cuMemHostAlloc and friends) on top of a backend
- * and the range registry. The answers follow spec/driver-behavior.md; memory
+ * and the range registry. The answers follow docs/driver-behavior.md; memory
  * pinmem does not track is passed to the backend's foreign_* calls, so memory
- * pinned through the driver directly still gets the driver's answers. */
+ * pinned through the driver directly still gets the driver's answers.
+ *
+ * The driver answers for bytes, not pages: only the bytes asked for are an
+ * allocation or a registration. The rest of an allocation's pages answers as
+ * pageable memory (and cannot be registered), and two registrations may
+ * share a page. pinmem answers for its own pages from its registry, never
+ * from the driver's view of them. */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -134,10 +140,48 @@ pm_result pm_mem_free_host(void *p)
                                                    : "pm_mem_free_host: %p is registered memory; "
                                                      "use pm_mem_host_unregister",
                         p);
+    case PM__RETIRE_SLACK:
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_free_host: %p is not a host allocation (it is in the pages of the "
+                        "host allocation at %p, past its bytes)",
+                        p, (void *)r.base);
     case PM__RETIRE_NOT_TRACKED:
         break;
     }
     return inst->backend.foreign_free_host(p);
+}
+
+/* The driver's answer to a registration whose bytes overlap what is pinned
+ * already: memory it allocated itself cannot be registered, while the rest
+ * of its pages and the bytes of other registrations are registered already. */
+static pm_result register_conflict(void *p, size_t bytesize, const pm__range *in_way)
+{
+    const uintptr_t lo = (uintptr_t)p, hi = lo + bytesize;
+    const bool on_bytes = in_way->base < hi && lo < in_way->base + in_way->size;
+    if (in_way->kind != PM__RANGE_REGISTERED && on_bytes)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: [%p, +%zu) overlaps %s memory at %p, which is "
+                        "pinned already",
+                        p, bytesize, in_way->kind == PM__RANGE_POOL ? "pool" : "host-allocated",
+                        (void *)in_way->base);
+    if (in_way->kind != PM__RANGE_REGISTERED)
+        return pm__fail(PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+                        "pm_mem_host_register: [%p, +%zu) lies in pages pinned for the host "
+                        "allocation [%p, +%zu)",
+                        p, bytesize, (void *)in_way->base, in_way->size);
+    return pm__fail(PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+                    "pm_mem_host_register: [%p, +%zu) overlaps the registration [%p, +%zu)", p,
+                    bytesize, (void *)in_way->base, in_way->size);
+}
+
+/* Takes a registration's new pages from the budget, under the registry's
+ * claim, so that a page registrations share is counted once (and a
+ * registration on pages pinned already needs nothing, however full). */
+static bool take_budget(size_t bytes, void *result)
+{
+    if (bytes)
+        *(pm_result *)result = pm__budget_take(bytes, "pm_mem_host_register");
+    return *(pm_result *)result == PM_SUCCESS;
 }
 
 pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
@@ -169,39 +213,30 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
         return pm__fail(PM_ERROR_NOT_SUPPORTED,
                         "pm_mem_host_register: the device does not support READ_ONLY");
     const uintptr_t hi = (last | page_mask) + 1;
+    /* The registration claims exactly its bytes, as the driver does. */
     pm__range r = {
         .base = (uintptr_t)p,
         .size = bytesize,
-        .pin_base = lo,
-        .pin_len = hi - lo,
+        .pin_base = (uintptr_t)p,
+        .pin_len = bytesize,
         .flags = (flags & PM_MEMHOSTREGISTER_PORTABLE) | PM_MEMHOSTREGISTER_DEVICEMAP,
         .kind = PM__RANGE_REGISTERED,
     };
+    const size_t page = inst->backend.caps.page_size;
+    pm_result res = PM_SUCCESS;
     pm__range conflict;
-    if (!pm__ranges_claim(inst->ranges, &r, &conflict)) {
+    if (!pm__ranges_claim_pages(inst->ranges, &r, page, take_budget, &res, &conflict)) {
+        if (res != PM_SUCCESS)
+            return res;
         if (conflict.kind == 0)
             return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for the range registry");
-        if (conflict.kind != PM__RANGE_REGISTERED)
-            return pm__fail(PM_ERROR_INVALID_VALUE,
-                            "pm_mem_host_register: [%p, +%zu) overlaps %s memory at %p, which is "
-                            "pinned already",
-                            p, bytesize, conflict.kind == PM__RANGE_POOL ? "pool" : "host-allocated",
-                            (void *)conflict.base);
-        return pm__fail(PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
-                        "pm_mem_host_register: [%p, +%zu) shares pages with the registration "
-                        "[%p, +%zu)",
-                        p, bytesize, (void *)conflict.base, conflict.size);
+        return register_conflict(p, bytesize, &conflict);
     }
     /* The copy engine's cached registrations give way to the user's own. */
     pm__regcache_evict(lo, hi);
-    pm_result res = pm__budget_take(r.pin_len, "pm_mem_host_register");
-    if (res == PM_SUCCESS) {
-        res = inst->backend.host_register(p, bytesize, flags);
-        if (res != PM_SUCCESS)
-            pm__budget_give(r.pin_len);
-    }
+    res = inst->backend.host_register(p, bytesize, flags);
     if (res != PM_SUCCESS) {
-        pm__ranges_withdraw(inst->ranges, r.pin_base);
+        pm__budget_give(pm__ranges_withdraw_pages(inst->ranges, r.pin_base, page));
         return res;
     }
     pm__ranges_publish(inst->ranges, &r);
@@ -217,10 +252,15 @@ pm_result pm_mem_host_unregister(void *p)
     switch (pm__ranges_retire(inst->ranges, (uintptr_t)p, PM__RANGE_REGISTERED, &r)) {
     case PM__RETIRED: {
         pm_result res = inst->backend.host_unregister((void *)r.base, r.size);
-        pm__budget_give(r.pin_len);
-        pm__ranges_withdraw(inst->ranges, r.pin_base);
+        pm__budget_give(
+            pm__ranges_withdraw_pages(inst->ranges, r.pin_base, inst->backend.caps.page_size));
         return res;
     }
+    case PM__RETIRE_SLACK:
+        return pm__fail(PM_ERROR_HOST_MEMORY_NOT_REGISTERED,
+                        "pm_mem_host_unregister: %p is not in a registered range (it is in the "
+                        "pages of the host allocation at %p, past its bytes)",
+                        p, (void *)r.base);
     case PM__RETIRE_MISMATCH:
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         r.kind == PM__RANGE_REGISTERED
@@ -242,6 +282,15 @@ static pm_result not_allocated(const char *call, void *p)
     return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %p is in a pool but not allocated", call, p);
 }
 
+/* The rest of an allocation's pages is pageable memory to the driver. */
+static pm_result past_the_bytes(pm_result code, const char *call, const void *p,
+                                const pm__range *r)
+{
+    return pm__fail(code, "%s: %p is not pinned memory (it is in the pages of the host "
+                          "allocation at %p, past its bytes)",
+                    call, p, (void *)r->base);
+}
+
 pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
 {
     PM__INSTANCE_OR_RETURN(inst);
@@ -250,11 +299,16 @@ pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
     pm__range r;
     uintptr_t base;
     size_t size;
-    if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r)) {
+    switch (pm__ranges_locate(inst->ranges, (uintptr_t)p, &r)) {
+    case PM__PLACE_BYTES:
         if (r.kind == PM__RANGE_POOL && !pm__pool_find((uintptr_t)p, &base, &size))
             return not_allocated("pm_mem_host_get_flags", p);
         *pflags = r.flags;
         return PM_SUCCESS;
+    case PM__PLACE_SLACK:
+        return past_the_bytes(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_flags", p, &r);
+    case PM__PLACE_NONE:
+        break;
     }
     return inst->backend.foreign_get_flags(pflags, p);
 }
@@ -270,7 +324,8 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
     pm__range r;
     uintptr_t base;
     size_t size;
-    if (pm__ranges_find(inst->ranges, (uintptr_t)p, &r)) {
+    switch (pm__ranges_locate(inst->ranges, (uintptr_t)p, &r)) {
+    case PM__PLACE_BYTES:
         if (r.kind == PM__RANGE_POOL && !pm__pool_find((uintptr_t)p, &base, &size))
             return not_allocated("pm_mem_host_get_device_pointer", p);
         /* Granules are mapped for every device at the pool's own addresses
@@ -280,6 +335,10 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
             return PM_SUCCESS;
         }
         return inst->backend.device_pointer(pdptr, p);
+    case PM__PLACE_SLACK:
+        return past_the_bytes(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_device_pointer", p, &r);
+    case PM__PLACE_NONE:
+        break;
     }
     return inst->backend.foreign_get_device_pointer(pdptr, p);
 }
@@ -291,7 +350,11 @@ pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_device
         return PM_SUCCESS;
     pm__range r;
     /* Pinned host memory is addressed by the device at its host address. */
-    if (pm__ranges_find(inst->ranges, (uintptr_t)dptr, &r)) {
+    pm__range_place place = pm__ranges_locate(inst->ranges, (uintptr_t)dptr, &r);
+    if (place == PM__PLACE_SLACK)
+        return past_the_bytes(PM_ERROR_NOT_FOUND, "pm_mem_get_address_range",
+                              (const void *)(uintptr_t)dptr, &r);
+    if (place == PM__PLACE_BYTES) {
         if (r.kind == PM__RANGE_POOL) {
             uintptr_t base;
             if (!pm__pool_find((uintptr_t)dptr, &base, &r.size))

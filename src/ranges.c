@@ -168,45 +168,91 @@ void pm__ranges_destroy(pm__ranges *set)
     free(set);
 }
 
-/* Any node whose extent intersects [lo, hi): only the floor of lo and the
- * first node at or after lo can, since extents do not overlap each other. */
+static bool bytes_overlap(const pm__range *r, uintptr_t lo, uintptr_t hi)
+{
+    return r->base < hi && lo < r->base + r->size;
+}
+
+/* lock held: the node after n in address order. */
+static node *successor(node *root, const node *n)
+{
+    return n->r.pin_base == UINTPTR_MAX ? NULL : ceil_node(root, n->r.pin_base + 1);
+}
+
+/* The node whose extent intersects [lo, hi) that a conflict names: the first
+ * in address order whose user bytes intersect it, else the first. Only the
+ * floor of lo and the nodes from lo on can intersect it, since extents do not
+ * overlap each other. */
 static node *overlapping(node *root, uintptr_t lo, uintptr_t hi)
 {
-    node *f = floor_node(root, lo);
-    if (f && extent_end(&f->r) > lo)
-        return f;
-    node *c = ceil_node(root, lo);
-    if (c && c->r.pin_base < hi)
-        return c;
-    return NULL;
+    node *first = NULL;
+    node *n = floor_node(root, lo);
+    if (!n || extent_end(&n->r) <= lo)
+        n = ceil_node(root, lo);
+    for (; n && n->r.pin_base < hi; n = successor(root, n)) {
+        if (bytes_overlap(&n->r, lo, hi))
+            return n;
+        if (!first)
+            first = n;
+    }
+    return first;
+}
+
+/* lock held: the bytes of the pages [b, e) touches (e > b) that neither prev,
+ * the extent before it, nor next, the one after, touches: only its first and
+ * last page can be shared, since its bytes cover every page between. */
+static size_t own_page_bytes(uintptr_t b, uintptr_t e, const node *prev, const node *next,
+                             size_t page)
+{
+    const uintptr_t mask = page - 1, lo = b & ~mask, last = (e - 1) | mask;
+    const bool first_shared = prev && extent_end(&prev->r) > lo;
+    const bool last_shared = next && next->r.pin_base <= last;
+    if (last - lo < page) /* one page */
+        return first_shared || last_shared ? 0 : page;
+    return (size_t)(last - lo + 1) - (first_shared ? page : 0) - (last_shared ? page : 0);
+}
+
+static bool claim(pm__ranges *set, const pm__range *r, size_t page,
+                  bool (*take)(size_t, void *), void *ctx, pm__range *conflict)
+{
+    /* An extent that is empty or wraps cannot be ordered against the others:
+     * the overlap check would miss what lies past the wrap. */
+    conflict->kind = 0;
+    if (r->pin_len == 0 || r->pin_len > UINTPTR_MAX - r->pin_base)
+        return false;
+    node *added = calloc(1, sizeof *added);
+    if (!added)
+        return false;
+    added->r = *r;
+    added->height = 1;
+    const uintptr_t end = extent_end(r);
+    pthread_rwlock_wrlock(&set->lock);
+    node *in_way = overlapping(set->root, r->pin_base, end);
+    bool claimed = false;
+    if (in_way)
+        *conflict = in_way->r;
+    else
+        claimed = !take || take(own_page_bytes(r->pin_base, end, floor_node(set->root, r->pin_base),
+                                               ceil_node(set->root, end), page),
+                                ctx);
+    if (claimed)
+        set->root = insert(set->root, added);
+    pthread_rwlock_unlock(&set->lock);
+    if (!claimed)
+        free(added);
+    return claimed;
 }
 
 bool pm__ranges_claim(pm__ranges *set, const pm__range *r, pm__range *conflict)
 {
-    /* An extent that is empty or wraps cannot be ordered against the others:
-     * the overlap check would miss what lies past the wrap. */
-    if (r->pin_len == 0 || r->pin_len > UINTPTR_MAX - r->pin_base) {
-        conflict->kind = 0;
-        return false;
-    }
-    node *fresh = calloc(1, sizeof *fresh);
-    if (!fresh) {
-        conflict->kind = 0;
-        return false;
-    }
-    fresh->r = *r;
-    fresh->height = 1;
-    pthread_rwlock_wrlock(&set->lock);
-    node *in_way = overlapping(set->root, r->pin_base, extent_end(r));
-    if (in_way) {
-        *conflict = in_way->r;
-        pthread_rwlock_unlock(&set->lock);
-        free(fresh);
-        return false;
-    }
-    set->root = insert(set->root, fresh);
-    pthread_rwlock_unlock(&set->lock);
-    return true;
+    return claim(set, r, 0, NULL, NULL, conflict);
+}
+
+bool pm__ranges_claim_pages(pm__ranges *set, const pm__range *r, size_t page,
+                            bool (*take)(size_t bytes, void *ctx), void *ctx,
+                            pm__range *conflict)
+{
+    return claim(set, r, page, take, ctx, conflict);
 }
 
 void pm__ranges_publish(pm__ranges *set, const pm__range *r)
@@ -221,15 +267,44 @@ void pm__ranges_publish(pm__ranges *set, const pm__range *r)
     pthread_rwlock_unlock(&set->lock);
 }
 
-void pm__ranges_withdraw(pm__ranges *set, uintptr_t pin_base)
+static size_t withdraw(pm__ranges *set, uintptr_t pin_base, size_t page)
 {
     node *gone = NULL;
+    size_t freed = 0;
     pthread_rwlock_wrlock(&set->lock);
     node *n = find_pin_base(set->root, pin_base);
-    if (n && !n->published)
+    if (n && !n->published) {
+        const uintptr_t end = extent_end(&n->r);
+        if (page)
+            freed = own_page_bytes(pin_base, end,
+                                   pin_base ? floor_node(set->root, pin_base - 1) : NULL,
+                                   ceil_node(set->root, end), page);
         set->root = erase(set->root, pin_base, &gone);
+    }
     pthread_rwlock_unlock(&set->lock);
     free(gone);
+    return freed;
+}
+
+void pm__ranges_withdraw(pm__ranges *set, uintptr_t pin_base) { withdraw(set, pin_base, 0); }
+
+size_t pm__ranges_withdraw_pages(pm__ranges *set, uintptr_t pin_base, size_t page)
+{
+    return withdraw(set, pin_base, page);
+}
+
+pm__range_place pm__ranges_locate(pm__ranges *set, uintptr_t addr, pm__range *out)
+{
+    pm__range_place place = PM__PLACE_NONE;
+    pthread_rwlock_rdlock(&set->lock);
+    node *n = floor_node(set->root, addr);
+    if (n && n->published && addr < extent_end(&n->r)) {
+        *out = n->r;
+        place = addr >= n->r.base && addr - n->r.base < n->r.size ? PM__PLACE_BYTES
+                                                                   : PM__PLACE_SLACK;
+    }
+    pthread_rwlock_unlock(&set->lock);
+    return place;
 }
 
 static bool lookup(pm__ranges *set, uintptr_t addr, bool user_bytes, pm__range *out)
@@ -271,8 +346,10 @@ pm__retire_outcome pm__ranges_retire(pm__ranges *set, uintptr_t base, unsigned k
             n->published = false;
             set->published_count--;
             outcome = PM__RETIRED;
-        } else {
+        } else if (base >= n->r.base && base - n->r.base < n->r.size) {
             outcome = PM__RETIRE_MISMATCH;
+        } else {
+            outcome = PM__RETIRE_SLACK;
         }
     }
     pthread_rwlock_unlock(&set->lock);

@@ -2,11 +2,17 @@
  *
  * Invariants (checked by pm__ranges_validate in tests and debug builds):
  *  - pinned extents [pin_base, pin_base + pin_len) never overlap, so the
- *    extent's base is a unique key. They are whole pages, except for
- *    allocations the driver placed, whose extent is exactly their bytes;
+ *    extent's base is a unique key. Memory pinmem maps itself (host
+ *    allocations, pool chunks) has whole pages; a registration's extent is
+ *    exactly its bytes, as the driver's is, so two registrations may share
+ *    a page; allocations the driver placed have exactly their bytes too;
  *  - the user's bytes [base, base + size) lie inside the extent, and
  *    pin_base + pin_len never wraps around the address space;
  *  - lookups are O(log n) (AVL tree), under a reader-writer lock.
+ *
+ * The bytes of an extent outside the user's (the rest of an allocation's
+ * last page) are pinned but belong to nobody: the driver answers queries
+ * about them as about pageable memory, and refuses to register them again.
  *
  * A range is first inserted PENDING (claiming its extent while the backend
  * pins it, so two threads can never pin overlapping ranges), then published
@@ -41,16 +47,38 @@ typedef struct pm__ranges pm__ranges;
 pm__ranges *pm__ranges_create(void);
 void pm__ranges_destroy(pm__ranges *set);
 
-/* Claims r's extent as pending. On overlap returns false and copies the
- * (published or pending) range in the way to *conflict. false with
- * conflict->kind == 0 means out of memory, or an extent that is empty or
- * runs past the top of the address space (callers rule those out first). */
+/* Claims r's extent as pending. On overlap returns false and copies a
+ * (published or pending) range in the way to *conflict: of those whose
+ * extents r's extent overlaps, the first in address order whose user bytes
+ * it overlaps, else the first. false with conflict->kind == 0 means out of
+ * memory, or an extent that is empty or runs past the top of the address
+ * space (callers rule those out first). */
 bool pm__ranges_claim(pm__ranges *set, const pm__range *r, pm__range *conflict);
+/* The same, for a range whose pages others may share (registrations): under
+ * the claim's lock, take(bytes, ctx) is given the bytes of the pages (of page
+ * bytes) r's extent touches that no other claimed extent touches, that is
+ * what pinning r pins anew; when it returns false nothing is claimed and
+ * conflict->kind is 0. */
+bool pm__ranges_claim_pages(pm__ranges *set, const pm__range *r, size_t page,
+                            bool (*take)(size_t bytes, void *ctx), void *ctx,
+                            pm__range *conflict);
 /* Makes a claimed range visible to queries, with its final fields. */
 void pm__ranges_publish(pm__ranges *set, const pm__range *r);
 /* Drops a pending claim: the backend failed, or finished unpinning a retired range. */
 void pm__ranges_withdraw(pm__ranges *set, uintptr_t pin_base);
+/* The same for a range claimed with pm__ranges_claim_pages: returns the
+ * bytes of the pages it touched that no other claimed extent touches, that
+ * is what unpinning it gave back. Over any sequence of claims and withdraws
+ * the two count every page once, however many registrations share it. */
+size_t pm__ranges_withdraw_pages(pm__ranges *set, uintptr_t pin_base, size_t page);
 
+/* Where addr lies among the published ranges. */
+typedef enum pm__range_place {
+    PM__PLACE_NONE = 0, /* in no extent: memory pinmem does not track */
+    PM__PLACE_BYTES,    /* in a range's user bytes */
+    PM__PLACE_SLACK,    /* in an extent, outside its user bytes */
+} pm__range_place;
+pm__range_place pm__ranges_locate(pm__ranges *set, uintptr_t addr, pm__range *out);
 /* The published range whose user bytes contain addr. */
 bool pm__ranges_find(pm__ranges *set, uintptr_t addr, pm__range *out);
 /* The published range whose pinned extent contains addr. */
@@ -64,12 +92,14 @@ pm__extent_found pm__ranges_extent_at_or_after(pm__ranges *set, uintptr_t addr, 
 /* Retires the published range whose user base is exactly base and whose
  * kind is in kind_mask: queries stop seeing it, but its extent stays claimed
  * until pm__ranges_withdraw, so nobody can pin those pages again while the
- * backend is still unpinning them. *out receives the range retired, or on a
- * mismatch the range that contains base. */
+ * backend is still unpinning them. *out receives the range retired, or
+ * otherwise the range whose extent contains base. */
 typedef enum pm__retire_outcome {
     PM__RETIRED = 0,
     PM__RETIRE_NOT_TRACKED, /* no range's extent contains base */
-    PM__RETIRE_MISMATCH,    /* one does, but base is not its start, or the kind differs */
+    PM__RETIRE_MISMATCH,    /* a range's user bytes do, but base is not its start,
+                               or the kind differs */
+    PM__RETIRE_SLACK,       /* an extent does, outside its user bytes */
 } pm__retire_outcome;
 pm__retire_outcome pm__ranges_retire(pm__ranges *set, uintptr_t base, unsigned kind_mask,
                                      pm__range *out);

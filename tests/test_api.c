@@ -1,5 +1,8 @@
-/* Result names, version, init and capabilities, and bad input of every kind. */
+/* Result names, version, init and capabilities, bad input of every kind, and
+ * registrations that share a page. */
+#include <inttypes.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -201,6 +204,155 @@ static void pool_memory_to_host_calls(void)
     CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
 }
 
+static unsigned long long pinned_now(void)
+{
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    return st.pinned_bytes;
+}
+
+/* VmLck: what this process has locked, in bytes. */
+static unsigned long long locked_now(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    unsigned long long kib = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmLck: %llu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib << 10;
+}
+
+/* The driver registers bytes: registrations whose bytes do not overlap may
+ * share a page. The page stays pinned until the last of them is undone (on
+ * the POSIX backend: locked, as VmLck shows), and the budget counts it once. */
+static void registrations_share_pages(void)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const bool posix = strcmp(pm_backend_name(), "posix") == 0;
+    /* A guard page, two pages registrations share, a guard page. */
+    uint8_t *map = mmap(NULL, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(map != MAP_FAILED);
+    uint8_t *const p = map + page;
+    const unsigned long long pinned = pinned_now(), locked = locked_now();
+    CHECK_RESULT(pm_mem_host_register(p + 100, 100, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_register(p + 300, 100, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_register(p + 150, 100, 0), PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    CHECK_RESULT(pm_mem_host_register(p + 399, 2, 0), PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    CHECK_RESULT(pm_mem_host_register(p + 200, 100, 0), PM_SUCCESS); /* the gap, exactly */
+    /* Across into the next page, which it shares with one more. */
+    CHECK_RESULT(pm_mem_host_register(p + page - 10, 20, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_register(p + page + 10, 1, PM_MEMHOSTREGISTER_PORTABLE), PM_SUCCESS);
+    CHECK(pinned_now() == pinned + 2 * page);
+    if (posix)
+        CHECK(locked_now() == locked + 2 * page);
+    unsigned f = 0;
+    CHECK_RESULT(pm_mem_host_get_flags(&f, p + page + 10), PM_SUCCESS);
+    CHECK(f == (PM_MEMHOSTREGISTER_PORTABLE | PM_MEMHOSTREGISTER_DEVICEMAP));
+    CHECK_RESULT(pm_mem_host_get_flags(&f, p + page + 11), PM_ERROR_INVALID_VALUE);
+    pm_deviceptr base = 0;
+    size_t size = 0;
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)(p + page)),
+                 PM_SUCCESS);
+    CHECK(base == (uintptr_t)(p + page - 10) && size == 20);
+    CHECK_RESULT(pm_mem_host_unregister(p + 250), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_unregister(p + 50), PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    /* Undone one by one, the last of each page unpins it. */
+    uint8_t *const order[] = {p + 100, p + page - 10, p + 300, p + 200, p + page + 10};
+    const unsigned long long pages_left[] = {2, 2, 2, 1, 0};
+    for (int i = 0; i < 5; i++) {
+        CHECK_RESULT(pm_mem_host_unregister(order[i]), PM_SUCCESS);
+        CHECK(pinned_now() == pinned + pages_left[i] * page);
+        if (posix)
+            CHECK(locked_now() == locked + pages_left[i] * page);
+    }
+    munmap(map, 4 * page);
+}
+
+/* Whether the mapping that holds addr is locked (mlock splits mappings at
+ * what it locks, so this is the page's own state). */
+static bool page_locked(const void *addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    bool inside = false, locked = false;
+    while (f && fgets(line, sizeof line, f)) {
+        uintptr_t lo, hi;
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2) {
+            if (inside)
+                break;
+            inside = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            locked = strstr(line, " lo") != NULL;
+        }
+    }
+    if (f)
+        fclose(f);
+    return locked;
+}
+
+typedef struct sharer {
+    uint8_t *pages; /* two pages every thread registers bytes of */
+    int index;      /* which bytes of them are this thread's */
+    int unlocked;   /* times its page was found unlocked while it held a registration */
+} sharer;
+
+static void *share_pages(void *arg)
+{
+    sharer *t = arg;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    /* Thread 0's third registration runs across from one page to the next. */
+    uint8_t *const mine[] = {t->pages + 64 * t->index + 1, t->pages + page + 64 * t->index + 1,
+                             t->index ? t->pages + 1024 + 64 * t->index : t->pages + page - 16};
+    for (int round = 0; round < 400; round++) {
+        uint8_t *q = mine[round % 3];
+        size_t n = 32;
+        if (pm_mem_host_register(q, n, 0) != PM_SUCCESS) {
+            t->unlocked = -1;
+            return NULL;
+        }
+        if (round % 5 == 0 && !page_locked(q))
+            t->unlocked++;
+        if (pm_mem_host_unregister(q) != PM_SUCCESS) {
+            t->unlocked = -1;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+/* Threads registering and unregistering bytes of the same two pages: a page
+ * is locked whenever a registration holds it (an unregistration never unlocks
+ * what another registration has just locked), and nothing stays locked or
+ * counted once all are gone. */
+static void pages_shared_by_threads(void)
+{
+    if (strcmp(pm_backend_name(), "posix") != 0)
+        SKIP_CASE("locking is the driver's on this backend");
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *map = mmap(NULL, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(map != MAP_FAILED);
+    const unsigned long long pinned = pinned_now(), locked = locked_now();
+    enum { threads = 8 };
+    pthread_t tid[threads];
+    sharer t[threads];
+    int started = 0;
+    for (int i = 0; i < threads; i++) {
+        t[i] = (sharer){map + page, i, 0};
+        started += pthread_create(&tid[i], NULL, share_pages, &t[i]) == 0;
+    }
+    for (int i = 0; i < started; i++) {
+        pthread_join(tid[i], NULL);
+        CHECK(t[i].unlocked == 0);
+    }
+    CHECK(pinned_now() == pinned);
+    CHECK(locked_now() == locked);
+    CHECK(!page_locked(map + page) && !page_locked(map + 2 * page));
+    munmap(map, 4 * page);
+}
+
 static void successes_leave_no_detail(void)
 {
     void *(*const bodies[])(void *) = {only_successes, only_pool_successes};
@@ -218,6 +370,8 @@ int main(void)
     version_and_init();
     capabilities();
     bad_pointers();
+    registrations_share_pages();
+    pages_shared_by_threads();
     pool_memory_to_host_calls();
     failures_leave_no_trace();
     return check_finish("api");

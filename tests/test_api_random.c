@@ -22,7 +22,8 @@ typedef struct object {
     uint8_t *p;
     size_t size;
     unsigned flags;           /* what get_flags reports */
-    uintptr_t ext_lo, ext_hi; /* pages pinmem pinned for it (allocations, registrations) */
+    uintptr_t ext_lo, ext_hi; /* what pinmem claims for it: an allocation's pages, a
+                                 registration's bytes */
     bool driver_placed;       /* CUDA write-combined: the driver placed it, exactly its bytes */
 } object;
 
@@ -118,57 +119,63 @@ static const pool_alloc *pool_alloc_at(uintptr_t q)
     return NULL;
 }
 
-/* In pages pinmem pinned for an allocation or registration (not pools). */
-static bool in_extent(uintptr_t q, int *kind)
-{
-    for (int i = 0; i < m.n_allocs; i++)
-        if (q >= m.allocs[i].ext_lo && q < m.allocs[i].ext_hi) {
-            *kind = 1;
-            return true;
-        }
-    for (int i = 0; i < m.n_regs; i++)
-        if (q >= m.regs[i].ext_lo && q < m.regs[i].ext_hi) {
-            *kind = 2;
-            return true;
-        }
-    return false;
-}
-
-/* Which pinned pages [lo, hi) runs into, as the registry finds them: the
- * extent with the greatest base at or below lo when it reaches past lo, else
- * the one with the lowest base inside [lo, hi). 2: a registration, 1: an
- * allocation, 4: a pool block's pages; 0: none. */
+/* What registering [lo, hi) runs into, as the registry and the driver answer:
+ * the bytes of an allocation or a pool block (INVALID_VALUE), those of a
+ * registration or the rest of an allocation's pages (ALREADY_REGISTERED); of
+ * several, the first in address order whose bytes it overlaps decides, else
+ * the first whose pages it overlaps. Pool blocks stand for the chunks around
+ * them, which are pool memory to their last byte. */
 typedef struct conflict_search {
-    uintptr_t lo, hi, floor_base, ceil_base;
-    int floor_kind, ceil_kind;
-    bool floor_hits;
+    uintptr_t lo, hi, bytes_base, ext_base;
+    pm_result bytes_answer;
+    bool on_bytes, on_ext;
 } conflict_search;
 
-static void consider(conflict_search *c, uintptr_t ext_lo, uintptr_t ext_hi, int kind)
+static void consider(conflict_search *c, uintptr_t ext_lo, uintptr_t ext_hi, uintptr_t p,
+                     size_t size, bool registration)
 {
-    if (ext_lo <= c->lo) {
-        if (!c->floor_kind || ext_lo >= c->floor_base) {
-            c->floor_base = ext_lo;
-            c->floor_kind = kind;
-            c->floor_hits = ext_hi > c->lo;
+    if (ext_hi <= c->lo || ext_lo >= c->hi)
+        return;
+    if (p < c->hi && c->lo < p + size) {
+        if (!c->on_bytes || ext_lo < c->bytes_base) {
+            c->bytes_base = ext_lo;
+            c->bytes_answer = registration ? PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+                                           : PM_ERROR_INVALID_VALUE;
         }
-    } else if (ext_lo < c->hi && ext_lo < c->ceil_base) {
-        c->ceil_base = ext_lo;
-        c->ceil_kind = kind;
+        c->on_bytes = true;
     }
+    c->on_ext = true;
 }
 
-static int conflict_in(uintptr_t lo, uintptr_t hi)
+static pm_result conflict_in(uintptr_t lo, uintptr_t hi)
 {
-    conflict_search c = {.lo = lo, .hi = hi, .ceil_base = UINTPTR_MAX};
+    conflict_search c = {.lo = lo, .hi = hi};
     for (int i = 0; i < m.n_regs; i++)
-        consider(&c, m.regs[i].ext_lo, m.regs[i].ext_hi, 2);
+        consider(&c, m.regs[i].ext_lo, m.regs[i].ext_hi, (uintptr_t)m.regs[i].p, m.regs[i].size,
+                 true);
     for (int i = 0; i < m.n_allocs; i++)
-        consider(&c, m.allocs[i].ext_lo, m.allocs[i].ext_hi, 1);
-    for (int i = 0; i < m.n_pallocs; i++)
-        consider(&c, page_down((uintptr_t)m.pallocs[i].p),
-                 page_up((uintptr_t)m.pallocs[i].p + m.pallocs[i].size), 4);
-    return c.floor_kind && c.floor_hits ? c.floor_kind : c.ceil_kind;
+        consider(&c, m.allocs[i].ext_lo, m.allocs[i].ext_hi, (uintptr_t)m.allocs[i].p,
+                 m.allocs[i].size, false);
+    for (int i = 0; i < m.n_pallocs; i++) {
+        const uintptr_t b = page_down((uintptr_t)m.pallocs[i].p),
+                        e = page_up((uintptr_t)m.pallocs[i].p + m.pallocs[i].size);
+        consider(&c, b, e, b, e - b, false);
+    }
+    if (c.on_bytes)
+        return c.bytes_answer;
+    return c.on_ext ? PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED : PM_SUCCESS;
+}
+
+/* On CUDA, the pages around an allocation the driver placed (write-combined
+ * ones, packed closer than pages) hold whatever else the driver put there:
+ * the driver answers for them, and the spec's table does not say how. */
+static bool beside_driver_placed(uintptr_t lo, uintptr_t hi)
+{
+    for (int i = 0; cuda && i < m.n_allocs; i++)
+        if (m.allocs[i].driver_placed && lo < page_up(m.allocs[i].ext_hi) &&
+            page_down(m.allocs[i].ext_lo) < hi)
+            return true;
+    return false;
 }
 
 static bool is_mapped(uintptr_t page_addr)
@@ -252,22 +259,9 @@ static uint8_t *pick_pointer(bool for_unregister)
     return arena + rnd(arena_pages * page);
 }
 
-/* On CUDA, pinmem passes queries about addresses outside the bytes it was
- * asked for to the driver, whose answers the spec's table does not give for
- * pages the driver pinned: pinmem's own, and those around the allocations it
- * placed itself (write-combined ones, packed closer than pages). */
 static bool answer_unsettled(uintptr_t q)
 {
-    int kind;
-    if (!cuda || alloc_at(q) || reg_at(q))
-        return false;
-    if (in_extent(q, &kind))
-        return true;
-    for (int i = 0; i < m.n_allocs; i++)
-        if (m.allocs[i].driver_placed && q >= page_down(m.allocs[i].ext_lo) &&
-            q < page_up(m.allocs[i].ext_hi))
-            return true;
-    return false;
+    return !alloc_at(q) && !reg_at(q) && beside_driver_placed(q, q + 1);
 }
 
 /* ------------------------------------------------------------ the calls */
@@ -390,16 +384,16 @@ static void op_register(void)
         want = PM_ERROR_NOT_SUPPORTED;
     else {
         const uintptr_t hi = page_up(u + n);
-        int conflict = conflict_in(lo, hi);
+        const pm_result conflict = conflict_in(u, u + n);
         bool in_arena = u >= (uintptr_t)arena && u + n <= (uintptr_t)arena + arena_pages * page;
         bool over_hole = in_arena && lo <= (uintptr_t)arena + hole_page * page &&
                          hi > (uintptr_t)arena + hole_page * page;
         bool over_ro = in_arena && lo <= (uintptr_t)arena + ro_page * page &&
                        hi > (uintptr_t)arena + ro_page * page;
-        if (conflict == 2)
-            want = PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-        else if (conflict)
-            want = PM_ERROR_INVALID_VALUE;
+        if (conflict != PM_SUCCESS)
+            want = conflict;
+        else if (beside_driver_placed(lo, hi))
+            want = r; /* the driver's answer: its pages are pinned */
         else if (!in_arena && !foreign)
             want = PM_ERROR_INVALID_VALUE; /* unmapped */
         else if (over_hole && is_mapped((uintptr_t)arena + hole_page * page))
@@ -423,8 +417,8 @@ static void op_register(void)
         .p = q,
         .size = n,
         .flags = (f & PM_MEMHOSTREGISTER_PORTABLE) | 2,
-        .ext_lo = lo,
-        .ext_hi = page_up(u + n),
+        .ext_lo = u,
+        .ext_hi = u + n,
     };
 }
 
@@ -432,16 +426,19 @@ static void op_unregister(void)
 {
     uint8_t *q = pick_pointer(true);
     pm_result r = pm_mem_host_unregister(q);
-    int hit = -1, kind = 0;
+    int hit = -1;
     for (int i = 0; i < m.n_regs; i++)
         if (m.regs[i].p == q)
             hit = i;
+    /* Past an allocation's bytes, or beside a registration's in its pages:
+     * not registered, as for pageable memory. */
     pm_result want = PM_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    const uintptr_t u = (uintptr_t)q;
     if (!q)
         want = PM_ERROR_INVALID_VALUE;
     else if (hit >= 0)
         want = PM_SUCCESS;
-    else if (in_extent((uintptr_t)q, &kind) || pool_alloc_at((uintptr_t)q))
+    else if (reg_at(u) || alloc_at(u) || pool_alloc_at(u))
         want = PM_ERROR_INVALID_VALUE;
     expect_result(r, want, "pm_mem_host_unregister", q);
     if (hit >= 0 && r == PM_SUCCESS) {

@@ -1,6 +1,8 @@
 /* The registry alone, against a brute-force model: random claims, publishes,
  * retires and lookups (of user bytes, and of the extent at or after an
- * address, as copies ask), with the tree's invariants checked throughout. */
+ * address, as copies ask), with the tree's invariants checked throughout;
+ * registrations of exact bytes that share pages, with every page counted
+ * once; which range a conflict names, and the rest of an allocation's pages. */
 #include <stdint.h>
 
 #include "check.h"
@@ -50,12 +52,168 @@ static void wrapping_claims(pm__ranges *set)
     CHECK(pm__ranges_validate(set, NULL));
 }
 
+static bool take_into(size_t bytes, void *total)
+{
+    *(size_t *)total += bytes;
+    return true;
+}
+
+static bool refuse(size_t bytes, void *ctx)
+{
+    (void)bytes;
+    (void)ctx;
+    return false;
+}
+
+/* How many registrations of the model touch page k of the arena. */
+static int touching(const uintptr_t (*regs)[2], int n, uintptr_t page_lo)
+{
+    int count = 0;
+    for (int i = 0; i < n; i++)
+        count += regs[i][0] < page_lo + page && page_lo < regs[i][1];
+    return count;
+}
+
+/* Registrations of exact bytes, one to a few pages long, packed so that they
+ * share pages: a claim succeeds exactly when no bytes overlap, and what the
+ * claims take and the withdraws give back always equals the pages touched. */
+static void shared_pages(pm__ranges *set)
+{
+    enum { arena_pages = 16, live_max = 24, rounds = 20000 };
+    uintptr_t regs[live_max][2];
+    int n = 0;
+    size_t taken = 0;
+    for (int round = 0; round < rounds; round++) {
+        if (n < live_max && next() % 2) {
+            uintptr_t lo = arena + next() % (arena_pages * page - 64);
+            uintptr_t len = 1 + next() % (next() % 4 ? 200 : 2 * page);
+            if (lo + len > arena + arena_pages * page)
+                len = arena + arena_pages * page - lo;
+            bool overlaps = false;
+            for (int i = 0; i < n; i++)
+                overlaps |= regs[i][0] < lo + len && lo < regs[i][1];
+            size_t fresh_pages = 0;
+            for (uintptr_t pg = lo & ~(page - 1); pg < lo + len; pg += page)
+                fresh_pages += !touching((const uintptr_t(*)[2])regs, n, pg);
+            pm__range r = {.base = lo, .size = len, .pin_base = lo, .pin_len = len,
+                           .kind = PM__RANGE_REGISTERED};
+            pm__range conflict;
+            size_t got = 0;
+            bool claimed = pm__ranges_claim_pages(set, &r, page, take_into, &got, &conflict);
+            CHECK(claimed == !overlaps);
+            if (claimed) {
+                CHECK(got == fresh_pages * page);
+                taken += got;
+                pm__ranges_publish(set, &r);
+                regs[n][0] = lo;
+                regs[n++][1] = lo + len;
+            } else {
+                CHECK(conflict.kind == PM__RANGE_REGISTERED);
+            }
+        } else if (n > 0) {
+            int i = (int)(next() % (uint64_t)n);
+            const uintptr_t lo = regs[i][0], hi = regs[i][1];
+            regs[i][0] = regs[n - 1][0];
+            regs[i][1] = regs[n - 1][1];
+            n--;
+            size_t freed_pages = 0;
+            for (uintptr_t pg = lo & ~(page - 1); pg < hi; pg += page)
+                freed_pages += !touching((const uintptr_t(*)[2])regs, n, pg);
+            pm__range out;
+            CHECK(pm__ranges_retire(set, lo, PM__RANGE_REGISTERED, &out) == PM__RETIRED);
+            size_t freed = pm__ranges_withdraw_pages(set, lo, page);
+            CHECK(freed == freed_pages * page);
+            taken -= freed;
+        }
+        size_t touched = 0;
+        for (uintptr_t pg = arena; pg < arena + arena_pages * page; pg += page)
+            touched += touching((const uintptr_t(*)[2])regs, n, pg) > 0;
+        CHECK(taken == touched * page);
+    }
+    while (n > 0) {
+        pm__range out;
+        CHECK(pm__ranges_retire(set, regs[n - 1][0], PM__RANGE_REGISTERED, &out) == PM__RETIRED);
+        taken -= pm__ranges_withdraw_pages(set, regs[--n][0], page);
+    }
+    CHECK(taken == 0);
+    CHECK(pm__ranges_count(set) == 0);
+    /* A refused take claims nothing. */
+    pm__range r = {.base = arena + 8 * page + 1, .size = 1, .pin_base = arena + 8 * page + 1,
+                   .pin_len = 1, .kind = PM__RANGE_REGISTERED};
+    pm__range conflict = {.kind = 99};
+    CHECK(!pm__ranges_claim_pages(set, &r, page, refuse, NULL, &conflict));
+    CHECK(conflict.kind == 0);
+    CHECK(pm__ranges_claim_pages(set, &r, page, take_into, &taken, &conflict));
+    CHECK(taken == page);
+    CHECK(pm__ranges_withdraw_pages(set, r.pin_base, page) == page);
+    CHECK(pm__ranges_validate(set, NULL));
+}
+
+/* An allocation's pages past its bytes: found as slack, retired as slack;
+ * a conflict names the first range whose bytes a claim overlaps, else the
+ * first whose extent it does. */
+static void slack_and_conflicts(pm__ranges *set)
+{
+    const uintptr_t x = arena + 64 * page;
+    pm__range alloc = {.base = x, .size = 100, .pin_base = x, .pin_len = 2 * page,
+                       .kind = PM__RANGE_ALLOC};
+    pm__range reg = {.base = x + 3 * page + 10, .size = 10, .pin_base = x + 3 * page + 10,
+                     .pin_len = 10, .kind = PM__RANGE_REGISTERED};
+    pm__range conflict;
+    REQUIRE(pm__ranges_claim(set, &alloc, &conflict));
+    pm__ranges_publish(set, &alloc);
+    REQUIRE(pm__ranges_claim(set, &reg, &conflict));
+    pm__ranges_publish(set, &reg);
+    pm__range out;
+    CHECK(pm__ranges_locate(set, x + 99, &out) == PM__PLACE_BYTES && out.base == x);
+    CHECK(pm__ranges_locate(set, x + 100, &out) == PM__PLACE_SLACK && out.base == x);
+    CHECK(pm__ranges_locate(set, x + 2 * page - 1, &out) == PM__PLACE_SLACK);
+    CHECK(pm__ranges_locate(set, x + 2 * page, &out) == PM__PLACE_NONE);
+    CHECK(pm__ranges_locate(set, x + 3 * page + 9, &out) == PM__PLACE_NONE);
+    CHECK(pm__ranges_locate(set, x + 3 * page + 19, &out) == PM__PLACE_BYTES);
+    CHECK(!pm__ranges_find(set, x + 100, &out));
+    CHECK(pm__ranges_find_extent(set, x + 100, &out));
+    CHECK(pm__ranges_retire(set, x + 100, PM__RANGE_REGISTERED, &out) == PM__RETIRE_SLACK);
+    CHECK(pm__ranges_retire(set, x + 50, PM__RANGE_ALLOC, &out) == PM__RETIRE_MISMATCH);
+    CHECK(pm__ranges_retire(set, x + 3 * page + 11, PM__RANGE_REGISTERED, &out) ==
+          PM__RETIRE_MISMATCH);
+    const struct {
+        uintptr_t lo, len, named;
+    } claims[] = {
+        {x + 200, 1, x},                       /* the slack alone */
+        {x + 50, 1000, x},                     /* the bytes and the slack */
+        {x + page, 2 * page + 15, x + 3 * page + 10}, /* slack, a gap, then a registration */
+        {x + 3 * page, page, x + 3 * page + 10},
+    };
+    for (size_t i = 0; i < sizeof claims / sizeof claims[0]; i++) {
+        pm__range r = {.base = claims[i].lo, .size = claims[i].len, .pin_base = claims[i].lo,
+                       .pin_len = claims[i].len, .kind = PM__RANGE_REGISTERED};
+        conflict.kind = 0;
+        CHECK(!pm__ranges_claim(set, &r, &conflict));
+        CHECK(conflict.base == claims[i].named);
+    }
+    pm__range beside = {.base = x + 3 * page + 20, .size = 1, .pin_base = x + 3 * page + 20,
+                        .pin_len = 1, .kind = PM__RANGE_REGISTERED};
+    size_t taken = 0;
+    CHECK(pm__ranges_claim_pages(set, &beside, page, take_into, &taken, &conflict));
+    CHECK(taken == 0); /* the page is the registration's already */
+    CHECK(pm__ranges_withdraw_pages(set, beside.pin_base, page) == 0);
+    CHECK(pm__ranges_retire(set, x, PM__RANGE_ALLOC, &out) == PM__RETIRED);
+    pm__ranges_withdraw(set, x);
+    CHECK(pm__ranges_retire(set, reg.base, PM__RANGE_REGISTERED, &out) == PM__RETIRED);
+    CHECK(pm__ranges_withdraw_pages(set, reg.base, page) == page);
+    CHECK(pm__ranges_count(set) == 0);
+    CHECK(pm__ranges_validate(set, NULL));
+}
+
 int main(void)
 {
     static model_slot model[slots];
     pm__ranges *set = pm__ranges_create();
     REQUIRE_OR(set != NULL, check_finish("ranges"));
     wrapping_claims(set);
+    shared_pages(set);
+    slack_and_conflicts(set);
     size_t live = 0;
     for (int step = 0; step < steps; step++) {
         size_t i = next() % slots;

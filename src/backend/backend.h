@@ -11,9 +11,13 @@
  *    exactly the bytes for memory the driver places (it packs small
  *    allocations tighter than pages). The memory is page-locked and mapped
  *    for every device before it returns.
- *  - host_register pins exactly the pages the byte range touches; the
- *    generic layer has already checked flags, NULL, size 0 and overlaps with
- *    pinmem's own ranges, and guarantees no two registrations share a page.
+ *  - host_register pins the pages the byte range touches; the generic layer
+ *    has already checked flags, NULL, size 0 and overlaps with pinmem's own
+ *    ranges. Registrations never share a byte but may share a page, as the
+ *    driver's do (the rest of an allocation's pages is never registered):
+ *    a page stays pinned while any registration touches it, so
+ *    host_unregister unpins only the pages no other registration touches
+ *    (posix counts the registrations on each page it covers in part).
  *  - Every function is thread-safe and leaves nothing pinned or mapped when
  *    it fails.
  *  - The foreign_* calls answer for memory pinmem does not track: memory the

@@ -1,5 +1,5 @@
 /* The POSIX backend: pinning is mmap + mlock, the device pointer is the host
- * pointer, and the answers are the driver's (spec/driver-behavior.md). */
+ * pointer, and the answers are the driver's (docs/driver-behavior.md). */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -16,6 +16,7 @@
 #include "../errors.h"
 #include "../ranges.h"
 #include "backend.h"
+#include "posix_pages.h"
 #include "posix_stream.h"
 
 static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
@@ -190,13 +191,12 @@ static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
                         "pm_mem_host_register: IOMEMORY given for ordinary memory");
     if (c.all_io)
         return PM_SUCCESS; /* device memory is never paged out; nothing to lock */
-    if (lock_pages((void *)lo, hi - lo) != 0) {
-        /* mlock can fail after locking part of the range (faulting ran out
-         * of memory): nothing may stay locked. */
-        int err = errno;
-        unlock_pages((void *)lo, hi - lo);
+    int err = pm__posix_lock_registration(p, bytesize, lo, hi);
+    if (err == -1)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                        "pm_mem_host_register: out of memory for the count of shared pages");
+    if (err)
         return memlock_failure(err, hi - lo, "pm_mem_host_register");
-    }
     return PM_SUCCESS;
 }
 
@@ -207,7 +207,7 @@ static pm_result posix_host_unregister(void *p, size_t bytesize)
         return PM_SUCCESS; /* never registered: no such range can be */
     /* ENOMEM here means the user unmapped the memory first: nothing is left
      * locked, so the registration is gone all the same. */
-    unlock_pages((void *)lo, hi - lo);
+    pm__posix_unlock_registration(p, bytesize, lo, hi);
     return PM_SUCCESS;
 }
 
