@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include "copy/copy.h"
+#include "test_hooks.h"
 #include "copy_util.h"
 
 enum { buffer_bytes = 8 << 20 };
@@ -156,11 +157,11 @@ static void fault_sweep(void)
     for (int dir = 0; dir < 2; dir++) {
         for (int k = 1;; k++) {
             fill(src, n, (unsigned)k);
-            atomic_store(&pm__copy_fail_copy_countdown, k);
+            atomic_store(&pm__fault_backend_copy, k);
             pm_result r = dir == 0 ? pm_memcpy_htod_async(dev, src, n, s)
                                    : pm_memcpy_dtoh_async(dst, dev, n, s);
-            bool fired = atomic_load(&pm__copy_fail_copy_countdown) == 0;
-            atomic_store(&pm__copy_fail_copy_countdown, 0);
+            bool fired = atomic_load(&pm__fault_backend_copy) == 0;
+            atomic_store(&pm__fault_backend_copy, 0);
             CHECK(fired ? r == PM_ERROR_UNKNOWN : r == PM_SUCCESS);
             if (fired)
                 CHECK(strstr(pm_last_error_detail(), "injected") != NULL);
@@ -179,10 +180,10 @@ static void fault_sweep(void)
         CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
         c.buffers = c.buffers == 6 ? 5 : 6; /* a new ring for every k */
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
-        atomic_store(&pm__copy_fail_stage_countdown, (int)k);
+        atomic_store(&pm__fault_stage_pin, (int)k);
         fill(src, n, 100 + k);
         CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
-        atomic_store(&pm__copy_fail_stage_countdown, 0);
+        atomic_store(&pm__fault_stage_pin, 0);
         CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
         CHECK(first_mismatch(dst, n, 100 + k) == n);
         if (k == 2)

@@ -1,5 +1,6 @@
 /* Copy settings: defaults from the machine and the environment, changed by
- * pm_copy_set_config between copies; the engine's counters; test hooks. */
+ * pm_copy_set_config between copies; the engine's counters; the backend's
+ * copy calls. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,11 +9,10 @@
 #include "../budget.h"
 #include "../errors.h"
 #include "../instance.h"
+#include "../test_hooks.h"
 #include "copy.h"
 
 pm__copy_counters pm__copy_count;
-_Atomic int pm__copy_fail_copy_countdown;
-_Atomic int pm__copy_fail_stage_countdown;
 
 static pthread_rwlock_t gate = PTHREAD_RWLOCK_INITIALIZER;
 static pthread_once_t defaults_once = PTHREAD_ONCE_INIT;
@@ -179,19 +179,10 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
     return PM_SUCCESS;
 }
 
-bool pm__copy_injected(_Atomic int *countdown)
-{
-    int left = atomic_load_explicit(countdown, memory_order_relaxed);
-    while (left > 0)
-        if (atomic_compare_exchange_weak(countdown, &left, left - 1))
-            return left == 1;
-    return false;
-}
-
 pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
                            size_t n, pm_stream_t s, pm__copy_via via)
 {
-    if (pm__copy_injected(&pm__copy_fail_copy_countdown))
+    if (PM__TEST_FAULT(pm__fault_backend_copy))
         return pm__fail(PM_ERROR_UNKNOWN, "%s copy failed (injected fault)",
                         dir == PM__HTOD ? "host-to-device" : "device-to-host");
     if (via == PM__VIA_SYNC)

@@ -40,6 +40,7 @@
 #include "../clock.h"
 #include "../errors.h"
 #include "../instance.h"
+#include "../test_hooks.h"
 #include "copy.h"
 #include "store_choice.h"
 
@@ -571,7 +572,7 @@ static pm_result start_locked(const pm__copy_settings *set)
     }
     pm_result r = PM_SUCCESS;
     for (unsigned i = 0; i < set->buffers; i++) {
-        if (pm__copy_injected(&pm__copy_fail_stage_countdown))
+        if (PM__TEST_FAULT(pm__fault_stage_pin))
             r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning a staging buffer failed (injected fault)");
         else
             r = pm_mem_alloc_from_pool(&eng.ring[i].p, set->chunk_bytes, eng.pool);
