@@ -1,12 +1,17 @@
 /* The registration cache never sends stale data: memory unmapped and mapped
  * again at the same address, discarded with MADV_DONTNEED, or freed and
- * malloc'ed again. And a fault sweep: the k-th backend copy fails, or the
+ * malloc'ed again. An invalidation, or a user's registration, that dooms an
+ * entry whose registration then fails returns. And a fault sweep: the k-th backend copy fails, or the
  * k-th staging buffer cannot be pinned: clean errors, correct data after,
  * no thread left waiting. */
+#include <fcntl.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "copy/copy.h"
 #include "test_hooks.h"
@@ -119,6 +124,159 @@ static void explicit_invalidate(pm_deviceptr dev, uint8_t *back)
     munmap(p, buffer_bytes);
 }
 
+
+/* Invalidating (or registering) memory the cache is registering that very
+ * moment, where that registration then fails: the call returns. The
+ * backend's cache_register is wrapped so that it waits until the other
+ * thread has doomed the entry, then fails (as a driver refusal or the
+ * pinned budget would), or succeeds on a private file mapping, which the
+ * userfaultfd then refuses to watch. */
+static pm_result (*real_cache_register)(void *, size_t);
+static atomic_int register_outcome; /* 0: refuse; 1: the real call */
+static atomic_int registering;      /* the wrapper has started */
+static unsigned long long invalidations_before;
+
+static unsigned long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000 + (unsigned long long)ts.tv_nsec / 1000000;
+}
+
+static pm_result slow_cache_register(void *p, size_t bytes)
+{
+    atomic_store(&registering, 1);
+    unsigned long long until = now_ms() + 5000;
+    while (stats().cache_invalidations == invalidations_before && now_ms() < until)
+        usleep(100);
+    if (atomic_load(&register_outcome) == 0)
+        return PM_ERROR_OUT_OF_MEMORY;
+    return real_cache_register(p, bytes);
+}
+
+typedef struct doomer {
+    uint8_t *p;
+    size_t n;
+    bool by_register; /* pm_mem_host_register rather than pm_mem_invalidate */
+    atomic_int done;
+    pm_result result;
+} doomer;
+
+/* Once the cache is registering, dooms its entry. */
+static void *doom_it(void *arg)
+{
+    doomer *d = arg;
+    unsigned long long until = now_ms() + 5000;
+    while (!atomic_load(&registering) && now_ms() < until)
+        usleep(100);
+    if (d->by_register) {
+        d->result = pm_mem_host_register(d->p, d->n, 0);
+        if (d->result == PM_SUCCESS)
+            pm_mem_host_unregister(d->p);
+    } else {
+        d->result = pm_mem_invalidate(d->p, d->n);
+    }
+    atomic_store(&d->done, 1);
+    return NULL;
+}
+
+/* Maps n bytes: anonymous, or a private mapping of a temporary file. */
+static uint8_t *map_kind(size_t n, bool file)
+{
+    int fd = -1;
+    if (file) {
+        char path[] = "/tmp/pinmem-regcache-XXXXXX";
+        fd = mkstemp(path);
+        if (fd < 0)
+            return NULL;
+        unlink(path);
+        if (ftruncate(fd, (off_t)n) != 0) {
+            close(fd);
+            return NULL;
+        }
+    }
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | (file ? 0 : MAP_ANONYMOUS), fd,
+                   0);
+    if (fd >= 0)
+        close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* false when the dooming call never returned (the test then ends: its
+ * thread is stuck). */
+static bool doom_during_failed_registration(bool file, bool by_register)
+{
+    const size_t n = 2 << 20;
+    const char *how = file ? "private file mapping" : "registration refused";
+    uint8_t *p = map_kind(n, file);
+    pm_deviceptr dev = 0;
+    if (!p || test_backend()->device_alloc(&dev, n) != PM_SUCCESS) {
+        CHECK(!"mapping the buffer or allocating device memory failed");
+        if (p)
+            munmap(p, n);
+        return true;
+    }
+    fill(p, n, 31);
+    pm_result ignored;
+    pm__backend *b = &pm__instance_get(&ignored)->backend;
+    real_cache_register = b->cache_register;
+    atomic_store(&register_outcome, file ? 1 : 0);
+    atomic_store(&registering, 0);
+    invalidations_before = stats().cache_invalidations;
+    unsigned long long registrations = stats().cache_registrations;
+    doomer d = {.p = p, .n = n, .by_register = by_register};
+    pthread_t t;
+    bool started = pthread_create(&t, NULL, doom_it, &d) == 0;
+    CHECK(started);
+    b->cache_register = slow_cache_register;
+    /* The cache registers p for this copy; the wrapper waits until the
+     * other thread has doomed the entry; the registration fails, and the
+     * copy is staged. */
+    if (started)
+        CHECK_RESULT(pm_memcpy_htod(dev, p, n), PM_SUCCESS);
+    b->cache_register = real_cache_register;
+    unsigned long long until = now_ms() + 10000;
+    while (started && !atomic_load(&d.done) && now_ms() < until)
+        usleep(1000);
+    if (started && !atomic_load(&d.done)) {
+        fprintf(stderr, "%s during a failed cached registration (%s) never returned\n",
+                by_register ? "pm_mem_host_register" : "pm_mem_invalidate", how);
+        CHECK(!"the dooming call returns");
+        return false;
+    }
+    if (started)
+        pthread_join(t, NULL);
+    CHECK(atomic_load(&registering) == 1); /* the race was run */
+    CHECK_RESULT(d.result, PM_SUCCESS);
+    CHECK(stats().cache_registrations == registrations); /* nothing was cached */
+    uint8_t *back = malloc(n);
+    if (back) {
+        CHECK_RESULT(test_backend()->copy_dtoh(back, dev, n), PM_SUCCESS);
+        CHECK(first_mismatch(back, n, 31) == n);
+        free(back);
+    }
+    munmap(p, n);
+    test_backend()->device_free(dev);
+    return true;
+}
+
+/* false when a call hung. */
+static bool failed_registrations(void)
+{
+    small_copy_config(1);
+    if (!stats().cache_listening) {
+        small_copy_config(0);
+        printf("skipped: %s: the registration cache cannot hear unmaps here\n", __func__);
+        return true;
+    }
+    for (int file = 0; file < 2; file++)
+        for (int by_register = 0; by_register < 2; by_register++)
+            if (!doom_during_failed_registration(file, by_register))
+                return false;
+    small_copy_config(0);
+    return true;
+}
+
 static void stale_scenarios(void)
 {
     small_copy_config(1);
@@ -204,6 +362,8 @@ int main(void)
         return 1;
     }
     stale_scenarios();
+    if (!failed_registrations())
+        return check_finish("test_copy_cache");
     fault_sweep();
     return check_finish("test_copy_cache");
 }

@@ -331,6 +331,8 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         atomic_fetch_sub(&rc.count, 1);
         free(fresh);
         fresh = NULL;
+        /* An invalidation may be waiting for this entry to go. */
+        pthread_cond_broadcast(&rc.undone);
     }
     pthread_mutex_unlock(&rc.lock);
     if (fresh)
@@ -369,12 +371,18 @@ void pm__regcache_invalidate(uintptr_t lo, uintptr_t hi, bool wait)
     read_events_locked();
     doom_locked(lo, hi, false);
     wake_monitor();
+    /* Until nothing overlaps: each entry goes when the monitor has undone
+     * it, or when its registration failed. An entry another copy added
+     * meanwhile is doomed in turn, or nothing would ever undo it. */
     for (bool pending = wait; pending;) {
         pending = false;
         for (entry *e = rc.entries; e && !pending; e = e->next)
             pending = e->lo < hi && lo < e->hi;
-        if (pending)
+        if (pending) {
             pthread_cond_wait(&rc.undone, &rc.lock);
+            doom_locked(lo, hi, false);
+            wake_monitor();
+        }
     }
     pthread_mutex_unlock(&rc.lock);
 }
