@@ -1,15 +1,20 @@
 /* The registration cache never sends stale data: memory unmapped and mapped
  * again at the same address, discarded with MADV_DONTNEED, or freed and
  * malloc'ed again. An invalidation, or a user's registration, that dooms an
- * entry whose registration then fails returns. And a fault sweep: the k-th backend copy fails, or the
+ * entry whose registration then fails returns. A cached buffer moved or
+ * grown with mremap leaves nothing behind in the cache's userfaultfd that
+ * could make a read(2) into its missing pages fail. And a fault sweep: the k-th backend copy fails, or the
  * k-th staging buffer cannot be pinned: clean errors, correct data after,
  * no thread left waiting. */
 #include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -277,6 +282,186 @@ static bool failed_registrations(void)
     return true;
 }
 
+/* Whether the cache's userfaultfd watches any mapping in [lo, hi) (the
+ * kernel lists it in smaps: "um" missing pages, "uw" writes); in *missing,
+ * whether it watches missing pages. */
+static bool uffd_watched(uintptr_t lo, uintptr_t hi, bool *missing)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    unsigned long start = 0, end = 0;
+    bool watched = false;
+    *missing = false;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            start = a;
+            end = b;
+        } else if (strncmp(line, "VmFlags:", 8) == 0 && start < hi && lo < end) {
+            bool um = strstr(line, " um") != NULL, uw = strstr(line, " uw") != NULL;
+            watched |= um || uw;
+            *missing |= um;
+        }
+    }
+    if (f)
+        fclose(f);
+    return watched;
+}
+
+/* Whether this kernel lets a userfaultfd watch writes to anonymous memory
+ * (where it cannot, the cache watches missing pages, and a mapping grown in
+ * place stays watched: the kernel says nothing about it). */
+static bool kernel_watches_writes(void)
+{
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | 1 /* UFFD_USER_MODE_ONLY */);
+    if (fd < 0)
+        return false;
+    struct uffdio_api api = {.api = UFFD_API};
+    void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct uffdio_register reg = {.range = {.start = (uintptr_t)p, .len = 4096},
+                                  .mode = UFFDIO_REGISTER_MODE_WP};
+    bool ok = p != MAP_FAILED && ioctl(fd, UFFDIO_API, &api) == 0 &&
+              ioctl(fd, UFFDIO_REGISTER, &reg) == 0;
+    if (p != MAP_FAILED)
+        munmap(p, 4096);
+    close(fd);
+    return ok;
+}
+
+/* read(2) of a few bytes of a file into p, which the kernel writes from
+ * kernel mode (EFAULT where a user-mode-only userfaultfd watches p's missing
+ * page). */
+static bool read_into(void *p)
+{
+    int fd = open("/proc/self/stat", O_RDONLY);
+    ssize_t got = fd >= 0 ? read(fd, p, 64) : -1;
+    if (fd >= 0)
+        close(fd);
+    return got > 0;
+}
+
+/* Copies n bytes of p to the device (twice: the first registers, the second
+ * hits); false when the cache registered nothing. */
+static bool cache_it(uint8_t *p, size_t n, pm_deviceptr dev)
+{
+    unsigned long long before = stats().cache_registrations;
+    fill(p, n, 41);
+    CHECK_RESULT(pm_memcpy_htod(dev, p, n), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod(dev, p, n), PM_SUCCESS);
+    return stats().cache_registrations > before;
+}
+
+/* mremap moves a cached buffer and grows it (as realloc of a large block
+ * does): the entry is dropped, and neither the moved pages nor those it grew
+ * by stay watched. */
+static void mremap_moved(void)
+{
+    const size_t n = 4 << 20;
+    pm_deviceptr dev = 0;
+    REQUIRE_RESULT(test_backend()->device_alloc(&dev, n), PM_SUCCESS);
+    uint8_t *p = map_kind(n, false);
+    /* where it moves to: reserved, then handed to mremap */
+    uint8_t *target = mmap(NULL, 2 * n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!p || target == MAP_FAILED) {
+        CHECK(!"mmap failed");
+        test_backend()->device_free(dev);
+        return;
+    }
+    if (!cache_it(p, n, dev)) {
+        munmap(p, n);
+        munmap(target, 2 * n);
+        test_backend()->device_free(dev);
+        SKIP_CASE("the cache registered nothing");
+    }
+    unsigned long long invalidations = stats().cache_invalidations;
+    uint8_t *q = mremap(p, n, 2 * n, MREMAP_MAYMOVE | MREMAP_FIXED, target);
+    CHECK(q == target);
+    if (q == target) {
+        CHECK_RESULT(pm_mem_invalidate(q, 1), PM_SUCCESS); /* after the monitor's turn */
+        CHECK(stats().cache_invalidations == invalidations + 1);
+        bool missing;
+        bool watched = uffd_watched((uintptr_t)q, (uintptr_t)q + 2 * n, &missing);
+        if (watched)
+            fprintf(stderr, "mremap moved a cached buffer: the new range is still watched\n");
+        CHECK(!watched);
+        CHECK(read_into(q + n + 4096));     /* a page it grew by */
+        CHECK(read_into(q + 2 * n - 4096)); /* its last */
+        /* the moved bytes copy right (staged or cached afresh) */
+        CHECK(first_mismatch(q, n, 41) == n);
+        CHECK_RESULT(pm_memcpy_htod(dev, q, n), PM_SUCCESS);
+        uint8_t *back = malloc(n);
+        if (back) {
+            CHECK_RESULT(test_backend()->copy_dtoh(back, dev, n), PM_SUCCESS);
+            CHECK(first_mismatch(back, n, 41) == n);
+            free(back);
+        }
+        munmap(q, 2 * n);
+    } else {
+        munmap(p, n);
+        munmap(target, 2 * n);
+    }
+    test_backend()->device_free(dev);
+}
+
+/* mremap grows a cached buffer in place: the kernel says nothing, the entry
+ * stays right for the pages it had, and a read(2) into the pages it grew by
+ * works. */
+static void mremap_grown_in_place(void)
+{
+    const size_t n = 4 << 20;
+    pm_deviceptr dev = 0;
+    REQUIRE_RESULT(test_backend()->device_alloc(&dev, n), PM_SUCCESS);
+    /* room to grow into: reserved, the tail given back just before */
+    uint8_t *p = mmap(NULL, 2 * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        CHECK(!"mmap failed");
+        test_backend()->device_free(dev);
+        return;
+    }
+    munmap(p + n, n);
+    if (!cache_it(p, n, dev)) {
+        munmap(p, n);
+        test_backend()->device_free(dev);
+        SKIP_CASE("the cache registered nothing");
+    }
+    bool missing;
+    CHECK(uffd_watched((uintptr_t)p, (uintptr_t)p + n, &missing));
+    const bool writes = kernel_watches_writes();
+    CHECK(!missing || !writes); /* missing pages only where the kernel has nothing else */
+    uint8_t *q = mremap(p, n, 2 * n, 0);
+    if (q == MAP_FAILED) { /* another thread took the room meanwhile */
+        munmap(p, n);
+        test_backend()->device_free(dev);
+        SKIP_CASE("the room after the buffer was taken");
+    }
+    CHECK_RESULT(pm_mem_invalidate(q + 2 * n - 1, 1), PM_SUCCESS); /* no entry there */
+    if (!writes) {
+        printf("skipped: %s: the kernel watches missing pages only here\n", __func__);
+    } else {
+        CHECK(read_into(q + n + 4096));
+        CHECK(read_into(q + 2 * n - 4096));
+    }
+    unsigned long long hits = stats().cache_hits;
+    CHECK_RESULT(pm_memcpy_htod(dev, q, n), PM_SUCCESS); /* the entry still serves */
+    CHECK(stats().cache_hits == hits + 1);
+    munmap(q, 2 * n);
+    test_backend()->device_free(dev);
+}
+
+static void mremap_cases(void)
+{
+    small_copy_config(1);
+    if (!stats().cache_listening)
+        printf("skipped: %s: the registration cache cannot hear unmaps here\n", __func__);
+    else {
+        mremap_moved();
+        mremap_grown_in_place();
+    }
+    small_copy_config(0);
+}
+
 static void stale_scenarios(void)
 {
     small_copy_config(1);
@@ -362,6 +547,7 @@ int main(void)
         return 1;
     }
     stale_scenarios();
+    mremap_cases();
     if (!failed_registrations())
         return check_finish("test_copy_cache");
     fault_sweep();
