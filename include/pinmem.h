@@ -373,6 +373,9 @@ typedef struct pm_copy_stats {
                                             copies now (steered between 1 and htod_workers) */
     unsigned long long demoted_bytes;    /* of staged_bytes, those of host-to-device copies
                                             that used demoting stores (see staging_stores) */
+    unsigned staging_threads;            /* staging workers running now (a worker that could
+                                            not be started is tried again by the next staged
+                                            copy) */
 } pm_copy_stats;
 
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);

@@ -175,6 +175,7 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .staging_queue_ns = atomic_load(&c->staging_queue_ns),
         .htod_fillers = pm__staging_fillers(),
         .demoted_bytes = atomic_load(&c->demoted_bytes),
+        .staging_threads = pm__staging_threads(),
     };
     return PM_SUCCESS;
 }

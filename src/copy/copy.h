@@ -110,6 +110,8 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
                           bool *no_ring);
 /* The workers that take host-to-device slices now (0 before the engine starts). */
 unsigned pm__staging_fillers(void);
+/* The worker threads running now. */
+unsigned pm__staging_threads(void);
 /* Stops the workers and frees the ring (the gate held for writing). */
 void pm__staging_stop(void);
 

@@ -32,6 +32,7 @@
 #include "../budget.h"
 #include "../errors.h"
 #include "../instance.h"
+#include "../thread_start.h"
 #include "copy.h"
 
 #ifndef UFFD_USER_MODE_ONLY
@@ -62,10 +63,15 @@ static struct {
     size_t bytes;         /* live, not doomed */
     unsigned long long tick;
     int uffd, wake_fd;
-    bool listening;
 } rc = {.lock = PTHREAD_MUTEX_INITIALIZER, .undone = PTHREAD_COND_INITIALIZER, .uffd = -1,
         .wake_fd = -1};
-static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
+
+/* Whether the cache hears unmaps: the userfaultfd and the monitor start on
+ * first use; a start that failed for want of descriptors or threads is
+ * tried again by the next call that asks. */
+enum { LISTEN_NOT_YET, LISTEN_YES, LISTEN_NEVER };
+static pthread_mutex_t listen_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int listen_state;
 
 static void wake_monitor(void)
 {
@@ -270,48 +276,64 @@ static void *monitor_main(void *unused)
     return NULL;
 }
 
-static int open_uffd(void)
+/* A userfaultfd that reports the events, or -1 with *for_good set where the
+ * kernel will never give one (not built in, not permitted, too old). */
+static int open_uffd(bool *for_good)
 {
     /* Unprivileged processes may only ask for faults from user mode (the
      * events are delivered all the same). */
     int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
-    if (fd < 0)
+    if (fd < 0) {
+        *for_good = errno != EMFILE && errno != ENFILE && errno != ENOMEM;
         return -1;
+    }
     struct uffdio_api api = {.api = UFFD_API, .features = listen_features};
     if (ioctl(fd, UFFDIO_API, &api) != 0 || (api.features & listen_features) != listen_features) {
         close(fd);
+        *for_good = true;
         return -1;
     }
     return fd;
 }
 
-static void start_listening(void)
+/* listen_lock held: opens the userfaultfd and starts the monitor. */
+static int start_listening(void)
 {
-    rc.uffd = open_uffd();
+    bool for_good = false;
+    rc.uffd = open_uffd(&for_good);
     if (rc.uffd < 0)
-        return;
+        return for_good ? LISTEN_NEVER : LISTEN_NOT_YET;
     rc.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t thread;
-    if (rc.wake_fd >= 0 && pthread_create(&thread, &attr, monitor_main, NULL) == 0) {
-        rc.listening = true;
-    } else {
-        close(rc.uffd);
-        if (rc.wake_fd >= 0)
-            close(rc.wake_fd);
-        rc.uffd = rc.wake_fd = -1;
-    }
+    bool started = rc.wake_fd >= 0 && pm__thread_start(&thread, &attr, monitor_main, NULL) == 0;
     pthread_attr_destroy(&attr);
+    if (started)
+        return LISTEN_YES;
+    close(rc.uffd);
+    if (rc.wake_fd >= 0)
+        close(rc.wake_fd);
+    rc.uffd = rc.wake_fd = -1;
+    return LISTEN_NOT_YET; /* out of descriptors or threads for now */
 }
 
 bool pm__regcache_listening(void)
 {
-    pthread_once(&listen_once, start_listening);
-    return rc.listening;
+    int state = atomic_load_explicit(&listen_state, memory_order_acquire);
+    if (state != LISTEN_NOT_YET)
+        return state == LISTEN_YES;
+    pthread_mutex_lock(&listen_lock);
+    state = atomic_load_explicit(&listen_state, memory_order_relaxed);
+    if (state == LISTEN_NOT_YET) {
+        state = start_listening();
+        atomic_store_explicit(&listen_state, state, memory_order_release);
+    }
+    pthread_mutex_unlock(&listen_lock);
+    return state == LISTEN_YES;
 }
 
 /* lock held: dooms the least recently used idle entries until want more

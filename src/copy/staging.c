@@ -41,6 +41,7 @@
 #include "../errors.h"
 #include "../instance.h"
 #include "../test_hooks.h"
+#include "../thread_start.h"
 #include "copy.h"
 #include "store_choice.h"
 
@@ -107,7 +108,7 @@ static struct {
     job *jobs;       /* active jobs with slices left to take */
     job *turn;       /* the job whose turn it is */
     pthread_t *threads;
-    unsigned n_threads;
+    unsigned n_threads, want_threads; /* running; asked for (a start that failed is retried) */
     unsigned htod_workers; /* the most fillers */
     unsigned fillers;      /* workers 0 .. fillers - 1 take host-to-device slices */
     unsigned dtoh_ahead;   /* the most pieces a device-to-host job queues ahead */
@@ -525,6 +526,30 @@ static void free_ring(void)
     eng.n_buffers = eng.queue_count = eng.queue_head = 0;
 }
 
+/* lock held: starts the workers that are missing (all of them as the engine
+ * starts; later, those whose start failed), up to the first failure, which
+ * the next staged copy tries again. Meanwhile copies work with fewer, or
+ * none: callers run their own slices. */
+static void start_workers_locked(void)
+{
+    if (!eng.threads)
+        eng.threads = calloc(eng.want_threads, sizeof *eng.threads);
+    while (eng.threads && eng.n_threads < eng.want_threads) {
+        unsigned i = eng.n_threads;
+        if (pm__thread_start(&eng.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0)
+            break;
+        eng.n_threads++;
+    }
+}
+
+unsigned pm__staging_threads(void)
+{
+    pthread_mutex_lock(&eng.lock);
+    unsigned n = eng.n_threads;
+    pthread_mutex_unlock(&eng.lock);
+    return n;
+}
+
 unsigned pm__staging_fillers(void)
 {
     pthread_mutex_lock(&eng.lock);
@@ -545,7 +570,7 @@ void pm__staging_stop(void)
         pthread_join(eng.threads[i], NULL);
     free(eng.threads);
     eng.threads = NULL;
-    eng.n_threads = 0;
+    eng.n_threads = eng.want_threads = 0;
     free_ring();
     pthread_mutex_lock(&eng.lock);
     eng.stopping = false;
@@ -597,13 +622,8 @@ static pm_result start_locked(const pm__copy_settings *set)
     /* A new shape of engine learns afresh. */
     memset(&eng.store_choice, 0, sizeof eng.store_choice);
     memset(eng.fillers_of, 0, sizeof eng.fillers_of);
-    eng.threads = calloc(set->workers, sizeof *eng.threads);
-    for (unsigned i = 0; eng.threads && i < set->workers; i++) {
-        if (pthread_create(&eng.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0)
-            break;
-        eng.n_threads++;
-    }
-    /* No worker at all still works: callers run their own slices. */
+    eng.want_threads = set->workers;
+    start_workers_locked();
     eng.started = true;
     return PM_SUCCESS;
 }
@@ -687,6 +707,8 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
             *no_ring = true;
             return r;
         }
+    } else if (eng.n_threads < eng.want_threads) {
+        start_workers_locked();
     }
     /* After the engine's start, which would weigh on the first copy's time. */
     const unsigned long long t0 = pm__now_ns();
