@@ -5,6 +5,12 @@
  * API keep its shape and its answers (see the README); everything else is
  * pinmem's own. Every function returns a pm_result; on failure,
  * pm_last_error_detail() says why, for the calling thread.
+ *
+ * Structs that begin with struct_size grow only at their end. The caller sets
+ * struct_size to the sizeof it was compiled with: an older, smaller struct is
+ * read or filled as far as it goes (a set call leaves the fields it lacks as
+ * they are), a larger one than this library knows is refused with
+ * PM_ERROR_INVALID_VALUE.
  */
 #ifndef PINMEM_H
 #define PINMEM_H
@@ -99,8 +105,7 @@ typedef struct pm_capabilities {
     char huge_page_mode[16];              /* "always", "madvise", "never" or "unavailable" */
 } pm_capabilities;
 
-/* Fills *caps (caps->struct_size must be set; a smaller older struct is filled
- * as far as it goes). */
+/* Fills *caps as far as caps->struct_size goes. */
 PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
 
 /* ------------------------------------------- host allocation, registration */

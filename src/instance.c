@@ -10,6 +10,7 @@
 #include "errors.h"
 #include "pool/classes.h"
 #include "pool/pool.h"
+#include "versioned.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static atomic_bool ready; /* set once initialise succeeded: one load on the hot path */
@@ -92,14 +93,10 @@ const char *pm_backend_name(void)
 pm_result pm_get_capabilities(pm_capabilities *caps)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    if (!caps)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_get_capabilities: caps is NULL");
+    pm_result r = PM__STRUCT_SIZE_CHECK("pm_get_capabilities", caps);
+    if (r != PM_SUCCESS)
+        return r;
     size_t n = caps->struct_size;
-    if (n < sizeof caps->struct_size)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_get_capabilities: set caps->struct_size to sizeof(pm_capabilities)");
-    if (n > sizeof *caps)
-        n = sizeof *caps;
     pm_capabilities full = inst->backend.caps;
     full.struct_size = n;
     memcpy(caps, &full, n);

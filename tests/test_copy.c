@@ -291,7 +291,7 @@ static void bad_arguments(void)
     CHECK_RESULT(pm_mem_invalidate(buf, 0), PM_SUCCESS);
     CHECK_RESULT(pm_mem_invalidate((void *)(UINTPTR_MAX - 8), 16), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_copy_get_config(NULL), PM_ERROR_INVALID_VALUE);
-    pm_copy_config c = {.struct_size = 8};
+    pm_copy_config c = {.struct_size = 4}; /* smaller than struct_size itself */
     CHECK_RESULT(pm_copy_get_config(&c), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_copy_set_config(&c), PM_ERROR_INVALID_VALUE);
     c.struct_size = sizeof c;

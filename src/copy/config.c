@@ -10,6 +10,7 @@
 #include "../errors.h"
 #include "../instance.h"
 #include "../test_hooks.h"
+#include "../versioned.h"
 #include "copy.h"
 
 pm__copy_counters pm__copy_count;
@@ -70,16 +71,11 @@ const pm__copy_settings *pm__copy_enter(void)
 
 void pm__copy_leave(void) { pthread_rwlock_unlock(&gate); }
 
-pm_result pm_copy_get_config(pm_copy_config *config)
+/* The configuration in effect, every field filled (gate held). */
+static pm_copy_config config_of(const pm__copy_settings *s)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    if (!config || config->struct_size < sizeof *config)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_copy_get_config: config is NULL or its struct_size is too small");
-    const pm__copy_settings *s = pm__copy_enter();
-    *config = (pm_copy_config){
-        .struct_size = sizeof *config,
+    return (pm_copy_config){
+        .struct_size = sizeof(pm_copy_config),
         .workers = s->workers,
         .htod_workers = pm__copy_htod_workers(s),
         .chunk_bytes = s->chunk_bytes,
@@ -92,17 +88,34 @@ pm_result pm_copy_get_config(pm_copy_config *config)
         .staging_stores = s->stores,
         .slice_bytes = s->slice_bytes,
     };
-    pm__copy_leave();
-    return PM_SUCCESS;
 }
 
-pm_result pm_copy_set_config(const pm_copy_config *config)
+pm_result pm_copy_get_config(pm_copy_config *config)
 {
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
-    if (!config || config->struct_size < sizeof *config)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_copy_set_config: config is NULL or its struct_size is too small");
+    pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_get_config", config);
+    if (r != PM_SUCCESS)
+        return r;
+    pm_copy_config full = config_of(pm__copy_enter());
+    pm__copy_leave();
+    full.struct_size = config->struct_size;
+    memcpy(config, &full, config->struct_size);
+    return PM_SUCCESS;
+}
+
+pm_result pm_copy_set_config(const pm_copy_config *given)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_set_config", given);
+    if (r != PM_SUCCESS)
+        return r;
+    /* An older, smaller struct leaves the fields it lacks as they are. */
+    pm_copy_config whole = config_of(pm__copy_enter());
+    pm__copy_leave();
+    memcpy(&whole, given, given->struct_size);
+    const pm_copy_config *config = &whole;
     if (config->registration_cache < 0 || config->registration_cache > 1)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_copy_set_config: registration_cache is 0 or 1");
     if (config->staging_stores < PM_COPY_STORES_DEFAULT ||
@@ -154,12 +167,12 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
 {
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
-    if (!stats || stats->struct_size < sizeof *stats)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_copy_get_stats: stats is NULL or its struct_size is too small");
+    pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_get_stats", stats);
+    if (r != PM_SUCCESS)
+        return r;
     pm__copy_counters *c = &pm__copy_count;
-    *stats = (pm_copy_stats){
-        .struct_size = sizeof *stats,
+    pm_copy_stats full = {
+        .struct_size = stats->struct_size,
         .direct_bytes = atomic_load(&c->direct_bytes),
         .staged_bytes = atomic_load(&c->staged_bytes),
         .driver_bytes = atomic_load(&c->driver_bytes),
@@ -177,6 +190,7 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .demoted_bytes = atomic_load(&c->demoted_bytes),
         .staging_threads = pm__staging_threads(),
     };
+    memcpy(stats, &full, stats->struct_size);
     return PM_SUCCESS;
 }
 
