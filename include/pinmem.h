@@ -108,6 +108,26 @@ typedef struct pm_capabilities {
 /* Fills *caps as far as caps->struct_size goes. */
 PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
 
+/* --------------------------------------------------------------- settings */
+
+/* One setting in effect: the environment variable that sets it, its value
+ * as that variable would write it, and where the value came from. A bad
+ * value in a PINMEM_* variable makes pm_init (and every call) fail with
+ * PM_ERROR_INVALID_VALUE and a detail naming it. */
+typedef struct pm_setting {
+    size_t struct_size;        /* set by the caller */
+    const char *name;          /* "PINMEM_COPY_CHUNK" */
+    char value[32];            /* "4M", "15", "auto", "-1" */
+    const char *source;        /* "default", "environment" or "code" */
+    const char *default_value; /* "4M", "cores - 1, at most 15" */
+    const char *allowed;       /* "64K to 256M; 0: the default" */
+    const char *doc;           /* what it does, in a line */
+} pm_setting;
+
+/* The settings in effect, one per index from 0; PM_ERROR_NOT_FOUND past the
+ * last. The strings are the library's own and live as long as it does. */
+PM_API pm_result pm_get_setting(unsigned index, pm_setting *setting);
+
 /* ------------------------------------------- host allocation, registration */
 
 typedef unsigned long long pm_deviceptr;
@@ -317,13 +337,23 @@ typedef enum {
                                      the DMA engine there, not from memory */
 } pm_copy_stores;
 
-/* How copies work. A zero field means the default, chosen from the machine;
- * pm_copy_get_config reports the values in effect. Environment variables set
- * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_HTOD_WORKERS, PINMEM_COPY_CHUNK,
- * PINMEM_COPY_SLICE, PINMEM_COPY_BUFFERS, PINMEM_COPY_DIRECT_MAX,
- * PINMEM_COPY_STORES=cached|streaming|demoting,
- * PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET (sizes take K, M and G
- * suffixes). */
+/* How copies work. A zero field means the default: the environment's value
+ * where it names one, else chosen from the machine; pm_copy_get_config
+ * reports the values in effect, and pm_copy_set_config(pm_copy_get_config())
+ * changes nothing. Each field has its environment variable, which takes the
+ * same values and is held to the same limits (pm_get_setting lists them):
+ * workers PINMEM_COPY_WORKERS (1 to 256), htod_workers
+ * PINMEM_COPY_HTOD_WORKERS (1 to 256), chunk_bytes PINMEM_COPY_CHUNK (64 KiB
+ * to 256 MiB), slice_bytes PINMEM_COPY_SLICE (4 KiB to 256 MiB), buffers
+ * PINMEM_COPY_BUFFERS (1 to 1024), direct_max PINMEM_COPY_DIRECT_MAX (-1:
+ * none), staging_stores PINMEM_COPY_STORES (default, cached, streaming or
+ * demoting), registration_cache PINMEM_REGISTRATION_CACHE (0 or 1),
+ * cache_min_bytes PINMEM_REGISTRATION_CACHE_MIN and cache_max_bytes
+ * PINMEM_REGISTRATION_CACHE_MAX (from 4 KiB), pinned_budget
+ * PINMEM_PINNED_BUDGET. Sizes of memory are rounded up to whole pages; in
+ * the environment, sizes take K, M, G and T suffixes. A value outside its
+ * limits is refused with PM_ERROR_INVALID_VALUE (from the environment: by
+ * pm_init and every later call). */
 typedef struct pm_copy_config {
     size_t struct_size;          /* set by the caller */
     unsigned workers;            /* staging threads (the caller helps as well) */
@@ -331,15 +361,17 @@ typedef struct pm_copy_config {
     unsigned buffers;            /* staging buffers in the ring */
     size_t direct_max;           /* pageable copies up to this size go through the
                                     driver's own path, which is cheaper for them;
-                                    (size_t)-1 for none */
+                                    (size_t)-1: none do */
     int registration_cache;      /* 1: keep large pageable buffers registered between
                                     copies (needs userfaultfd to hear unmaps; else
                                     nothing is cached); 0: off (the default) */
     size_t cache_min_bytes;      /* smallest buffer the cache registers */
     size_t cache_max_bytes;      /* most bytes the cache keeps registered */
-    unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
-                                         Past it, allocations fail with OUT_OF_MEMORY and the
-                                         cache stops registering; staged copies go on. */
+    unsigned long long pinned_budget; /* cap on bytes pinned by the whole process; 0 here
+                                         means the default (none, unless
+                                         PINMEM_PINNED_BUDGET names one). Past it,
+                                         allocations fail with OUT_OF_MEMORY and the cache
+                                         stops registering; staged copies go on. */
     pm_copy_stores staging_stores; /* DEFAULT: into the ring, streaming stores for copies
                                       below 256 MiB, cached stores otherwise (the DMA then
                                       finds the bytes in the CPU's cache), as measured; from

@@ -8,6 +8,7 @@
 
 #include "budget.h"
 #include "errors.h"
+#include "options.h"
 #include "pool/classes.h"
 #include "pool/pool.h"
 #include "versioned.h"
@@ -21,30 +22,28 @@ static char init_detail[512];
 /* PINMEM_BACKEND: auto (default) tries the driver, then POSIX. */
 static pm_result open_backend(pm__backend *b)
 {
-    const char *choice = getenv("PINMEM_BACKEND");
-    if (!choice || !*choice || strcmp(choice, "auto") == 0) {
+    unsigned long long choice = pm__option_value(PM__OPT_BACKEND);
+    if (choice == PM__BACKEND_AUTO) {
         if (pm__backend_cuda_open(b) == PM_SUCCESS)
             return PM_SUCCESS;
         return pm__backend_posix_open(b);
     }
-    if (strcmp(choice, "posix") == 0)
+    if (choice == PM__BACKEND_POSIX)
         return pm__backend_posix_open(b);
-    if (strcmp(choice, "cuda") == 0) {
-        pm_result r = pm__backend_cuda_open(b);
-        if (r == PM_SUCCESS)
-            return r;
-        char why[400];
-        snprintf(why, sizeof why, "%s", pm_last_error_detail());
-        return pm__fail(PM_ERROR_NO_DEVICE, "PINMEM_BACKEND=cuda, but the CUDA backend failed: %s",
-                        why);
-    }
-    return pm__fail(PM_ERROR_INVALID_VALUE, "PINMEM_BACKEND=%s is not auto, cuda or posix",
-                    choice);
+    pm_result r = pm__backend_cuda_open(b);
+    if (r == PM_SUCCESS)
+        return r;
+    char why[400];
+    snprintf(why, sizeof why, "%s", pm_last_error_detail());
+    return pm__fail(PM_ERROR_NO_DEVICE, "PINMEM_BACKEND=cuda, but the CUDA backend failed: %s",
+                    why);
 }
 
 static void initialise(void)
 {
-    init_result = open_backend(&instance.backend);
+    init_result = pm__options_load(); /* a bad PINMEM_* value fails here */
+    if (init_result == PM_SUCCESS)
+        init_result = open_backend(&instance.backend);
     if (init_result == PM_SUCCESS) {
         instance.ranges = pm__ranges_create();
         if (!instance.ranges)
@@ -56,8 +55,7 @@ static void initialise(void)
     pm__budget_init_from_env();
     if (init_result == PM_SUCCESS)
         atomic_store_explicit(&ready, true, memory_order_release);
-    const char *stats = getenv("PINMEM_STATS");
-    if (init_result == PM_SUCCESS && stats && strcmp(stats, "1") == 0)
+    if (init_result == PM_SUCCESS && pm__option_value(PM__OPT_STATS) == 1)
         atexit(pm__pool_stats_print_at_exit);
 }
 

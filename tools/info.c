@@ -38,6 +38,15 @@ static void print_numa_nodes(void)
     printf("%s\n", n ? "" : "none reported");
 }
 
+/* Every PINMEM_* setting in effect, and where its value came from. */
+static void print_settings(void)
+{
+    printf("settings (the PINMEM_* variables; value, and where it came from):\n");
+    pm_setting st = {.struct_size = sizeof st};
+    for (unsigned i = 0; pm_get_setting(i, &st) == PM_SUCCESS; i++)
+        printf("  %-30s = %-8s (%s)\n", st.name, st.value, st.source);
+}
+
 int cmd_info(void)
 {
     printf("pinmem %s\n", pm_version_string());
@@ -74,5 +83,6 @@ int cmd_info(void)
     printf("  transparent huge pages: %s\n", c.huge_page_mode);
     print_memlock_limit();
     print_numa_nodes();
+    print_settings();
     return 0;
 }
