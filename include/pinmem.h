@@ -108,6 +108,18 @@ typedef struct pm_capabilities {
 /* Fills *caps as far as caps->struct_size goes. */
 PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
 
+/* ----------------------------------------------------------- pinned budget */
+
+/* A cap on the bytes the whole process pins through pinmem: host
+ * allocations, registrations, pools, the staging ring and the registration
+ * cache; 0: none (the default, unless PINMEM_PINNED_BUDGET names one).
+ * Past it, calls that would pin more fail with PM_ERROR_OUT_OF_MEMORY and a
+ * detail, the registration cache stops registering and staged copies go on.
+ * A cap below what is pinned now unpins nothing: it only refuses more.
+ * pm_copy_config.pinned_budget is the same setting. */
+PM_API pm_result pm_set_pinned_budget(unsigned long long bytes);
+PM_API pm_result pm_get_pinned_budget(unsigned long long *bytes);
+
 /* --------------------------------------------------------------- settings */
 
 /* One setting in effect: the environment variable that sets it, its value
@@ -367,11 +379,9 @@ typedef struct pm_copy_config {
                                     nothing is cached); 0: off (the default) */
     size_t cache_min_bytes;      /* smallest buffer the cache registers */
     size_t cache_max_bytes;      /* most bytes the cache keeps registered */
-    unsigned long long pinned_budget; /* cap on bytes pinned by the whole process; 0 here
-                                         means the default (none, unless
-                                         PINMEM_PINNED_BUDGET names one). Past it,
-                                         allocations fail with OUT_OF_MEMORY and the cache
-                                         stops registering; staged copies go on. */
+    unsigned long long pinned_budget; /* the pinned budget (pm_set_pinned_budget), the same
+                                         setting; 0 here means the default (none, unless
+                                         PINMEM_PINNED_BUDGET names one) */
     pm_copy_stores staging_stores; /* DEFAULT: into the ring, streaming stores for copies
                                       below 256 MiB, cached stores otherwise (the DMA then
                                       finds the bytes in the CPU's cache), as measured; from

@@ -4,6 +4,7 @@
 #include <stdbool.h>
 
 #include "errors.h"
+#include "instance.h"
 #include "options.h"
 
 static _Atomic unsigned long long pinned;
@@ -46,4 +47,22 @@ void pm__budget_set_cap(unsigned long long c, bool by_code)
     unsigned long long from_env = 0;
     pm__option_env(PM__OPT_PINNED_BUDGET, &from_env);
     pm__option_publish(PM__OPT_PINNED_BUDGET, c, from_env, by_code);
+}
+
+pm_result pm_set_pinned_budget(unsigned long long bytes)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm__budget_set_cap(bytes, true);
+    return PM_SUCCESS;
+}
+
+pm_result pm_get_pinned_budget(unsigned long long *bytes)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!bytes)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_get_pinned_budget: bytes is NULL");
+    *bytes = pm__budget_cap();
+    return PM_SUCCESS;
 }

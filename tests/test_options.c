@@ -5,7 +5,8 @@
  * good one is in effect, page-rounded where it is a size of memory, and
  * pm_copy_set_config(pm_copy_get_config()) takes it back. From code: the
  * same values are refused or taken the same way. pm_get_setting tells
- * where each value came from. */
+ * where each value came from; pm_set_pinned_budget is the budget of
+ * pm_copy_config. */
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -266,6 +267,33 @@ static void settings_list(void)
     CHECK(setting("PINMEM_COPY_CHUNK", &st) && strcmp(st.value, "4M") == 0);
 }
 
+/* pm_set_pinned_budget and pm_copy_config.pinned_budget are one setting. */
+static void budget(void)
+{
+    unsigned long long b = 1;
+    CHECK_RESULT(pm_get_pinned_budget(&b), PM_SUCCESS);
+    CHECK(b == 0);
+    CHECK_RESULT(pm_get_pinned_budget(NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_set_pinned_budget(123 * MIB), PM_SUCCESS);
+    CHECK(current().pinned_budget == 123 * MIB);
+    pm_setting st;
+    CHECK(setting("PINMEM_PINNED_BUDGET", &st) && strcmp(st.source, "code") == 0 &&
+          strcmp(st.value, "123M") == 0);
+    pm_copy_config c = current();
+    c.pinned_budget = 7 * MIB;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    CHECK_RESULT(pm_get_pinned_budget(&b), PM_SUCCESS);
+    CHECK(b == 7 * MIB);
+    void *p = NULL;
+    CHECK_RESULT(pm_mem_alloc_host(&p, 8 * MIB), PM_ERROR_OUT_OF_MEMORY);
+    CHECK(strstr(pm_last_error_detail(), "budget") != NULL);
+    CHECK_RESULT(pm_set_pinned_budget(0), PM_SUCCESS); /* none */
+    CHECK_RESULT(pm_get_pinned_budget(&b), PM_SUCCESS);
+    CHECK(b == 0);
+    CHECK(current().pinned_budget == 0);
+    CHECK(setting("PINMEM_PINNED_BUDGET", &st) && strcmp(st.source, "default") == 0);
+}
+
 int main(void)
 {
     environment();
@@ -275,5 +303,6 @@ int main(void)
     }
     settings_list();
     code();
+    budget();
     return check_finish("test_options");
 }
