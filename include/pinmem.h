@@ -423,6 +423,17 @@ typedef struct pm_copy_stats {
     unsigned staging_threads;            /* staging workers running now (a worker that could
                                             not be started is tried again by the next staged
                                             copy) */
+    /* The staging ring: pinned now (ring_pinned 1), or the one the next
+     * staged copy would pin. It is as configured where the system's limit on
+     * pinned memory (RLIMIT_MEMLOCK on POSIX) and the pinned budget leave
+     * room for it, taking at most a quarter of that room, else smaller; where
+     * not even two 64 KiB buffers fit, there is none (ring_buffers 0) and
+     * pageable copies take the backend's own path (driver_bytes). ring_note
+     * says why it differs from the configuration ("" when it does not). */
+    int ring_pinned;
+    unsigned ring_buffers;
+    unsigned long long ring_buffer_bytes;
+    char ring_note[224];
 } pm_copy_stats;
 
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);

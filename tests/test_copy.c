@@ -418,7 +418,7 @@ static void learnt_stores(void)
  * pinned allocation and a pool allocation each stay inside one piece (a
  * wrapper around the backend's copies checks), and the bytes arrive. */
 static size_t test_piece;
-static uintptr_t test_piece_base;
+static uintptr_t test_piece_base, test_piece_end; /* the allocation under test */
 static atomic_int crossings;
 static pm_result (*real_htod_async)(pm_deviceptr, const void *, size_t, pm_stream_t, bool);
 static pm_result (*real_dtoh_async)(void *, pm_deviceptr, size_t, pm_stream_t, bool);
@@ -426,7 +426,7 @@ static pm_result (*real_dtoh_async)(void *, pm_deviceptr, size_t, pm_stream_t, b
 static void check_piece(const void *host, size_t n)
 {
     uintptr_t a = (uintptr_t)host;
-    if (a >= test_piece_base &&
+    if (a >= test_piece_base && a < test_piece_end && /* not the staging ring's */
         (a - test_piece_base) / test_piece != (a + n - 1 - test_piece_base) / test_piece)
         atomic_fetch_add(&crossings, 1);
 }
@@ -470,6 +470,7 @@ static void registration_pieces(void)
         pm__range r;
         CHECK(pm__ranges_find_extent(inst->ranges, (uintptr_t)buffers[i], &r));
         test_piece_base = r.pin_base;
+        test_piece_end = r.pin_base + r.pin_len;
         atomic_store(&crossings, 0);
         for (size_t off = 0; off < 3; off++) { /* odd starts inside the pieces */
             uint8_t *pinned = (uint8_t *)buffers[i] + off * 4099;

@@ -517,22 +517,34 @@ static void fault_sweep(void)
                 break;
         }
     }
-    unsigned long long pinned = 0;
-    for (unsigned k = 1; k <= 7; k++) {
+    /* The ring cannot be pinned (every other ring): the copies take the
+     * backend's own path, say why, and come out right; no ring leaves
+     * anything pinned behind it. */
+    unsigned long long baseline = 0;
+    for (unsigned k = 0; k < 6; k++) {
         pm_copy_config c = {.struct_size = sizeof c};
         CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
         c.buffers = c.buffers == 6 ? 5 : 6; /* a new ring for every k */
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
-        atomic_store(&pm__fault_stage_pin, (int)k);
+        if (k == 0)
+            baseline = stats().pinned_bytes; /* no ring pinned */
+        const bool fault = k % 2 == 1;
+        atomic_store(&pm__fault_stage_pin, fault ? 1 : 0);
+        pm_copy_stats before = stats();
         fill(src, n, 100 + k);
         CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
         atomic_store(&pm__fault_stage_pin, 0);
         CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
         CHECK(first_mismatch(dst, n, 100 + k) == n);
-        if (k == 2)
-            pinned = stats().pinned_bytes;
-        else if (k > 2)
-            CHECK(stats().pinned_bytes == pinned); /* nothing leaks pinned memory */
+        pm_copy_stats after = stats();
+        if (fault) {
+            CHECK(after.ring_pinned == 0);
+            CHECK(strstr(after.ring_note, "injected") != NULL);
+            CHECK(after.driver_bytes - before.driver_bytes >= n);
+            CHECK(after.pinned_bytes == baseline);
+        } else if (after.ring_pinned) {
+            CHECK(after.pinned_bytes == baseline + after.ring_buffers * after.ring_buffer_bytes);
+        }
     }
     CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
     device_free(dev);

@@ -264,6 +264,8 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
     if (r != PM_SUCCESS)
         return r;
     pm__copy_counters *c = &pm__copy_count;
+    pm__ring_plan ring = pm__staging_ring(pm__copy_enter());
+    pm__copy_leave();
     pm_copy_stats full = {
         .struct_size = stats->struct_size,
         .direct_bytes = atomic_load(&c->direct_bytes),
@@ -282,7 +284,11 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .htod_fillers = pm__staging_fillers(),
         .demoted_bytes = atomic_load(&c->demoted_bytes),
         .staging_threads = pm__staging_threads(),
+        .ring_pinned = ring.pinned,
+        .ring_buffers = ring.fits ? ring.buffers : 0,
+        .ring_buffer_bytes = ring.fits ? ring.chunk : 0,
     };
+    snprintf(full.ring_note, sizeof full.ring_note, "%s", ring.note);
     memcpy(stats, &full, stats->struct_size);
     return PM_SUCCESS;
 }
