@@ -22,7 +22,7 @@
 #include "test_hooks.h"
 #include "copy_util.h"
 
-enum { buffer_bytes = 8 << 20 };
+enum { buffer_bytes = 4 << 20 }; /* within an ordinary user's RLIMIT_MEMLOCK */
 
 static pm_copy_stats stats(void)
 {
@@ -70,6 +70,7 @@ static void unmap_and_map_again(pm_deviceptr dev, uint8_t *back)
      * happen, and it is tried again with a new range. */
     for (int attempt = 0; attempt < 20; attempt++) {
         uint8_t *p = map_at(NULL);
+        REQUIRE(p);
         fill(p, buffer_bytes, 1);
         send_and_check(p, dev, 1, back);
         CHECK_RESULT(munmap(p, buffer_bytes) == 0 ? PM_SUCCESS : PM_ERROR_UNKNOWN, PM_SUCCESS);
@@ -88,6 +89,7 @@ static void unmap_and_map_again(pm_deviceptr dev, uint8_t *back)
 static void discard(pm_deviceptr dev, uint8_t *back)
 {
     uint8_t *p = map_at(NULL);
+    REQUIRE(p);
     fill(p, buffer_bytes, 4);
     send_and_check(p, dev, 4, back);
     CHECK(madvise(p, buffer_bytes, MADV_DONTNEED) == 0);
@@ -102,19 +104,28 @@ static void free_and_malloc(pm_deviceptr dev, uint8_t *back)
 {
     mallopt(M_MMAP_THRESHOLD, 1 << 20); /* fixed: freeing unmaps, malloc maps again */
     uint8_t *p = malloc(buffer_bytes);
+    REQUIRE(p);
     fill(p, buffer_bytes, 7);
     send_and_check(p, dev, 7, back);
     free(p);
     uint8_t *q = malloc(buffer_bytes);
+    REQUIRE(q);
     printf("free + malloc: %s address\n", q == p ? "the same" : "a different");
     fill(q, buffer_bytes, 8);
     send_and_check(q, dev, 8, back);
     free(q);
 }
 
+static void unmap_buffer(uint8_t **p)
+{
+    if (*p)
+        munmap(*p, buffer_bytes);
+}
+
 static void explicit_invalidate(pm_deviceptr dev, uint8_t *back)
 {
-    uint8_t *p = map_at(NULL);
+    __attribute__((cleanup(unmap_buffer))) uint8_t *p = map_at(NULL);
+    REQUIRE(p);
     fill(p, buffer_bytes, 9);
     send_and_check(p, dev, 9, back);
     unsigned long long before = stats().cache_invalidations;
@@ -123,10 +134,9 @@ static void explicit_invalidate(pm_deviceptr dev, uint8_t *back)
         CHECK(stats().cache_invalidations == before + 1);
     /* A user's own registration of cached pages takes them over. */
     send_and_check(p, dev, 9, back);
-    CHECK_RESULT(pm_mem_host_register(p, buffer_bytes, 0), PM_SUCCESS);
+    REQUIRE_PINNED(pm_mem_host_register(p, buffer_bytes, 0), "a 4 MiB registration");
     send_and_check(p, dev, 9, back);
     CHECK_RESULT(pm_mem_host_unregister(p), PM_SUCCESS);
-    munmap(p, buffer_bytes);
 }
 
 
@@ -464,9 +474,10 @@ static void mremap_cases(void)
 
 static void stale_scenarios(void)
 {
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(buffer_bytes);
+    SCOPED_MALLOC uint8_t *back = malloc(buffer_bytes);
+    REQUIRE(dev && back);
     small_copy_config(1);
-    pm_deviceptr dev = device_alloc(buffer_bytes);
-    uint8_t *back = malloc(buffer_bytes);
     pm_copy_stats st0 = stats();
     unmap_and_map_again(dev, back);
     discard(dev, back);
@@ -485,18 +496,17 @@ static void stale_scenarios(void)
         CHECK(st.cache_registrations == st0.cache_registrations);
     }
     small_copy_config(0); /* undoes what the cache holds */
-    free(back);
-    device_free(dev);
 }
 
 static void fault_sweep(void)
 {
     small_copy_config(0);
     const size_t n = (1 << 20) + 777; /* 17 staged pieces */
-    uint8_t *src = malloc(n), *dst = malloc(n);
-    pm_deviceptr dev = device_alloc(n);
-    pm_stream_t s;
-    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    SCOPED_MALLOC uint8_t *src = malloc(n), *dst = malloc(n);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(src && dst && dev);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
     for (int dir = 0; dir < 2; dir++) {
         for (int k = 1;; k++) {
             fill(src, n, (unsigned)k);
@@ -546,10 +556,6 @@ static void fault_sweep(void)
             CHECK(after.pinned_bytes == baseline + after.ring_buffers * after.ring_buffer_bytes);
         }
     }
-    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
-    device_free(dev);
-    free(src);
-    free(dst);
 }
 
 int main(void)
