@@ -34,6 +34,7 @@ static pm_result get_caps(void *p) { return pm_get_capabilities(p); }
 static pm_result get_pool_stats(void *p) { return pm_mem_pool_get_stats(NULL, p); }
 static pm_result get_copy_config(void *p) { return pm_copy_get_config(p); }
 static pm_result get_copy_stats(void *p) { return pm_copy_get_stats(p); }
+static pm_result get_setting(void *p) { return pm_get_setting(0, p); }
 
 /* A get call: every size from the smallest to ours fills as far as it goes;
  * larger, smaller than struct_size itself, or NULL: refused. */
@@ -118,6 +119,7 @@ int main(void)
            offsetof(pm_copy_config, staging_stores));
     getter("pm_copy_get_stats", get_copy_stats, sizeof(pm_copy_stats),
            offsetof(pm_copy_stats, staged_pieces));
+    getter("pm_get_setting", get_setting, sizeof(pm_setting), offsetof(pm_setting, source));
     setter();
     return check_finish("test_versioned");
 }
