@@ -1,8 +1,9 @@
 /* One rule for the public structs that carry their size (pm_capabilities,
- * pm_pool_stats, pm_copy_config, pm_copy_stats, pm_setting): struct_size may name this
- * version of the struct or an older, smaller one, which is read or filled as
- * far as it goes; a larger one (a header newer than the library) is refused
- * with PM_ERROR_INVALID_VALUE, as is one too small to hold struct_size. */
+ * pm_pool_stats, pm_copy_config, pm_copy_stats, pm_setting): struct_size may
+ * name this version of the struct or an older, smaller one, which is read or
+ * filled as far as it goes; a larger one (a header newer than the library)
+ * is refused with PM_ERROR_INVALID_VALUE, as is one too small to hold
+ * struct_size. */
 #ifndef PINMEM_VERSIONED_H
 #define PINMEM_VERSIONED_H
 
