@@ -162,7 +162,8 @@ static void describe_allowed(const spec *o, char *buf, size_t cap)
         format_size(o->max, hi + 4, sizeof hi - 4);
     }
     snprintf(buf, cap, "%s%s%s%s%s", lo, hi, o->flags & PAGES ? ", in whole pages" : "",
-             o->flags & ZERO_DEFAULT ? "; 0: the default" : "", o->flags & NONE ? "; -1: none" : "");
+             o->flags & ZERO_DEFAULT ? "; 0: the default" : "",
+             o->flags & NONE ? "; -1: none" : "");
 }
 
 /* Whether the environment named a value (0 names the default, where it means that). */

@@ -124,7 +124,8 @@ static void across_pool_blocks(void)
     pm_result rb = ra == PM_SUCCESS ? pm_mem_alloc_from_pool((void **)&b, 64 << 10, pool) : ra;
     if (ra == PM_SUCCESS && rb == PM_SUCCESS) {
         uint8_t *lo = a < b ? a : b;
-        if ((size_t)((a < b ? b : a) - lo) == (64 << 10)) /* neighbours, as a fresh pool places them */
+        /* neighbours, as a fresh pool places them */
+        if ((size_t)((a < b ? b : a) - lo) == (64 << 10))
             round_trip(lo + 1000, back, 100 << 10, dev, true, NULL, 5);
     }
     if (a)

@@ -3,9 +3,10 @@
  * malloc'ed again. An invalidation, or a user's registration, that dooms an
  * entry whose registration then fails returns. A cached buffer moved or
  * grown with mremap leaves nothing behind in the cache's userfaultfd that
- * could make a read(2) into its missing pages fail. And a fault sweep: the k-th backend copy fails, or the
- * k-th staging buffer cannot be pinned: clean errors, correct data after,
- * no thread left waiting. */
+ * could make a read(2) into its missing pages fail. And a fault sweep: the
+ * k-th backend copy fails, or the staging ring cannot be pinned: clean
+ * errors or the backend's own path, correct data after, no thread left
+ * waiting, nothing left pinned. */
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <malloc.h>

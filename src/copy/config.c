@@ -83,7 +83,8 @@ static pm_result resolve(const pm_copy_config *c, const char *who, pm_copy_confi
         {PM__OPT_COPY_SLICE, (long long)c->slice_bytes, c->slice_bytes, 0},
         {PM__OPT_COPY_BUFFERS, c->buffers, c->buffers, 0},
         {PM__OPT_COPY_DIRECT_MAX, (long long)c->direct_max, c->direct_max, 0},
-        {PM__OPT_COPY_STORES, c->staging_stores, (unsigned long long)(long long)c->staging_stores, 0},
+        {PM__OPT_COPY_STORES, c->staging_stores,
+         (unsigned long long)(long long)c->staging_stores, 0},
         {PM__OPT_REGISTRATION_CACHE, c->registration_cache,
          (unsigned long long)(long long)c->registration_cache, 0},
         {PM__OPT_REGISTRATION_CACHE_MIN, (long long)c->cache_min_bytes, c->cache_min_bytes, 0},
@@ -104,8 +105,8 @@ static pm_result resolve(const pm_copy_config *c, const char *who, pm_copy_confi
     out->htod_workers = (unsigned)pick(f[HW].checked, e->htod_workers, 0); /* 0: all */
     out->chunk_bytes = pick(f[CHUNK].checked, e->chunk_bytes, (size_t)4 << 20);
     out->slice_bytes = pick(f[SLICE].checked, e->slice_bytes, (size_t)512 << 10);
-    out->buffers = (unsigned)pick(f[BUF].checked, e->buffers,
-                                  machine_buffers(out->workers, out->slice_bytes, out->chunk_bytes));
+    unsigned buffers = machine_buffers(out->workers, out->slice_bytes, out->chunk_bytes);
+    out->buffers = (unsigned)pick(f[BUF].checked, e->buffers, buffers);
     out->direct_max = pick(f[DIRECT].checked, e->direct_max, (size_t)2 << 20); /* -1: none */
     out->staging_stores = (pm_copy_stores)pick(f[STORES].checked, e->staging_stores, 0);
     out->registration_cache = (int)f[CACHE].checked;

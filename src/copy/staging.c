@@ -652,7 +652,8 @@ static pm_result pin_ring(const pm__copy_settings *set)
         const pm__backend *be = pm__instance_backend();
         r = be->host_alloc(bytes, 0, &eng.ring_base, &eng.ring_pin_len, &eng.ring_tag);
         if (r == PM_SUCCESS && eng.ring_pin_len != bytes) { /* the backend pinned more: count it */
-            pm_result more = pm__budget_take(eng.ring_pin_len - bytes, "copy engine's staging ring");
+            pm_result more =
+                pm__budget_take(eng.ring_pin_len - bytes, "copy engine's staging ring");
             if (more != PM_SUCCESS) {
                 be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
                 eng.ring_base = NULL;
