@@ -62,13 +62,12 @@ static unsigned long long pick(unsigned long long given, unsigned long long env,
 /* The one check of a configuration, from code or the environment: each
  * field against the options table (options.h: the same limits as the
  * PINMEM_* variables), then every 0 resolved to the environment's value or
- * else the machine's default: into *out (every field set) and *s. Buffers
- * of 4 MiB, one DMA each: on the H100, DMAs queued back to back reach 47
- * GB/s at 1 MiB, 51 at 2 MiB and 53 at 4 MiB. CPU copies of 512 KiB slices,
- * so that a buffer fills from several cores at once and the first DMA
- * starts early. Pageable copies up to 2 MiB take the backend's own path:
- * measured on the H100, staged copies take 1.3x the driver's time at 1 MiB
- * and 0.56x at 4 MiB. */
+ * else the machine's default: into *out (every field set) and *s. The
+ * machine's defaults: buffers of 4 MiB, one DMA each, as DMAs that large
+ * keep the copy engine near its peak; CPU copies of 512 KiB slices, so that
+ * a buffer fills from several cores at once and the first DMA starts early;
+ * pageable copies up to 2 MiB take the backend's own path, which is cheaper
+ * than staging for them. */
 static pm_result resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
                          pm__copy_settings *s)
 {
