@@ -150,6 +150,13 @@ static int run_env_case(const env_case *k)
         CHECK(got == k->expect_field);
     }
     round_trip();
+    if (strcmp(k->name, "PINMEM_PINNED_BUDGET") == 0) {
+        /* no cap by code stays no cap through a round trip */
+        CHECK_RESULT(pm_set_pinned_budget(0), PM_SUCCESS);
+        round_trip();
+        CHECK(current().pinned_budget == 0);
+        CHECK_RESULT(pm_set_pinned_budget(k->expect_field), PM_SUCCESS);
+    }
     pm_setting st;
     CHECK(setting(k->name, &st));
     bool zero = strcmp(k->value, "0") == 0;

@@ -248,7 +248,10 @@ pm_result pm_copy_set_config(const pm_copy_config *given)
         fresh.chunk_bytes != settings.chunk_bytes || fresh.buffers != settings.buffers)
         pm__staging_stop();
     settings = fresh;
-    pm__budget_set_cap(resolved.pinned_budget, true);
+    /* The budget as it is stays so, even where it is 0 by pm_set_pinned_budget
+     * and 0 here would mean PINMEM_PINNED_BUDGET's. */
+    if (whole.pinned_budget != pm__budget_cap())
+        pm__budget_set_cap(resolved.pinned_budget, true);
     publish(&resolved, true);
     pthread_rwlock_unlock(&gate);
     if (!fresh.registration_cache)
