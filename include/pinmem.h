@@ -5,6 +5,12 @@
  * API keep its shape and its answers (see the README); everything else is
  * pinmem's own. Every function returns a pm_result; on failure,
  * pm_last_error_detail() says why, for the calling thread.
+ *
+ * Structs that begin with struct_size grow only at their end. The caller sets
+ * struct_size to the sizeof it was compiled with: an older, smaller struct is
+ * read or filled as far as it goes (a set call leaves the fields it lacks as
+ * they are), a larger one than this library knows is refused with
+ * PM_ERROR_INVALID_VALUE.
  */
 #ifndef PINMEM_H
 #define PINMEM_H
@@ -117,9 +123,40 @@ typedef struct pm_capabilities {
     char huge_page_mode[16];              /* "always", "madvise", "never" or "unavailable" */
 } pm_capabilities;
 
-/* Fills *caps (caps->struct_size must be set; a smaller older struct is filled
- * as far as it goes). */
+/* Fills *caps as far as caps->struct_size goes. */
 PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
+
+/* ----------------------------------------------------------- pinned budget */
+
+/* A cap on the bytes the whole process pins through pinmem: host
+ * allocations, registrations, pools, the staging ring and the registration
+ * cache; 0: none (the default, unless PINMEM_PINNED_BUDGET names one).
+ * Past it, calls that would pin more fail with PM_ERROR_OUT_OF_MEMORY and a
+ * detail, the registration cache stops registering and staged copies go on.
+ * A cap below what is pinned now unpins nothing: it only refuses more.
+ * pm_copy_config.pinned_budget is the same setting. */
+PM_API pm_result pm_set_pinned_budget(unsigned long long bytes);
+PM_API pm_result pm_get_pinned_budget(unsigned long long *bytes);
+
+/* --------------------------------------------------------------- settings */
+
+/* One setting in effect: the environment variable that sets it, its value
+ * as that variable would write it, and where the value came from. A bad
+ * value in a PINMEM_* variable makes pm_init (and every call) fail with
+ * PM_ERROR_INVALID_VALUE and a detail naming it. */
+typedef struct pm_setting {
+    size_t struct_size;        /* set by the caller */
+    const char *name;          /* "PINMEM_COPY_CHUNK" */
+    char value[32];            /* "4M", "15", "auto", "-1" */
+    const char *source;        /* "default", "environment" or "code" */
+    const char *default_value; /* "4M", "cores - 1, at most 15" */
+    const char *allowed;       /* "64K to 256M; 0: the default" */
+    const char *doc;           /* what it does, in a line */
+} pm_setting;
+
+/* The settings in effect, one per index from 0; PM_ERROR_NOT_FOUND past the
+ * last. The strings are the library's own and live as long as it does. */
+PM_API pm_result pm_get_setting(unsigned index, pm_setting *setting);
 
 /* ------------------------------------------- host allocation, registration */
 
@@ -330,13 +367,23 @@ typedef enum {
                                      the DMA engine there, not from memory */
 } pm_copy_stores;
 
-/* How copies work. A zero field means the default, chosen from the machine;
- * pm_copy_get_config reports the values in effect. Environment variables set
- * the defaults: PINMEM_COPY_WORKERS, PINMEM_COPY_HTOD_WORKERS, PINMEM_COPY_CHUNK,
- * PINMEM_COPY_SLICE, PINMEM_COPY_BUFFERS, PINMEM_COPY_DIRECT_MAX,
- * PINMEM_COPY_STORES=cached|streaming|demoting,
- * PINMEM_REGISTRATION_CACHE=1, PINMEM_PINNED_BUDGET (sizes take K, M and G
- * suffixes). */
+/* How copies work. A zero field means the default: the environment's value
+ * where it names one, else chosen from the machine; pm_copy_get_config
+ * reports the values in effect, and pm_copy_set_config(pm_copy_get_config())
+ * changes nothing. Each field has its environment variable, which takes the
+ * same values and is held to the same limits (pm_get_setting lists them):
+ * workers PINMEM_COPY_WORKERS (1 to 256), htod_workers
+ * PINMEM_COPY_HTOD_WORKERS (1 to 256), chunk_bytes PINMEM_COPY_CHUNK (64 KiB
+ * to 256 MiB), slice_bytes PINMEM_COPY_SLICE (4 KiB to 256 MiB), buffers
+ * PINMEM_COPY_BUFFERS (1 to 1024), direct_max PINMEM_COPY_DIRECT_MAX (-1:
+ * none), staging_stores PINMEM_COPY_STORES (default, cached, streaming or
+ * demoting), registration_cache PINMEM_REGISTRATION_CACHE (0 or 1),
+ * cache_min_bytes PINMEM_REGISTRATION_CACHE_MIN and cache_max_bytes
+ * PINMEM_REGISTRATION_CACHE_MAX (from 4 KiB), pinned_budget
+ * PINMEM_PINNED_BUDGET. Sizes of memory are rounded up to whole pages; in
+ * the environment, sizes take K, M, G and T suffixes. A value outside its
+ * limits is refused with PM_ERROR_INVALID_VALUE (from the environment: by
+ * pm_init and every later call). */
 typedef struct pm_copy_config {
     size_t struct_size;          /* set by the caller */
     unsigned workers;            /* staging threads (the caller helps as well) */
@@ -344,15 +391,15 @@ typedef struct pm_copy_config {
     unsigned buffers;            /* staging buffers in the ring */
     size_t direct_max;           /* pageable copies up to this size go through the
                                     driver's own path, which is cheaper for them;
-                                    (size_t)-1 for none */
+                                    (size_t)-1: none do */
     int registration_cache;      /* 1: keep large pageable buffers registered between
                                     copies (needs userfaultfd to hear unmaps; else
                                     nothing is cached); 0: off (the default) */
     size_t cache_min_bytes;      /* smallest buffer the cache registers */
     size_t cache_max_bytes;      /* most bytes the cache keeps registered */
-    unsigned long long pinned_budget; /* cap on bytes pinned by the whole process, 0 = none.
-                                         Past it, allocations fail with OUT_OF_MEMORY and the
-                                         cache stops registering; staged copies go on. */
+    unsigned long long pinned_budget; /* the pinned budget (pm_set_pinned_budget), the same
+                                         setting; 0 here means the default (none, unless
+                                         PINMEM_PINNED_BUDGET names one) */
     pm_copy_stores staging_stores; /* DEFAULT: into the ring, streaming stores for copies
                                       below 256 MiB, cached stores otherwise (the DMA then
                                       finds the bytes in the CPU's cache), as measured; from
@@ -391,6 +438,20 @@ typedef struct pm_copy_stats {
                                             copies now (steered between 1 and htod_workers) */
     unsigned long long demoted_bytes;    /* of staged_bytes, those of host-to-device copies
                                             that used demoting stores (see staging_stores) */
+    unsigned staging_threads;            /* staging workers running now (a worker that could
+                                            not be started is tried again by the next staged
+                                            copy) */
+    /* The staging ring: pinned now (ring_pinned 1), or the one the next
+     * staged copy would pin. It is as configured where the system's limit on
+     * pinned memory (RLIMIT_MEMLOCK on POSIX) and the pinned budget leave
+     * room for it, taking at most a quarter of that room, else smaller; where
+     * not even two 64 KiB buffers fit, there is none (ring_buffers 0) and
+     * pageable copies take the backend's own path (driver_bytes). ring_note
+     * says why it differs from the configuration ("" when it does not). */
+    int ring_pinned;
+    unsigned ring_buffers;
+    unsigned long long ring_buffer_bytes;
+    char ring_note[224];
 } pm_copy_stats;
 
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);

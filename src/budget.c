@@ -2,43 +2,19 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <stdlib.h>
 
 #include "errors.h"
+#include "instance.h"
+#include "options.h"
 
 static _Atomic unsigned long long pinned;
 static _Atomic unsigned long long cap; /* 0: none */
 
-bool pm__parse_size(const char *s, unsigned long long *out)
-{
-    if (!s || !*s)
-        return false;
-    char *end = NULL;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s)
-        return false;
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-    }
-    if (shift && *end == 'i')
-        end++;
-    if (shift && *end == 'B')
-        end++;
-    if (*end || (shift && v > (~0ull >> shift)))
-        return false;
-    *out = v << shift;
-    return true;
-}
-
 void pm__budget_init_from_env(void)
 {
-    unsigned long long v;
-    if (pm__parse_size(getenv("PINMEM_PINNED_BUDGET"), &v))
-        atomic_store(&cap, v);
+    unsigned long long v = 0;
+    pm__option_env(PM__OPT_PINNED_BUDGET, &v);
+    atomic_store(&cap, v);
 }
 
 pm_result pm__budget_take(size_t bytes, const char *what)
@@ -64,4 +40,29 @@ void pm__budget_give(size_t bytes)
 
 unsigned long long pm__budget_pinned(void) { return atomic_load(&pinned); }
 unsigned long long pm__budget_cap(void) { return atomic_load(&cap); }
-void pm__budget_set_cap(unsigned long long c) { atomic_store(&cap, c); }
+
+void pm__budget_set_cap(unsigned long long c, bool by_code)
+{
+    atomic_store(&cap, c);
+    unsigned long long from_env = 0;
+    pm__option_env(PM__OPT_PINNED_BUDGET, &from_env);
+    pm__option_publish(PM__OPT_PINNED_BUDGET, c, from_env, by_code);
+}
+
+pm_result pm_set_pinned_budget(unsigned long long bytes)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm__budget_set_cap(bytes, true);
+    return PM_SUCCESS;
+}
+
+pm_result pm_get_pinned_budget(unsigned long long *bytes)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    if (!bytes)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_get_pinned_budget: bytes is NULL");
+    *bytes = pm__budget_cap();
+    return PM_SUCCESS;
+}

@@ -10,8 +10,10 @@
 
 #include "budget.h"
 #include "errors.h"
+#include "options.h"
 #include "pool/classes.h"
 #include "pool/pool.h"
+#include "versioned.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static atomic_bool ready; /* set once initialise succeeded: one load on the hot path */
@@ -35,25 +37,21 @@ static void after_fork_in_child(void)
 /* PINMEM_BACKEND: auto (default) tries the driver, then POSIX. */
 static pm_result open_backend(pm__backend *b)
 {
-    const char *choice = getenv("PINMEM_BACKEND");
-    if (!choice || !*choice || strcmp(choice, "auto") == 0) {
+    unsigned long long choice = pm__option_value(PM__OPT_BACKEND);
+    if (choice == PM__BACKEND_AUTO) {
         if (pm__backend_cuda_open(b) == PM_SUCCESS)
             return PM_SUCCESS;
         return pm__backend_posix_open(b);
     }
-    if (strcmp(choice, "posix") == 0)
+    if (choice == PM__BACKEND_POSIX)
         return pm__backend_posix_open(b);
-    if (strcmp(choice, "cuda") == 0) {
-        pm_result r = pm__backend_cuda_open(b);
-        if (r == PM_SUCCESS)
-            return r;
-        char why[400];
-        snprintf(why, sizeof why, "%s", pm_last_error_detail());
-        return pm__fail(PM_ERROR_NO_DEVICE, "PINMEM_BACKEND=cuda, but the CUDA backend failed: %s",
-                        why);
-    }
-    return pm__fail(PM_ERROR_INVALID_VALUE, "PINMEM_BACKEND=%s is not auto, cuda or posix",
-                    choice);
+    pm_result r = pm__backend_cuda_open(b);
+    if (r == PM_SUCCESS)
+        return r;
+    char why[400];
+    snprintf(why, sizeof why, "%s", pm_last_error_detail());
+    return pm__fail(PM_ERROR_NO_DEVICE, "PINMEM_BACKEND=cuda, but the CUDA backend failed: %s",
+                    why);
 }
 
 static void initialise(void)
@@ -67,7 +65,9 @@ static void initialise(void)
      * locks are not in the child. */
     init_pid = getpid();
     pthread_atfork(NULL, NULL, after_fork_in_child);
-    init_result = open_backend(&instance.backend);
+    init_result = pm__options_load(); /* a bad PINMEM_* value fails here */
+    if (init_result == PM_SUCCESS)
+        init_result = open_backend(&instance.backend);
     if (init_result == PM_SUCCESS) {
         instance.ranges = pm__ranges_create();
         if (!instance.ranges)
@@ -79,8 +79,7 @@ static void initialise(void)
     pm__budget_init_from_env();
     if (init_result == PM_SUCCESS)
         atomic_store_explicit(&ready, true, memory_order_release);
-    const char *stats = getenv("PINMEM_STATS");
-    if (init_result == PM_SUCCESS && stats && strcmp(stats, "1") == 0)
+    if (init_result == PM_SUCCESS && pm__option_value(PM__OPT_STATS) == 1)
         atexit(pm__pool_stats_print_at_exit);
     if (init_result == PM_SUCCESS)
         pm__detail_restore(&before);
@@ -126,14 +125,10 @@ const char *pm_backend_name(void)
 pm_result pm_get_capabilities(pm_capabilities *caps)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    if (!caps)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_get_capabilities: caps is NULL");
+    pm_result r = PM__STRUCT_SIZE_CHECK("pm_get_capabilities", caps);
+    if (r != PM_SUCCESS)
+        return r;
     size_t n = caps->struct_size;
-    if (n < sizeof caps->struct_size)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_get_capabilities: set caps->struct_size to sizeof(pm_capabilities)");
-    if (n > sizeof *caps)
-        n = sizeof *caps;
     pm_capabilities full = inst->backend.caps;
     full.struct_size = n;
     /* Whether the limit binds can change (setrlimit, capabilities dropped). */

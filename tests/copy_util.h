@@ -1,9 +1,13 @@
 /* Helpers shared by the copy tests: device memory (on the POSIX backend,
- * ordinary memory) and byte patterns. */
+ * ordinary memory), byte patterns, what a case holds released however it
+ * ends, and steps that pin memory an ordinary user's RLIMIT_MEMLOCK may not
+ * hold. */
 #ifndef PINMEM_TEST_COPY_UTIL_H
 #define PINMEM_TEST_COPY_UTIL_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/resource.h>
 
 #include "check.h"
 #include "instance.h"
@@ -15,6 +19,7 @@ static inline const pm__backend *test_backend(void)
     return inst ? &inst->backend : NULL;
 }
 
+/* Device memory, or 0 (a failed check) when there is none. */
 static inline pm_deviceptr device_alloc(size_t bytes)
 {
     pm_deviceptr d = 0;
@@ -22,7 +27,68 @@ static inline pm_deviceptr device_alloc(size_t bytes)
     return d;
 }
 
-static inline void device_free(pm_deviceptr d) { test_backend()->device_free(d); }
+static inline void device_free(pm_deviceptr d)
+{
+    if (d)
+        test_backend()->device_free(d);
+}
+
+/* Variables released when their scope ends, on every path out of a case
+ * (REQUIRE and SKIP_CASE return early). */
+static inline void release_malloc_(void *p) { free(*(void **)p); }
+static inline void release_device_(pm_deviceptr *d) { device_free(*d); }
+static inline void release_host_(void *p)
+{
+    if (*(void **)p)
+        pm_mem_free_host(*(void **)p);
+}
+static inline void release_stream_(pm_stream_t *s)
+{
+    if (*s)
+        pm_stream_destroy(*s);
+}
+#define SCOPED_MALLOC __attribute__((cleanup(release_malloc_)))
+#define SCOPED_DEVICE __attribute__((cleanup(release_device_)))
+#define SCOPED_HOST __attribute__((cleanup(release_host_)))
+#define SCOPED_STREAM __attribute__((cleanup(release_stream_)))
+
+/* Whether RLIMIT_MEMLOCK binds this process: a finite limit, and no
+ * CAP_IPC_LOCK to lift it. */
+static inline bool memlock_binds(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return false;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long caps = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "CapEff: %llx", &caps) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return !((caps >> 14) & 1);
+}
+
+/* A step that pins memory: the case goes on when it succeeded; it is
+ * skipped, saying why, when it ran out of memory where RLIMIT_MEMLOCK binds
+ * (an ordinary user's limit may not hold what the case pins); any other
+ * outcome fails the case. */
+#define REQUIRE_PINNED(call, what)                                                           \
+    do {                                                                                     \
+        pm_result pinned_r_ = (call);                                                        \
+        if (pinned_r_ == PM_ERROR_OUT_OF_MEMORY && memlock_binds()) {                        \
+            printf("skipped: %s: pinning %s needs more than RLIMIT_MEMLOCK leaves (%s)\n",  \
+                   __func__, what, pm_last_error_detail());                                  \
+            return;                                                                          \
+        }                                                                                    \
+        if (pinned_r_ != PM_SUCCESS) {                                                       \
+            if (check_failed_())                                                             \
+                fprintf(stderr, "%s:%d: %s gave %s (%s)\n", __FILE__, __LINE__, #call,       \
+                        pm_result_name(pinned_r_), pm_last_error_detail());                  \
+            return;                                                                          \
+        }                                                                                    \
+    } while (0)
 
 /* A byte that depends on position and seed, so shifted or stale data shows. */
 static inline uint8_t pattern_byte(size_t i, unsigned seed)

@@ -87,6 +87,32 @@ static void print_numa_nodes(void)
     printf(")\n");
 }
 
+/* The staging ring pageable copies go through, and why it is smaller than
+ * configured, or why there is none. */
+static void print_ring(void)
+{
+    pm_copy_stats st = {.struct_size = sizeof st};
+    if (pm_copy_get_stats(&st) != PM_SUCCESS)
+        return;
+    char size[32];
+    if (st.ring_buffers)
+        printf("  staging ring:          %u x %s%s%s%s\n", st.ring_buffers,
+               human_size((size_t)st.ring_buffer_bytes, size, sizeof size),
+               st.ring_pinned ? "" : " (pinned at the first staged copy)",
+               st.ring_note[0] ? "; " : "", st.ring_note);
+    else
+        printf("  staging ring:          none (%s)\n", st.ring_note);
+}
+
+/* Every PINMEM_* setting in effect, and where its value came from. */
+static void print_settings(void)
+{
+    printf("settings (the PINMEM_* variables; value, and where it came from):\n");
+    pm_setting st = {.struct_size = sizeof st};
+    for (unsigned i = 0; pm_get_setting(i, &st) == PM_SUCCESS; i++)
+        printf("  %-30s = %-8s (%s)\n", st.name, st.value, st.source);
+}
+
 int cmd_info(void)
 {
     printf("pinmem %s\n", pm_version_string());
@@ -122,5 +148,7 @@ int cmd_info(void)
     printf("  transparent huge pages: %s\n", c.huge_page_mode);
     print_memlock_limit();
     print_numa_nodes();
+    print_ring();
+    print_settings();
     return 0;
 }

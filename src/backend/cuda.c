@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../errors.h"
+#include "../options.h"
 #include "backend.h"
 #include "cuda_loader.h"
 #include "cuda_vmm.h"
@@ -411,8 +412,8 @@ static void pick_pool_chunks(pm__backend *out)
     static const pm__chunk_ops registered = {"registered chunks", 0, true,
                                              pm__reserve_chunk_range, registered_chunk_commit,
                                              registered_chunk_decommit, registered_chunk_unreserve};
-    const char *env = getenv("PINMEM_POOL_VMM");
-    bool never = env && strcmp(env, "0") == 0, always = env && strcmp(env, "1") == 0;
+    unsigned long long choice = pm__option_value(PM__OPT_POOL_VMM);
+    bool never = choice == PM__POOL_VMM_NEVER, always = choice == PM__POOL_VMM_ALWAYS;
     size_t granule = never ? 0 : pm__cuda_vmm_open(cu);
     pm__chunk_ops vmm = {"VMM host granules", granule, false, vmm_chunk_reserve,
                          vmm_chunk_commit, vmm_chunk_decommit, vmm_chunk_unreserve};
@@ -621,15 +622,11 @@ static pm_result pick_device(void)
         return pm__cuda_fail(rc, "cuDeviceGetCount");
     if (count == 0)
         return pm__fail(PM_ERROR_NO_DEVICE, "the CUDA driver reports no device");
-    const char *env = getenv("PINMEM_DEVICE");
-    if (env && *env) {
-        char *end = NULL;
-        long v = strtol(env, &end, 10);
-        if (*end != '\0' || v < 0 || v >= count)
-            return pm__fail(PM_ERROR_INVALID_DEVICE,
-                            "PINMEM_DEVICE=%s is not a device ordinal below %d", env, count);
-        ordinal = (int)v;
-    }
+    unsigned long long v = pm__option_value(PM__OPT_DEVICE); /* 0 to INT_MAX */
+    if (v >= (unsigned long long)count)
+        return pm__fail(PM_ERROR_INVALID_DEVICE,
+                        "PINMEM_DEVICE=%llu is not a device ordinal below %d", v, count);
+    ordinal = (int)v;
     rc = cu->device_get(&device, ordinal);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuDeviceGet");

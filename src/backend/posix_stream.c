@@ -10,6 +10,7 @@
 
 #include "../errors.h"
 #include "../handle_set.h"
+#include "../thread_start.h"
 #include "backend.h"
 #include "posix_stream.h"
 
@@ -90,7 +91,7 @@ static pm_result create(posix_stream **out)
     }
     pthread_cond_init(&s->has_work, NULL);
     pthread_cond_init(&s->progressed, NULL);
-    if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
+    if (pm__thread_start(&s->thread, NULL, stream_main, s) != 0) {
         s->refs = 1;
         drop_ref(s);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: cannot start its thread");
@@ -119,21 +120,30 @@ static bool is_live(posix_stream *s)
     return true;
 }
 
-/* NULL names the default stream, made on first use and never destroyed. */
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static posix_stream *default_stream;
-static void make_default(void)
+/* NULL names the default stream, made on first use and never destroyed. A
+ * start that fails (no memory for its thread, say) is tried again by the
+ * next call that needs it. */
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(posix_stream *) default_stream;
+
+static posix_stream *default_or_start(void)
 {
-    if (create(&default_stream) != PM_SUCCESS)
-        default_stream = NULL;
+    posix_stream *s = atomic_load_explicit(&default_stream, memory_order_acquire);
+    if (s)
+        return s;
+    pthread_mutex_lock(&default_lock);
+    s = atomic_load_explicit(&default_stream, memory_order_relaxed);
+    if (!s && create(&s) == PM_SUCCESS)
+        atomic_store_explicit(&default_stream, s, memory_order_release);
+    pthread_mutex_unlock(&default_lock);
+    return s;
 }
 
 static posix_stream *resolve(pm_stream_t s)
 {
     if (s)
         return is_live(s) ? s : NULL;
-    pthread_once(&default_once, make_default);
-    return default_stream;
+    return default_or_start();
 }
 
 #define RESOLVE_OR_FAIL(var, handle)                                                     \

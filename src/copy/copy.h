@@ -102,20 +102,27 @@ extern pm__copy_counters pm__copy_count;
 const pm__copy_settings *pm__copy_enter(void);
 void pm__copy_leave(void);
 
-/* Test hooks: the k-th backend copy call, or the k-th staging buffer pin,
- * fails (0: never). */
-extern _Atomic int pm__copy_fail_copy_countdown;
-extern _Atomic int pm__copy_fail_stage_countdown;
-bool pm__copy_injected(_Atomic int *countdown);
-
 /* staging.c. *no_ring: the failure was that no staging buffer could be
  * pinned (nothing was copied; the caller may take another way). sync: the
  * caller waits for the stream next (the engine may then time the copy). */
 pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
                           pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool sync,
                           bool *no_ring);
+/* The staging ring: its shape (as configured, or smaller to fit what may be
+ * pinned), whether it fits at all, whether it is pinned now, and a note
+ * saying why it is not as configured ("" when it is). */
+typedef struct pm__ring_plan {
+    unsigned buffers;
+    size_t chunk;
+    bool fits, pinned;
+    char note[224];
+} pm__ring_plan;
+/* The ring pinned now, or the one the next staged copy would pin. */
+pm__ring_plan pm__staging_ring(const pm__copy_settings *set);
 /* The workers that take host-to-device slices now (0 before the engine starts). */
 unsigned pm__staging_fillers(void);
+/* The worker threads running now. */
+unsigned pm__staging_threads(void);
 /* Stops the workers and frees the ring (the gate held for writing). */
 void pm__staging_stop(void);
 
@@ -151,7 +158,7 @@ uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uin
 /* How a piece reaches the backend: queued on the stream with the host side
  * page-locked or pageable, or through the driver's synchronous call. */
 typedef enum { PM__VIA_PINNED, PM__VIA_PAGEABLE, PM__VIA_SYNC } pm__copy_via;
-/* The backend's copy calls, with the fault hook in front. */
+/* The backend's copy calls, with the test fault point in front. */
 pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
                            size_t n, pm_stream_t s, pm__copy_via via);
 

@@ -22,6 +22,7 @@
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
@@ -31,6 +32,7 @@
 #include "../budget.h"
 #include "../errors.h"
 #include "../instance.h"
+#include "../thread_start.h"
 #include "copy.h"
 
 #ifndef UFFD_USER_MODE_ONLY
@@ -61,10 +63,15 @@ static struct {
     size_t bytes;         /* live, not doomed */
     unsigned long long tick;
     int uffd, wake_fd;
-    bool listening;
 } rc = {.lock = PTHREAD_MUTEX_INITIALIZER, .undone = PTHREAD_COND_INITIALIZER, .uffd = -1,
         .wake_fd = -1};
-static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
+
+/* Whether the cache hears unmaps: the userfaultfd and the monitor start on
+ * first use; a start that failed for want of descriptors or threads is
+ * tried again by the next call that asks. */
+enum { LISTEN_NOT_YET, LISTEN_YES, LISTEN_NEVER };
+static pthread_mutex_t listen_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int listen_state;
 
 static void wake_monitor(void)
 {
@@ -74,14 +81,77 @@ static void wake_monitor(void)
     }
 }
 
-static void uffd_unregister(uintptr_t lo, uintptr_t hi)
+/* The mapping (one line of /proc/self/maps) that holds addr; false if none. */
+static bool mapping_around(uintptr_t addr, uintptr_t *start, uintptr_t *end)
 {
-    struct uffdio_range range = {.start = lo, .len = hi - lo};
-    ioctl(rc.uffd, UFFDIO_UNREGISTER, &range); /* fails harmlessly where nothing is mapped */
+    FILE *f = fopen("/proc/self/maps", "re");
+    bool found = false;
+    unsigned long lo, hi;
+    char line[512];
+    while (f && !found && fgets(line, sizeof line, f))
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= addr && addr < hi) {
+            *start = lo;
+            *end = hi;
+            found = true;
+        }
+    if (f)
+        fclose(f);
+    return found;
 }
 
-/* lock held. vma_gone: the memory is unmapped, so the userfaultfd forgot it. */
-static void doom_locked(uintptr_t lo, uintptr_t hi, bool vma_gone)
+/* Takes [lo, hi) out of the userfaultfd, where anything of it is mapped.
+ * The kernel refuses the whole range when part of it is not mapped at all,
+ * or is memory a userfaultfd cannot watch; then each mapping in it is
+ * taken out alone. */
+static void uffd_unregister(uintptr_t lo, uintptr_t hi)
+{
+    if (lo >= hi)
+        return;
+    struct uffdio_range range = {.start = lo, .len = hi - lo};
+    if (ioctl(rc.uffd, UFFDIO_UNREGISTER, &range) == 0 || errno != EINVAL)
+        return;
+    FILE *f = fopen("/proc/self/maps", "re");
+    unsigned long start, end;
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "%lx-%lx", &start, &end) == 2 && start < hi && lo < end) {
+            range.start = start > lo ? start : lo;
+            range.len = (end < hi ? end : hi) - range.start;
+            ioctl(rc.uffd, UFFDIO_UNREGISTER, &range); /* fails for what it cannot watch */
+        }
+    if (f)
+        fclose(f);
+}
+
+/* lock held: takes the parts of [lo, hi) that no live entry covers out of
+ * the userfaultfd (what a moved or grown mapping carried along). */
+static void unregister_outside_live(uintptr_t lo, uintptr_t hi)
+{
+    for (uintptr_t at = lo; at < hi;) {
+        uintptr_t next = hi;
+        bool covered = false;
+        for (entry *e = rc.entries; e; e = e->next) {
+            if (e->doomed || !e->in_uffd || e->hi <= at || e->lo >= hi)
+                continue;
+            if (e->lo <= at) {
+                covered = true;
+                next = e->hi;
+                break;
+            }
+            if (e->lo < next)
+                next = e->lo;
+        }
+        if (!covered)
+            uffd_unregister(at, next);
+        at = next;
+    }
+}
+
+/* lock held: dooms the entries that overlap [lo, hi), and takes what is
+ * left of them out of the userfaultfd, so that no stale registration stays
+ * behind: [gone_lo, gone_hi) is unmapped already (the kernel forgot it),
+ * the rest may still be mapped, or moved on (see read_events_locked). */
+static void doom_locked(uintptr_t lo, uintptr_t hi, uintptr_t gone_lo, uintptr_t gone_hi)
 {
     for (entry *e = rc.entries; e; e = e->next) {
         if (e->hi <= lo || e->lo >= hi || e->doomed)
@@ -89,33 +159,57 @@ static void doom_locked(uintptr_t lo, uintptr_t hi, bool vma_gone)
         e->doomed = true;
         rc.bytes -= e->hi - e->lo;
         atomic_fetch_add_explicit(&pm__copy_count.cache_invalidations, 1, memory_order_relaxed);
-        if (e->in_uffd && !vma_gone)
+        if (!e->in_uffd)
+            continue;
+        e->in_uffd = false;
+        if (gone_lo >= gone_hi || e->hi <= gone_lo || e->lo >= gone_hi) {
             uffd_unregister(e->lo, e->hi);
-        e->in_uffd = e->in_uffd && !vma_gone;
+        } else {
+            uffd_unregister(e->lo, gone_lo > e->lo ? gone_lo : e->lo);
+            uffd_unregister(gone_hi < e->hi ? gone_hi : e->hi, e->hi);
+        }
     }
 }
+
+static void doom_range_locked(uintptr_t lo, uintptr_t hi) { doom_locked(lo, hi, 0, 0); }
 
 /* lock held: reads every queued event. */
 static void read_events_locked(void)
 {
     struct uffd_msg msg;
+    uintptr_t start, end;
     while (read(rc.uffd, &msg, sizeof msg) == (ssize_t)sizeof msg) {
         switch (msg.event) {
         case UFFD_EVENT_UNMAP:
-            doom_locked(msg.arg.remove.start, msg.arg.remove.end, true);
+            doom_locked(msg.arg.remove.start, msg.arg.remove.end, msg.arg.remove.start,
+                        msg.arg.remove.end);
             break;
         case UFFD_EVENT_REMOVE:
-            doom_locked(msg.arg.remove.start, msg.arg.remove.end, false);
+            doom_range_locked(msg.arg.remove.start, msg.arg.remove.end);
             break;
-        case UFFD_EVENT_REMAP:
-            doom_locked(msg.arg.remap.from, msg.arg.remap.from + msg.arg.remap.len, true);
+        case UFFD_EVENT_REMAP: {
+            /* mremap moved the mapping (realloc of a large block does): the
+             * old range is gone, and the mapping at the new one, grown
+             * perhaps, is still registered with the userfaultfd. */
+            uintptr_t from = msg.arg.remap.from, to = msg.arg.remap.to;
+            doom_locked(from, from + msg.arg.remap.len, from, from + msg.arg.remap.len);
+            if (mapping_around(to, &start, &end))
+                unregister_outside_live(start, end);
+            else
+                uffd_unregister(to, to + msg.arg.remap.len);
             break;
+        }
         case UFFD_EVENT_PAGEFAULT: {
-            /* A page of a cached range went missing (discarded without an
-             * event we saw first): drop the entry and let the fault proceed
-             * as if we had never been there (unregistering wakes it). */
+            /* Only where faults on missing pages are registered (the
+             * fallback mode, see register_range): a page of a cached range
+             * went missing without an event we saw first (drop the entry),
+             * or a page a mapping grew by in place, which carried the
+             * registration along (drop that). Unregistering wakes the
+             * fault, which proceeds as if we had never been there. */
             uintptr_t page = (uintptr_t)msg.arg.pagefault.address & ~(uintptr_t)4095;
-            doom_locked(page, page + 1, false);
+            doom_range_locked(page, page + 1);
+            if (mapping_around(page, &start, &end))
+                unregister_outside_live(start, end);
             uffd_unregister(page, page + 4096);
             break;
         }
@@ -182,48 +276,64 @@ static void *monitor_main(void *unused)
     return NULL;
 }
 
-static int open_uffd(void)
+/* A userfaultfd that reports the events, or -1 with *for_good set where the
+ * kernel will never give one (not built in, not permitted, too old). */
+static int open_uffd(bool *for_good)
 {
     /* Unprivileged processes may only ask for faults from user mode (the
      * events are delivered all the same). */
     int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
-    if (fd < 0)
+    if (fd < 0) {
+        *for_good = errno != EMFILE && errno != ENFILE && errno != ENOMEM;
         return -1;
+    }
     struct uffdio_api api = {.api = UFFD_API, .features = listen_features};
     if (ioctl(fd, UFFDIO_API, &api) != 0 || (api.features & listen_features) != listen_features) {
         close(fd);
+        *for_good = true;
         return -1;
     }
     return fd;
 }
 
-static void start_listening(void)
+/* listen_lock held: opens the userfaultfd and starts the monitor. */
+static int start_listening(void)
 {
-    rc.uffd = open_uffd();
+    bool for_good = false;
+    rc.uffd = open_uffd(&for_good);
     if (rc.uffd < 0)
-        return;
+        return for_good ? LISTEN_NEVER : LISTEN_NOT_YET;
     rc.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t thread;
-    if (rc.wake_fd >= 0 && pthread_create(&thread, &attr, monitor_main, NULL) == 0) {
-        rc.listening = true;
-    } else {
-        close(rc.uffd);
-        if (rc.wake_fd >= 0)
-            close(rc.wake_fd);
-        rc.uffd = rc.wake_fd = -1;
-    }
+    bool started = rc.wake_fd >= 0 && pm__thread_start(&thread, &attr, monitor_main, NULL) == 0;
     pthread_attr_destroy(&attr);
+    if (started)
+        return LISTEN_YES;
+    close(rc.uffd);
+    if (rc.wake_fd >= 0)
+        close(rc.wake_fd);
+    rc.uffd = rc.wake_fd = -1;
+    return LISTEN_NOT_YET; /* out of descriptors or threads for now */
 }
 
 bool pm__regcache_listening(void)
 {
-    pthread_once(&listen_once, start_listening);
-    return rc.listening;
+    int state = atomic_load_explicit(&listen_state, memory_order_acquire);
+    if (state != LISTEN_NOT_YET)
+        return state == LISTEN_YES;
+    pthread_mutex_lock(&listen_lock);
+    state = atomic_load_explicit(&listen_state, memory_order_relaxed);
+    if (state == LISTEN_NOT_YET) {
+        state = start_listening();
+        atomic_store_explicit(&listen_state, state, memory_order_release);
+    }
+    pthread_mutex_unlock(&listen_lock);
+    return state == LISTEN_YES;
 }
 
 /* lock held: dooms the least recently used idle entries until want more
@@ -237,14 +347,22 @@ static bool make_room_locked(size_t want, size_t max)
                 oldest = e;
         if (!oldest)
             return false;
-        doom_locked(oldest->lo, oldest->hi, false);
+        doom_range_locked(oldest->lo, oldest->hi);
     }
     return true;
 }
 
 /* Registers [lo, hi) with the driver, then with the userfaultfd (after: the
  * driver's pinning faults pages in from the kernel, which a userfaultfd in
- * user-mode-only mode would refuse). */
+ * user-mode-only mode would refuse).
+ *
+ * The userfaultfd watches for write-protect faults, which never come (no
+ * page is ever write-protected): the registration exists for its events.
+ * Missing-page faults are the fallback where the kernel cannot watch
+ * writes to the memory: then every fault on a missing page of the range,
+ * and of whatever a mapping grows by in place (mremap gives no event for
+ * that), goes through the monitor, and in user-mode-only mode a system
+ * call that writes into such a page fails with EFAULT. */
 static bool register_range(uintptr_t lo, uintptr_t hi)
 {
     if (pm__budget_take(hi - lo, "registration cache") != PM_SUCCESS)
@@ -255,8 +373,13 @@ static bool register_range(uintptr_t lo, uintptr_t hi)
         return false;
     }
     struct uffdio_register reg = {.range = {.start = lo, .len = hi - lo},
-                                  .mode = UFFDIO_REGISTER_MODE_MISSING};
-    if (ioctl(rc.uffd, UFFDIO_REGISTER, &reg) != 0) { /* not anonymous memory, say */
+                                  .mode = UFFDIO_REGISTER_MODE_WP};
+    bool watched = ioctl(rc.uffd, UFFDIO_REGISTER, &reg) == 0;
+    if (!watched) {
+        reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+        watched = ioctl(rc.uffd, UFFDIO_REGISTER, &reg) == 0;
+    }
+    if (!watched) { /* not anonymous memory, say */
         b->cache_unregister((void *)lo, hi - lo);
         pm__budget_give(hi - lo);
         return false;
@@ -286,7 +409,7 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         /* A smaller or shifted registration is in the way: replace it once
          * the monitor has undone it; until then this copy is staged. */
         if (!e->doomed && e->ready && e->refs == 0)
-            doom_locked(e->lo, e->hi, false);
+            doom_range_locked(e->lo, e->hi);
         blocked = true;
     }
     entry *fresh = NULL;
@@ -331,6 +454,8 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         atomic_fetch_sub(&rc.count, 1);
         free(fresh);
         fresh = NULL;
+        /* An invalidation may be waiting for this entry to go. */
+        pthread_cond_broadcast(&rc.undone);
     }
     pthread_mutex_unlock(&rc.lock);
     if (fresh)
@@ -367,14 +492,20 @@ void pm__regcache_invalidate(uintptr_t lo, uintptr_t hi, bool wait)
         return;
     pthread_mutex_lock(&rc.lock);
     read_events_locked();
-    doom_locked(lo, hi, false);
+    doom_range_locked(lo, hi);
     wake_monitor();
+    /* Until nothing overlaps: each entry goes when the monitor has undone
+     * it, or when its registration failed. An entry another copy added
+     * meanwhile is doomed in turn, or nothing would ever undo it. */
     for (bool pending = wait; pending;) {
         pending = false;
         for (entry *e = rc.entries; e && !pending; e = e->next)
             pending = e->lo < hi && lo < e->hi;
-        if (pending)
+        if (pending) {
             pthread_cond_wait(&rc.undone, &rc.lock);
+            doom_range_locked(lo, hi);
+            wake_monitor();
+        }
     }
     pthread_mutex_unlock(&rc.lock);
 }

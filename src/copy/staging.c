@@ -36,10 +36,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "../budget.h"
 #include "../clock.h"
 #include "../errors.h"
 #include "../instance.h"
+#include "../test_hooks.h"
+#include "../thread_start.h"
 #include "copy.h"
 #include "store_choice.h"
 
@@ -106,7 +110,7 @@ static struct {
     job *jobs;       /* active jobs with slices left to take */
     job *turn;       /* the job whose turn it is */
     pthread_t *threads;
-    unsigned n_threads;
+    unsigned n_threads, want_threads; /* running; asked for (a start that failed is retried) */
     unsigned htod_workers; /* the most fillers */
     unsigned fillers;      /* workers 0 .. fillers - 1 take host-to-device slices */
     unsigned dtoh_ahead;   /* the most pieces a device-to-host job queues ahead */
@@ -116,7 +120,14 @@ static struct {
     unsigned *queue; /* free buffers, oldest first */
     unsigned queue_head, queue_count;
     size_t chunk;
-    pm_mem_pool_t pool;
+    /* The ring's memory: one pinned range of n_buffers * chunk bytes. */
+    void *ring_base;
+    size_t ring_pin_len;
+    unsigned ring_tag;
+    /* The last ring planned (pm__staging_ring), and when a ring that could
+     * not be pinned may be tried again. */
+    pm__ring_plan plan;
+    unsigned long long retry_after_ns, pinned_at_refusal;
     /* Demoting stores or not, learnt from timed copies, and the filler count
      * steered for each kind (0: none yet), as each needs its own. */
     pm__store_choice store_choice;
@@ -515,13 +526,181 @@ static void free_ring(void)
             be->marker_synchronize(&eng.ring[i].mark);
         if (eng.ring[i].mark.handle)
             be->marker_release(&eng.ring[i].mark);
-        pm_mem_free(eng.ring[i].p);
+    }
+    if (eng.ring_base) {
+        be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
+        pm__budget_give(eng.ring_pin_len);
     }
     free(eng.ring);
     free(eng.queue);
     eng.ring = NULL;
     eng.queue = NULL;
+    eng.ring_base = NULL;
+    eng.ring_pin_len = 0;
     eng.n_buffers = eng.queue_count = eng.queue_head = 0;
+}
+
+/* The largest ring, whatever the settings ask (buffers of up to 256 MiB, up
+ * to 1024 of them): more than this pins memory for no copy's gain. */
+#define RING_MAX ((size_t)2 << 30)
+/* The smallest: two buffers (one filled while the other's DMA runs) of 64
+ * KiB. */
+#define RING_MIN_CHUNK ((size_t)64 << 10)
+enum { RING_MIN_BUFFERS = 2 };
+/* A ring takes at most this share of what the system's limit or the pinned
+ * budget lets the process still pin, so that the program's own pinned
+ * memory fits beside it. */
+enum { RING_SHARE = 4 };
+/* After a refusal, how long before a staged copy looks again (unless pinned
+ * memory was given back meanwhile): looking reads /proc. */
+#define RING_RETRY_NS 100000000ull
+
+static size_t page_floor(size_t n, size_t page) { return n / page * page; }
+
+static void size_text(size_t n, char *buf, size_t cap)
+{
+    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    unsigned u = 0;
+    while (n >= 1024 && n % 1024 == 0 && u < 4) {
+        n /= 1024;
+        u++;
+    }
+    snprintf(buf, cap, "%zu %s", n, units[u]);
+}
+
+/* The ring to pin for set now: as configured where it fits, else smaller
+ * (buffers halved down to the slice size, then fewer of them, then smaller
+ * again down to 64 KiB), else none, with the reason in note. Reads how
+ * much may still be pinned; pins nothing. */
+static pm__ring_plan plan_ring(const pm__copy_settings *set)
+{
+    pm__ring_plan p = {.buffers = set->buffers, .chunk = set->chunk_bytes, .fits = true};
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t room = pm__instance_backend()->pinnable_bytes();
+    const char *bound = "RLIMIT_MEMLOCK";
+    unsigned long long cap = pm__budget_cap(), pinned = pm__budget_pinned();
+    if (cap && cap - (pinned < cap ? pinned : cap) < room) {
+        room = (size_t)(cap - (pinned < cap ? pinned : cap));
+        bound = "the pinned budget";
+    }
+    size_t allow = room == SIZE_MAX ? SIZE_MAX : room / RING_SHARE;
+    if (allow > RING_MAX) {
+        allow = RING_MAX;
+        bound = NULL; /* the ring's own limit binds */
+    }
+    if ((size_t)p.buffers * p.chunk <= allow)
+        return p;
+    size_t floor = set->slice_bytes < p.chunk ? set->slice_bytes : p.chunk;
+    floor = floor > RING_MIN_CHUNK ? floor : RING_MIN_CHUNK;
+    while ((size_t)p.buffers * p.chunk > allow && page_floor(p.chunk / 2, page) >= floor)
+        p.chunk = page_floor(p.chunk / 2, page);
+    unsigned fewest = set->buffers < RING_MIN_BUFFERS ? set->buffers : RING_MIN_BUFFERS;
+    if ((size_t)p.buffers * p.chunk > allow)
+        p.buffers = allow / p.chunk > fewest ? (unsigned)(allow / p.chunk) : fewest;
+    while ((size_t)p.buffers * p.chunk > allow && page_floor(p.chunk / 2, page) >= RING_MIN_CHUNK)
+        p.chunk = page_floor(p.chunk / 2, page);
+    char want[32], left[32];
+    size_text(set->chunk_bytes, want, sizeof want);
+    size_text(room, left, sizeof left);
+    if ((size_t)p.buffers * p.chunk > allow) {
+        p.fits = false;
+        snprintf(p.note, sizeof p.note,
+                 "no staging ring: %s leaves %s to pin, and a ring takes at most a quarter; "
+                 "pageable copies take the backend's own path",
+                 bound, left);
+    } else if (!bound) {
+        snprintf(p.note, sizeof p.note,
+                 "smaller than the %u x %s configured: a ring pins at most 2 GiB", set->buffers,
+                 want);
+    } else {
+        snprintf(p.note, sizeof p.note,
+                 "smaller than the %u x %s configured: %s leaves %s to pin, and a ring takes "
+                 "at most a quarter",
+                 set->buffers, want, bound, left);
+    }
+    return p;
+}
+
+pm__ring_plan pm__staging_ring(const pm__copy_settings *set)
+{
+    pthread_mutex_lock(&eng.lock);
+    /* The ring pinned, or the last refusal until a copy tries again, or
+     * what a copy would pin now. */
+    pm__ring_plan p = eng.started || eng.retry_after_ns ? eng.plan : plan_ring(set);
+    p.pinned = eng.started;
+    pthread_mutex_unlock(&eng.lock);
+    return p;
+}
+
+/* lock held: pins the ring planned, or fails (nothing pinned, nothing
+ * touched where the plan says it cannot fit). */
+static pm_result pin_ring(const pm__copy_settings *set)
+{
+    unsigned long long now = pm__now_ns();
+    if (now < eng.retry_after_ns && pm__budget_pinned() >= eng.pinned_at_refusal)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
+    eng.plan = plan_ring(set);
+    pm_result r = PM_SUCCESS;
+    size_t bytes = (size_t)eng.plan.buffers * eng.plan.chunk;
+    if (!eng.plan.fits)
+        r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
+    else if (PM__TEST_FAULT(pm__fault_stage_pin))
+        r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning the staging ring failed (injected fault)");
+    else
+        r = pm__budget_take(bytes, "copy engine's staging ring");
+    if (r == PM_SUCCESS) {
+        const pm__backend *be = pm__instance_backend();
+        r = be->host_alloc(bytes, 0, &eng.ring_base, &eng.ring_pin_len, &eng.ring_tag);
+        if (r == PM_SUCCESS && eng.ring_pin_len != bytes) { /* the backend pinned more: count it */
+            pm_result more =
+                pm__budget_take(eng.ring_pin_len - bytes, "copy engine's staging ring");
+            if (more != PM_SUCCESS) {
+                be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
+                eng.ring_base = NULL;
+                r = more;
+            }
+        }
+        if (r != PM_SUCCESS)
+            pm__budget_give(bytes);
+    }
+    if (r != PM_SUCCESS) {
+        eng.ring_base = NULL;
+        eng.ring_pin_len = 0;
+        if (eng.plan.fits) /* the reason is the failure's */
+            snprintf(eng.plan.note, sizeof eng.plan.note,
+                     "no staging ring: %s; pageable copies take the backend's own path",
+                     pm_last_error_detail());
+        eng.plan.fits = false;
+        eng.retry_after_ns = now + RING_RETRY_NS;
+        eng.pinned_at_refusal = pm__budget_pinned();
+        return pm__fail(r, "%s", eng.plan.note);
+    }
+    eng.retry_after_ns = 0;
+    return PM_SUCCESS;
+}
+
+/* lock held: starts the workers that are missing (all of them as the engine
+ * starts; later, those whose start failed), up to the first failure, which
+ * the next staged copy tries again. Meanwhile copies work with fewer, or
+ * none: callers run their own slices. */
+static void start_workers_locked(void)
+{
+    if (!eng.threads)
+        eng.threads = calloc(eng.want_threads, sizeof *eng.threads);
+    while (eng.threads && eng.n_threads < eng.want_threads) {
+        unsigned i = eng.n_threads;
+        if (pm__thread_start(&eng.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0)
+            break;
+        eng.n_threads++;
+    }
+}
+
+unsigned pm__staging_threads(void)
+{
+    pthread_mutex_lock(&eng.lock);
+    unsigned n = eng.n_threads;
+    pthread_mutex_unlock(&eng.lock);
+    return n;
 }
 
 unsigned pm__staging_fillers(void)
@@ -544,47 +723,38 @@ void pm__staging_stop(void)
         pthread_join(eng.threads[i], NULL);
     free(eng.threads);
     eng.threads = NULL;
-    eng.n_threads = 0;
+    eng.n_threads = eng.want_threads = 0;
     free_ring();
     pthread_mutex_lock(&eng.lock);
     eng.stopping = false;
     eng.started = false;
+    eng.retry_after_ns = 0; /* a new shape of ring may fit where the old did not */
     pthread_mutex_unlock(&eng.lock);
 }
 
-/* The ring and the workers, made on the first staged copy. Pinning fewer
- * buffers than asked is fine (the budget may allow only some); none is a
- * failure the caller falls back from. lock held. */
+/* The ring and the workers, made on the first staged copy. The ring is
+ * pinned in one piece, as large as configured where the system's limit and
+ * the pinned budget leave room for it, else smaller (plan_ring); where none
+ * fits, the staged copy fails and the caller falls back to the backend's
+ * own path. lock held. */
 static pm_result start_locked(const pm__copy_settings *set)
 {
-    if (!eng.pool) {
-        pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-        pm_result r = pm_mem_pool_create(&eng.pool, &props);
-        if (r != PM_SUCCESS)
-            return r;
-    }
-    eng.ring = calloc(set->buffers, sizeof *eng.ring);
-    eng.queue = calloc(set->buffers, sizeof *eng.queue);
+    pm_result r = pin_ring(set);
+    if (r != PM_SUCCESS)
+        return r;
+    unsigned n = eng.plan.buffers;
+    eng.ring = calloc(n, sizeof *eng.ring);
+    eng.queue = calloc(n, sizeof *eng.queue);
     if (!eng.ring || !eng.queue) {
         free_ring();
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "copy engine: out of memory");
     }
-    pm_result r = PM_SUCCESS;
-    for (unsigned i = 0; i < set->buffers; i++) {
-        if (pm__copy_injected(&pm__copy_fail_stage_countdown))
-            r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning a staging buffer failed (injected fault)");
-        else
-            r = pm_mem_alloc_from_pool(&eng.ring[i].p, set->chunk_bytes, eng.pool);
-        if (r != PM_SUCCESS)
-            break;
+    for (unsigned i = 0; i < n; i++) {
+        eng.ring[i].p = (uint8_t *)eng.ring_base + (size_t)i * eng.plan.chunk;
         eng.queue[i] = i;
-        eng.n_buffers = eng.queue_count = i + 1;
     }
-    if (eng.n_buffers == 0) {
-        free_ring();
-        return r;
-    }
-    eng.chunk = set->chunk_bytes;
+    eng.n_buffers = eng.queue_count = n;
+    eng.chunk = eng.plan.chunk;
     /* Half the ring: measured on the H100 against none (bench/results), 256 MiB
      * and 1 GiB device-to-host copies gained 3-9 GB/s a pass on one machine;
      * the other half is left for other callers' copies. */
@@ -596,13 +766,8 @@ static pm_result start_locked(const pm__copy_settings *set)
     /* A new shape of engine learns afresh. */
     memset(&eng.store_choice, 0, sizeof eng.store_choice);
     memset(eng.fillers_of, 0, sizeof eng.fillers_of);
-    eng.threads = calloc(set->workers, sizeof *eng.threads);
-    for (unsigned i = 0; eng.threads && i < set->workers; i++) {
-        if (pthread_create(&eng.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0)
-            break;
-        eng.n_threads++;
-    }
-    /* No worker at all still works: callers run their own slices. */
+    eng.want_threads = set->workers;
+    start_workers_locked();
     eng.started = true;
     return PM_SUCCESS;
 }
@@ -686,6 +851,8 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
             *no_ring = true;
             return r;
         }
+    } else if (eng.n_threads < eng.want_threads) {
+        start_workers_locked();
     }
     /* After the engine's start, which would weigh on the first copy's time. */
     const unsigned long long t0 = pm__now_ns();

@@ -112,7 +112,7 @@ static pm_result commit(pm__pool *pool, pm__chunk *c, size_t g, size_t n)
                         "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
                         "%zu more needed",
                         pool->props.max_size, pool->reserved, len);
-    if (pool->fail_pin_countdown > 0 && --pool->fail_pin_countdown == 0)
+    if (PM__TEST_FAULT(pool->fail_pin_countdown))
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning pool memory failed (injected fault)");
     unsigned long long t0 = pm__now_ns();
     pm_result r = pm__budget_take(len, "memory pool");

@@ -8,6 +8,7 @@
 #include "../errors.h"
 #include "../handle_set.h"
 #include "../instance.h"
+#include "../versioned.h"
 #include "fast.h"
 
 /* Process-wide (part of the instance): live pools, for handle checks, stream
@@ -614,9 +615,9 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
 {
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
-    if (!stats || stats->struct_size < sizeof stats->struct_size)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_mem_pool_get_stats: stats is NULL or its struct_size is not set");
+    pm_result r0 = PM__STRUCT_SIZE_CHECK("pm_mem_pool_get_stats", stats);
+    if (r0 != PM_SUCCESS)
+        return r0;
     pm_pool_stats st = {.struct_size = sizeof st};
     if (handle) {
         pm_result r = check_pool(handle);
@@ -627,7 +628,7 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
         /* Pools are only torn down after leaving the set, which waits for this walk. */
         pm__handle_set_for_each(&live_pools, add_stats, &st);
     }
-    size_t n = stats->struct_size < sizeof st ? stats->struct_size : sizeof st;
+    size_t n = stats->struct_size;
     st.struct_size = n;
     memcpy(stats, &st, n);
     return PM_SUCCESS;

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../test_hooks.h"
 #include "classes.h"
 #include "ownership.h"
 #include "pinmem.h"
@@ -169,7 +170,9 @@ struct pm__pool {
     pm__span *spare_spans;      /* retired span structs, reused: never freed while the pool lives */
     void **graveyard;           /* chunk structs and arrays freed with the pool */
     size_t n_graveyard, cap_graveyard;
-    int fail_pin_countdown;     /* tests: the n-th commit of granules fails (0: never) */
+#ifdef PINMEM_TEST_HOOKS
+    pm__countdown fail_pin_countdown; /* the n-th commit of granules fails (0: never) */
+#endif
 };
 
 /* pages.c: chunks and the page allocator (pool->lock held). */

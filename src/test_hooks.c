@@ -1,0 +1,15 @@
+/* The fault points of test builds (test_hooks.h); not part of the shipped library. */
+#include "test_hooks.h"
+
+pm__countdown pm__fault_backend_copy;
+pm__countdown pm__fault_stage_pin;
+pm__countdown pm__fault_thread_start;
+
+bool pm__countdown_fires(pm__countdown *countdown)
+{
+    int left = atomic_load_explicit(countdown, memory_order_relaxed);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(countdown, &left, left - 1))
+            return left == 1;
+    return false;
+}

@@ -1,0 +1,27 @@
+/* Fault injection for the tests, one style everywhere: a countdown set to k
+ * makes the k-th pass through its point fail (0: never).
+ *
+ * The points exist only in test builds: CMake compiles a second copy of the
+ * library with PINMEM_TEST_HOOKS for the tests to link. In the shipped
+ * library PM__TEST_FAULT is the constant false and the countdowns do not
+ * exist. */
+#ifndef PINMEM_TEST_HOOKS_H
+#define PINMEM_TEST_HOOKS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+typedef _Atomic int pm__countdown;
+
+#ifdef PINMEM_TEST_HOOKS
+extern pm__countdown pm__fault_backend_copy; /* a copy call of the copy engine's to the backend */
+extern pm__countdown pm__fault_stage_pin;    /* pinning a staging buffer */
+extern pm__countdown pm__fault_thread_start; /* starting a thread of the library's own */
+/* Counts countdown down; true on the pass that takes it from 1 to 0. */
+bool pm__countdown_fires(pm__countdown *countdown);
+#define PM__TEST_FAULT(countdown) pm__countdown_fires(&(countdown))
+#else
+#define PM__TEST_FAULT(countdown) false
+#endif
+
+#endif
