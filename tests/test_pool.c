@@ -188,6 +188,31 @@ static void bad_input(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* pm_mem_free on memory pinmem pinned another way names the call that frees it. */
+static void free_of_other_memory(void)
+{
+    void *host = NULL;
+    REQUIRE_RESULT(pm_mem_host_alloc(&host, 4096, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(host), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_free_host") != NULL);
+    CHECK_RESULT(pm_mem_free((char *)host + 100), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_free_host") != NULL);
+    CHECK_RESULT(pm_mem_free_host(host), PM_SUCCESS);
+
+    static char area[3 * 4096] __attribute__((aligned(4096)));
+    REQUIRE_RESULT(pm_mem_host_register(area + 100, 5000, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(area + 100), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_host_unregister") != NULL);
+    CHECK_RESULT(pm_mem_free(area + 200), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_host_unregister") != NULL);
+    CHECK_RESULT(pm_mem_host_unregister(area + 100), PM_SUCCESS);
+
+    int local = 0;
+    CHECK_RESULT(pm_mem_free(&local), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "not pool memory") != NULL);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_free_host") == NULL);
+}
+
 /* No request is rounded up by more than 1/8; up to 512 bytes, to the next
  * multiple of 64. */
 static void rounding(void)
@@ -304,6 +329,7 @@ int main(void)
     destroy_with_live_allocation();
     pool_memory_queries();
     bad_input();
+    free_of_other_memory();
     rounding();
     numa_placement();
     stats();

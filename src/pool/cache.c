@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../errors.h"
+#include "../instance.h"
 #include "fast.h"
 
 /* Process-wide (part of the lazily created instance): spare caches, and the
@@ -342,6 +343,33 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
     return PM_SUCCESS;
 }
 
+/* pm_mem_free of memory outside every pool: when pinmem pinned it another
+ * way, the detail names the call that gives it back. */
+static pm_result not_pool_memory(void *p)
+{
+    pm_result ignored;
+    pm__range r;
+    pm__instance *inst = pm__instance_get(&ignored);
+    if (inst && (pm__ranges_find(inst->ranges, (uintptr_t)p, &r) ||
+                 pm__ranges_find_extent(inst->ranges, (uintptr_t)p, &r))) {
+        const char *where = r.base == (uintptr_t)p ? "is" : "lies inside";
+        if (r.kind == PM__RANGE_ALLOC)
+            return pm__fail(PM_ERROR_INVALID_VALUE,
+                            "pm_mem_free: %p is not pool memory: it %s a host allocation "
+                            "(pm_mem_host_alloc); free it with pm_mem_free_host(%p)",
+                            p, where, (void *)r.base);
+        if (r.kind == PM__RANGE_REGISTERED)
+            return pm__fail(PM_ERROR_INVALID_VALUE,
+                            "pm_mem_free: %p is not pool memory: it %s a registration "
+                            "(pm_mem_host_register); release it with pm_mem_host_unregister(%p)",
+                            p, where, (void *)r.base);
+    }
+    return pm__fail(PM_ERROR_INVALID_VALUE,
+                    "pm_mem_free: %p is not pool memory (pm_mem_free takes only what "
+                    "pm_mem_alloc_from_pool gave)",
+                    p);
+}
+
 /* The span and block index of a live pool allocation starting at p, with its
  * requested size taken (so a second free of p fails). */
 static pm_result claim_free(void *p, pm__span **out_span, _Atomic uint64_t **out_req,
@@ -350,7 +378,7 @@ static pm_result claim_free(void *p, pm__span **out_span, _Atomic uint64_t **out
     pm__chunk *chunk;
     pm__span *span = pm__span_of((uintptr_t)p, &chunk);
     if (!span)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not pool memory", p);
+        return not_pool_memory(p);
     uint8_t *base = chunk->base + span->first * PM__POOL_PAGE;
     size_t index = 0;
     if (span->kind == SPAN_RUN) {
