@@ -458,7 +458,9 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
     pool->requested -= (long long)bytes;
     pool->frees++;
     pool->live--;
+    bool finish = pm__pool_claim_finish(pool);
     pthread_mutex_unlock(&pool->lock);
-    pm__pool_maybe_finish(pool);
+    if (finish)
+        pm__pool_finish(pool);
     return PM_SUCCESS;
 }

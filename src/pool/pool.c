@@ -201,14 +201,15 @@ static void wait_pending(pm__pool *pool)
 
 static void teardown(pm__pool *pool)
 {
+    /* Threads' memos of this pool's runs (run_of) go stale before its chunks
+     * and spans go, so that none can match an address a new chunk takes. */
+    atomic_fetch_add(&pools_epoch, 1);
     pthread_mutex_lock(&pool->lock);
     wait_pending(pool);
     pm__pending_release_all(pool);
     pm__central_release_empty_runs(pool);
     pm__pages_release_all(pool);
     pthread_mutex_unlock(&pool->lock);
-    /* Threads' memos of this pool's runs (run_of) go stale before the spans go. */
-    atomic_fetch_add(&pools_epoch, 1);
     for (pm__span *s = pool->spare_spans, *next; s; s = next) {
         next = s->bin_next;
         free((void *)s->requested);
@@ -223,16 +224,15 @@ static void teardown(pm__pool *pool)
     free(pool);
 }
 
-void pm__pool_maybe_finish(pm__pool *pool)
+bool pm__pool_claim_finish(pm__pool *pool)
 {
-    pthread_mutex_lock(&pool->lock);
-    bool finish = pool->destroyed && pool->live == 0 && !pool->finishing;
-    if (finish)
-        pool->finishing = true;
-    pthread_mutex_unlock(&pool->lock);
-    if (finish)
-        teardown(pool);
+    if (!pool->destroyed || pool->destroying || pool->live != 0 || pool->finishing)
+        return false;
+    pool->finishing = true;
+    return true;
 }
+
+void pm__pool_finish(pm__pool *pool) { teardown(pool); }
 
 pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
 {
@@ -249,12 +249,19 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
         return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
     release_slot(pool);
     atomic_fetch_add(&pools_epoch, 1);
+    /* Until every thread cache is flushed, live counts only part of the
+     * blocks in use: no free may finish the pool before then. */
     pthread_mutex_lock(&pool->lock);
-    pool->destroyed = true;
+    pool->destroyed = pool->destroying = true;
     pthread_mutex_unlock(&pool->lock);
     pm__caches_flush_pool(pool, true);
-    /* Memory in use stays until its last free (pm__pool_maybe_finish). */
-    pm__pool_maybe_finish(pool);
+    /* Memory in use stays until its last free, which finishes the pool. */
+    pthread_mutex_lock(&pool->lock);
+    pool->destroying = false;
+    bool finish = pm__pool_claim_finish(pool);
+    pthread_mutex_unlock(&pool->lock);
+    if (finish)
+        pm__pool_finish(pool);
     return PM_SUCCESS;
 }
 

@@ -145,11 +145,12 @@ struct pm__pool {
     int numa_node;                 /* -1: anywhere */
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
     unsigned long long generation; /* tells a reused slot from its old pool */
-    bool destroyed;
-    bool finishing; /* a destroyed pool's last free is tearing it down */
     bool is_default;
+    /* guarded by lock (as everything below) */
+    bool destroyed;
+    bool destroying; /* the destroy is still flushing thread caches */
+    bool finishing;  /* claimed by whoever tears it down (pm__pool_claim_finish) */
 
-    /* guarded by lock */
     pm__chunk **chunks;
     size_t n_chunks, cap_chunks;
     pm__span *bins[PM__SPAN_BINS];
@@ -293,6 +294,12 @@ static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
                                 memory_order_acquire);
 }
 void pm__pool_note_high(pm__pool *pool); /* pool->lock held */
-void pm__pool_maybe_finish(pm__pool *pool); /* after a free into a destroyed pool */
+/* pool->lock held, after a free into a destroyed pool or its destroy: true
+ * when the pool is finished (destroyed, nothing live, its destroy done) and
+ * nobody else has claimed it; the caller then calls pm__pool_finish once the
+ * lock is released. Deciding under the lock that counted the last free down
+ * lets only one thread ever see the pool's end. */
+bool pm__pool_claim_finish(pm__pool *pool);
+void pm__pool_finish(pm__pool *pool);
 
 #endif
