@@ -3,9 +3,11 @@
  * pool, and a destroy that must not wait for streams' work. */
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -170,17 +172,129 @@ static void two_frees_into_destroyed_pool(void)
     CHECK(failures == 0);
 }
 
+/* ------------------------------------------ destroy never waits for streams */
+
+/* The stream's work waits for the gate, which the caller opens only after
+ * the pool call under test returns. Should that call wait for the work,
+ * this opens the gate after 3 s, so that the test ends. */
+static void *open_gate_if_stuck(void *arg)
+{
+    (void)arg;
+    double deadline = now() + 3;
+    while (!atomic_load(&gate_open) && now() < deadline)
+        usleep(1000);
+    atomic_store(&gate_open, 1);
+    return NULL;
+}
+
+/* Once the stream's work is done, the pool's memory goes back by itself. */
+static void check_released(unsigned long long locked_before)
+{
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    pm_get_capabilities(&caps);
+    if (!caps.pinning_limited_by_memlock_rlimit)
+        return; /* the driver's pinning does not show in VmLck */
+    double deadline = now() + 10;
+    while (locked_kib() > locked_before && now() < deadline)
+        usleep(1000);
+    CHECK(locked_kib() <= locked_before);
+}
+
+/* Blocks freed on a stream whose work waits for the gate: destroying the
+ * pool (cached blocks; a large one) or freeing its last block into it after
+ * the destroy returns at once, as cuMemPoolDestroy does. */
+static void destroy_does_not_wait(void)
+{
+    for (int last_free_after = 0; last_free_after <= 1; last_free_after++) {
+        unsigned long long locked_before = locked_kib();
+        pm_stream_t s = NULL;
+        REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+        pm_mem_pool_t pool = make_pool(4 * MiB);
+        REQUIRE(pool != NULL);
+        void *small = NULL, *large = NULL;
+        REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&small, 4096, pool, s), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&large, 2 * MiB, pool, s), PM_SUCCESS);
+        reset_gate();
+        REQUIRE_RESULT(pm_stream_launch_host_func(s, wait_gate, NULL), PM_SUCCESS);
+        pthread_t opener;
+        REQUIRE(pthread_create(&opener, NULL, open_gate_if_stuck, NULL) == 0);
+        double t0 = now();
+        if (last_free_after) {
+            CHECK_RESULT(pm_mem_free_async(small, s), PM_SUCCESS);
+            CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+            CHECK_RESULT(pm_mem_free_async(large, s), PM_SUCCESS); /* the last */
+        } else {
+            CHECK_RESULT(pm_mem_free_async(small, s), PM_SUCCESS);
+            CHECK_RESULT(pm_mem_free_async(large, s), PM_SUCCESS);
+            CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+        }
+        double took = now() - t0;
+        if (took >= 1.0)
+            fprintf(stderr, "%s waited %.2f s for the stream\n",
+                    last_free_after ? "the last pm_mem_free_async" : "pm_mem_pool_destroy", took);
+        CHECK(took < 1.0);
+        atomic_store(&gate_open, 1);
+        pthread_join(opener, NULL);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+        check_released(locked_before);
+    }
+}
+
+/* A process may end with a destroyed pool still waiting for a stream whose
+ * work never finishes: exit neither hangs nor crashes. Runs in a child
+ * started before this process uses pinmem. */
+static int exit_with_pool_waiting(void)
+{
+    pid_t child = fork();
+    if (child < 0)
+        return -1;
+    if (child == 0) {
+        pm_stream_t s = NULL;
+        pm_mem_pool_t pool = NULL;
+        pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}, .max_size = 4 * MiB};
+        void *p = NULL;
+        atomic_store(&gate_open, 0);
+        if (pm_stream_create(&s) != PM_SUCCESS || pm_mem_pool_create(&pool, &props) != PM_SUCCESS ||
+            pm_mem_alloc_from_pool(&p, 4096, pool) != PM_SUCCESS ||
+            pm_stream_launch_host_func(s, wait_gate, NULL) != PM_SUCCESS ||
+            pm_mem_free_async(p, s) != PM_SUCCESS || pm_mem_pool_destroy(pool) != PM_SUCCESS)
+            _exit(3);
+        exit(0); /* atexit handlers run; the stream's work still waits */
+    }
+    double deadline = now() + 20;
+    int status = 0;
+    pid_t done = 0;
+    while ((done = waitpid(child, &status, WNOHANG)) == 0 && now() < deadline)
+        usleep(10000);
+    if (done == 0) {
+        fprintf(stderr, "a process ending with a destroyed pool waiting did not end\n");
+        kill(child, SIGKILL);
+        waitpid(child, &status, 0);
+        return 0;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(stderr, "a process ending with a destroyed pool waiting: status 0x%x\n", status);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
 } cases[] = {
     {"racing_frees", destroy_racing_frees},
     {"two_frees", two_frees_into_destroyed_pool},
+    {"does_not_wait", destroy_does_not_wait},
 };
 
 /* With an argument, only the cases it names. */
 int main(int argc, char **argv)
 {
+    /* First, while this process has no threads and has not used pinmem. */
+    if (argc <= 1 || strstr(argv[1], "exit_waiting")) {
+        int ended = exit_with_pool_waiting();
+        CHECK(ended == 1);
+    }
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     printf("backend: %s\n", pm_backend_name());
     /* A pool torn down under a thread may leave it waiting on a freed lock. */

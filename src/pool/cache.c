@@ -292,7 +292,7 @@ static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, 
     return bin->n ? PM_SUCCESS : why;
 }
 
-pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
+static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
     if (bytesize > ((size_t)1 << 46))
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%zu bytes is more than a pool can hold", bytesize);
@@ -368,6 +368,15 @@ static pm_result not_pool_memory(void *p)
                     "pm_mem_free: %p is not pool memory (pm_mem_free takes only what "
                     "pm_mem_alloc_from_pool gave)",
                     p);
+}
+
+pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
+{
+    pm_result r = alloc_once(pool, pp, bytesize, async, s);
+    /* Destroyed pools waiting for the reaper may hold the memory it needs. */
+    if (r == PM_ERROR_OUT_OF_MEMORY && pm__retire_reap_here())
+        r = alloc_once(pool, pp, bytesize, async, s);
+    return r;
 }
 
 /* The span and block index of a live pool allocation starting at p, with its
@@ -461,6 +470,6 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
     bool finish = pm__pool_claim_finish(pool);
     pthread_mutex_unlock(&pool->lock);
     if (finish)
-        pm__pool_finish(pool);
+        pm__retire_finish(pool);
     return PM_SUCCESS;
 }

@@ -1,6 +1,5 @@
 /* pm_mem_pool_t: creation, handles, attributes, trim, statistics, and the
  * end of a destroyed pool once its last allocation is freed. */
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +163,7 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
     (void)inst;
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
+    pm__retire_poll();
     pm__pool *p = NULL;
     pm_result r = create(&p, props, false);
     if (r == PM_SUCCESS)
@@ -190,22 +190,13 @@ pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
     return PM_SUCCESS;
 }
 
-/* Waits for every pending stream free: only for a pool being torn down. */
-static void wait_pending(pm__pool *pool)
-{
-    const pm__backend *b = pm__pool_backend();
-    for (pm__pending *p = pool->pending; p; p = p->next)
-        while (!b->marker_done(&p->marker))
-            sched_yield();
-}
 
-static void teardown(pm__pool *pool)
+void pm__pool_teardown(pm__pool *pool)
 {
     /* Threads' memos of this pool's runs (run_of) go stale before its chunks
      * and spans go, so that none can match an address a new chunk takes. */
     atomic_fetch_add(&pools_epoch, 1);
     pthread_mutex_lock(&pool->lock);
-    wait_pending(pool);
     pm__pending_release_all(pool);
     pm__central_release_empty_runs(pool);
     pm__pages_release_all(pool);
@@ -231,8 +222,6 @@ bool pm__pool_claim_finish(pm__pool *pool)
     pool->finishing = true;
     return true;
 }
-
-void pm__pool_finish(pm__pool *pool) { teardown(pool); }
 
 pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
 {
@@ -261,7 +250,8 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
     bool finish = pm__pool_claim_finish(pool);
     pthread_mutex_unlock(&pool->lock);
     if (finish)
-        pm__pool_finish(pool);
+        pm__retire_finish(pool);
+    pm__retire_poll();
     return PM_SUCCESS;
 }
 
@@ -408,6 +398,7 @@ pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = (pm__pool *)handle;
+    pm__retire_poll();
     pm__caches_flush_pool(pool, false);
     pthread_mutex_lock(&pool->lock);
     release_down_to(pool, min_bytes_to_keep);
@@ -573,6 +564,7 @@ void pm__pools_after_sync(pm_stream_t s)
      * destroyed and torn down under it. That lock is the outermost: nothing
      * takes it while holding a cache's or a pool's lock. */
     pm__handle_set_for_each(&live_pools, settle_after_sync, (void *)s);
+    pm__retire_poll();
 }
 
 static void add_stats(void *handle, void *stats)

@@ -150,6 +150,7 @@ struct pm__pool {
     bool destroyed;
     bool destroying; /* the destroy is still flushing thread caches */
     bool finishing;  /* claimed by whoever tears it down (pm__pool_claim_finish) */
+    struct pm__pool *reap_next; /* in the reaper's list, under its lock (retire.c) */
 
     pm__chunk **chunks;
     size_t n_chunks, cap_chunks;
@@ -300,6 +301,17 @@ void pm__pool_note_high(pm__pool *pool); /* pool->lock held */
  * lock is released. Deciding under the lock that counted the last free down
  * lets only one thread ever see the pool's end. */
 bool pm__pool_claim_finish(pm__pool *pool);
-void pm__pool_finish(pm__pool *pool);
+/* Gives everything of a claimed pool back and frees it; its stream frees
+ * must be done. */
+void pm__pool_teardown(pm__pool *pool);
+
+/* retire.c: the end of a claimed pool, now or by the reaper. */
+void pm__retire_finish(pm__pool *pool);
+/* Starts the reaper again if its start failed, and meanwhile tears down
+ * here what no longer waits. Cheap when no pool waits. */
+void pm__retire_poll(void);
+/* Tears down here the waiting pools whose teardown no longer waits (for
+ * callers short of memory); whether there were any. */
+bool pm__retire_reap_here(void);
 
 #endif
