@@ -40,6 +40,7 @@
 #include "../clock.h"
 #include "../errors.h"
 #include "../instance.h"
+#include "../pool/pool.h"
 #include "copy.h"
 #include "store_choice.h"
 
@@ -559,7 +560,7 @@ static pm_result start_locked(const pm__copy_settings *set)
 {
     if (!eng.pool) {
         pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-        pm_result r = pm_mem_pool_create(&eng.pool, &props);
+        pm_result r = pm__pool_create_internal(&eng.pool, &props);
         if (r != PM_SUCCESS)
             return r;
     }

@@ -1,7 +1,8 @@
 /* Host memory pools: the structures behind pm_mem_pool_t.
  *
  * Locks, in the order they may be taken:
- *   0. live_pools's lock (pool.c): the set of live pools, held by walks over it
+ *   0. live_pools's lock (pool.c): the set of live pools, held by walks over
+ *      it; likewise the list of destroyed pools still in use (retire.c)
  *   1. a thread cache (its owner's entry, or anyone's taking it over)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
  *      of thread caches
@@ -146,11 +147,16 @@ struct pm__pool {
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
     unsigned long long generation; /* tells a reused slot from its old pool */
     bool is_default;
+    bool internal; /* the library's own: left out of statistics of all pools */
     /* guarded by lock (as everything below) */
     bool destroyed;
     bool destroying; /* the destroy is still flushing thread caches */
     bool finishing;  /* claimed by whoever tears it down (pm__pool_claim_finish) */
-    struct pm__pool *reap_next; /* in the reaper's list, under its lock (retire.c) */
+    /* retire.c, under its locks: in the list of destroyed pools still in
+     * use, and in the reaper's */
+    struct pm__pool *listed_prev, *listed_next;
+    bool listed;
+    struct pm__pool *reap_next;
 
     pm__chunk **chunks;
     size_t n_chunks, cap_chunks;
@@ -305,7 +311,14 @@ bool pm__pool_claim_finish(pm__pool *pool);
  * must be done. */
 void pm__pool_teardown(pm__pool *pool);
 
-/* retire.c: the end of a claimed pool, now or by the reaper. */
+/* retire.c */
+/* Lists a pool being destroyed until it is finished, so that statistics of
+ * all pools still count the memory its live allocations hold. */
+void pm__retire_list(pm__pool *pool);
+/* Calls visit on every listed pool, with the list's lock held (no pool
+ * lock may be held when calling this). */
+void pm__retire_for_each_listed(void (*visit)(void *pool, void *arg), void *arg);
+/* The end of a claimed pool: unlisted, then torn down now or by the reaper. */
 void pm__retire_finish(pm__pool *pool);
 /* Starts the reaper again if its start failed, and meanwhile tears down
  * here what no longer waits. Cheap when no pool waits. */

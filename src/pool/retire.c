@@ -16,8 +16,13 @@
  * reaper stops before its next teardown, and pools still waiting stay as
  * they are: the process gives their memory back as it ends.
  *
- * Lock order: reap_lock after pool locks are released; while holding it
- * only markers are asked about (pools here belong to nobody else). */
+ * Destroyed pools are listed from their destroy until they are finished,
+ * so that statistics of all pools (and PINMEM_STATS) count what their live
+ * allocations hold.
+ *
+ * Lock order: listed_lock before pool locks (walks visit pools under it);
+ * reap_lock only with no pool lock held, and while holding it only markers
+ * are asked about (pools waiting for the reaper belong to nobody else). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -26,6 +31,9 @@
 #include <unistd.h>
 
 #include "pool_internal.h"
+
+static pthread_mutex_t listed_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm__pool *listed; /* destroyed pools not yet finished; listed_lock */
 
 static pthread_mutex_t reap_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t reap_wake;
@@ -157,8 +165,45 @@ static void reap_later(pm__pool *pool)
     pthread_mutex_unlock(&reap_lock);
 }
 
+void pm__retire_list(pm__pool *pool)
+{
+    pthread_mutex_lock(&listed_lock);
+    pool->listed_prev = NULL;
+    pool->listed_next = listed;
+    if (listed)
+        listed->listed_prev = pool;
+    listed = pool;
+    pool->listed = true;
+    pthread_mutex_unlock(&listed_lock);
+}
+
+void pm__retire_for_each_listed(void (*visit)(void *pool, void *arg), void *arg)
+{
+    pthread_mutex_lock(&listed_lock);
+    for (pm__pool *pool = listed; pool; pool = pool->listed_next)
+        visit(pool, arg);
+    pthread_mutex_unlock(&listed_lock);
+}
+
+static void unlist(pm__pool *pool)
+{
+    pthread_mutex_lock(&listed_lock);
+    if (pool->listed) {
+        if (pool->listed_prev)
+            pool->listed_prev->listed_next = pool->listed_next;
+        else
+            listed = pool->listed_next;
+        if (pool->listed_next)
+            pool->listed_next->listed_prev = pool->listed_prev;
+        pool->listed = false;
+    }
+    pthread_mutex_unlock(&listed_lock);
+}
+
 void pm__retire_finish(pm__pool *pool)
 {
+    /* Waits out any walk over the listed pools; the next ones will not see it. */
+    unlist(pool);
     /* The pool is the caller's alone now; the lock orders what other
      * threads wrote into it before. */
     pthread_mutex_lock(&pool->lock);
