@@ -159,6 +159,79 @@ static void many_threads(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* USED_MEM_HIGH with the allocations made on other threads: four threads
+ * each hold 100 blocks of 10,000 bytes at once, then free them. The mark
+ * is never below what they held together, and above it by no more than
+ * their caches can hold (128 KiB a class); read while the threads still
+ * live, and after they ended. Threads that take turns leave it exact. */
+enum { holders = 4, held_blocks = 100, held_size = 10000 };
+static pthread_barrier_t holding, freed, leave;
+static pm_mem_pool_t held_pool;
+
+static void *hold_blocks(void *together)
+{
+    void *p[held_blocks] = {0};
+    int got = 0;
+    for (; got < held_blocks; got++)
+        if (pm_mem_alloc_from_pool(&p[got], held_size, held_pool) != PM_SUCCESS)
+            break;
+    CHECK(got == held_blocks);
+    if (together)
+        pthread_barrier_wait(&holding);
+    for (int i = 0; i < got; i++)
+        CHECK_RESULT(pm_mem_free(p[i]), PM_SUCCESS);
+    if (together) {
+        pthread_barrier_wait(&freed);
+        pthread_barrier_wait(&leave);
+    }
+    return NULL;
+}
+
+static void used_high_threads(void)
+{
+    const uint64_t block = rounded(held_size), each = held_blocks * block;
+    const uint64_t together = holders * each, slack = holders * (128u << 10);
+    held_pool = make_pool(0);
+    REQUIRE(held_pool != NULL);
+    pthread_barrier_init(&holding, NULL, holders);
+    pthread_barrier_init(&freed, NULL, holders + 1);
+    pthread_barrier_init(&leave, NULL, holders + 1);
+    pthread_t tids[holders];
+    for (int t = 0; t < holders; t++)
+        REQUIRE(pthread_create(&tids[t], NULL, hold_blocks, (void *)1) == 0);
+    pthread_barrier_wait(&freed);
+    uint64_t alive = pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH);
+    pthread_barrier_wait(&leave);
+    for (int t = 0; t < holders; t++)
+        pthread_join(tids[t], NULL);
+    uint64_t ended = pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH);
+    pm_pool_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_mem_pool_get_stats(held_pool, &st), PM_SUCCESS);
+    printf("USED_MEM_HIGH with %d threads holding %llu bytes together: %llu while they live, "
+           "%llu after\n",
+           holders, (unsigned long long)together, (unsigned long long)alive,
+           (unsigned long long)ended);
+    CHECK(alive >= together && alive <= together + slack);
+    CHECK(ended >= together && ended <= together + slack);
+    CHECK(st.used_high == ended && st.used == 0);
+    CHECK(pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+
+    /* One thread after another: each alone, so the mark is exact. */
+    uint64_t zero = 0;
+    CHECK_RESULT(pm_mem_pool_set_attribute(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &zero),
+                 PM_SUCCESS);
+    CHECK(pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH) == 0);
+    for (int t = 0; t < holders; t++) {
+        REQUIRE(pthread_create(&tids[t], NULL, hold_blocks, NULL) == 0);
+        pthread_join(tids[t], NULL);
+    }
+    CHECK(pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH) == each);
+    pthread_barrier_destroy(&holding);
+    pthread_barrier_destroy(&freed);
+    pthread_barrier_destroy(&leave);
+    CHECK_RESULT(pm_mem_pool_destroy(held_pool), PM_SUCCESS);
+}
+
 /* Pinning fails at the k-th commit of pool memory: a clean OUT_OF_MEMORY,
  * counters that add up, and everything given back. With the default release
  * threshold and with 0, whose pools give granules back as they go idle (and
@@ -210,6 +283,7 @@ int main(void)
     printf("backend: %s\n", pm_backend_name());
     single_thread();
     many_threads();
+    used_high_threads();
     fault_sweep();
     return check_finish("pool_model");
 }

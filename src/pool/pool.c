@@ -419,13 +419,13 @@ pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
     return PM_SUCCESS;
 }
 
-/* used now, counting what threads' caches have handed out; and the highest
- * value any cache saw. pool->lock held. */
+/* Used now: what the pool handed out less what threads' caches hold; and
+ * the highest use any attached cache saw. pool->lock held. */
 static unsigned long long used_now(pm__pool *pool, unsigned long long *cache_peak)
 {
-    long long used = atomic_load_explicit(&pool->used, memory_order_relaxed), peak = 0;
+    long long used = atomic_load_explicit(&pool->handed, memory_order_relaxed), peak = 0;
     for (pm__cache *c = pool->caches; c; c = c->pool_next) {
-        used += atomic_load_explicit(&c->used, memory_order_relaxed);
+        used -= atomic_load_explicit(&c->held, memory_order_relaxed);
         long long p = atomic_load_explicit(&c->used_peak, memory_order_relaxed);
         peak = p > peak ? p : peak;
     }
@@ -434,11 +434,25 @@ static unsigned long long used_now(pm__pool *pool, unsigned long long *cache_pea
     return used > 0 ? (unsigned long long)used : 0;
 }
 
-void pm__pool_note_high(pm__pool *pool)
+/* USED_MEM_HIGH. Use grows only when an allocation takes a block; each
+ * notes the pool's handed bytes less what its own thread's cache holds
+ * (here, or as its cache's used_peak). That is exact when one thread uses
+ * the pool. With several it may count blocks other threads' caches hold
+ * free as used, so the answer is never below the true use at any moment,
+ * and above it by at most what the caches held then; no allocation pays
+ * for a shared counter. */
+static unsigned long long used_high_now(pm__pool *pool)
 {
-    unsigned long long used = used_now(pool, NULL);
-    if (used > pool->used_high)
-        pool->used_high = used;
+    unsigned long long peaks = 0;
+    used_now(pool, &peaks);
+    return pool->used_high > peaks ? pool->used_high : peaks;
+}
+
+void pm__pool_note_high(pm__pool *pool, long long held)
+{
+    long long in_use = atomic_load_explicit(&pool->handed, memory_order_relaxed) - held;
+    if (in_use > 0 && (unsigned long long)in_use > pool->used_high)
+        pool->used_high = (unsigned long long)in_use;
 }
 
 static pm_result set_int_attr(int *field, void *value)
@@ -463,6 +477,9 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = (pm__pool *)handle;
+    bool reset_used_high = attr == PM_MEMPOOL_ATTR_USED_MEM_HIGH && *(uint64_t *)value == 0;
+    if (reset_used_high)
+        pm__caches_reset_peaks(pool); /* takes caches, so before the pool's lock */
     pthread_mutex_lock(&pool->lock);
     switch (attr) {
     case PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
@@ -486,8 +503,6 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
             pool->reserved_high = pool->reserved;
         } else {
             pool->used_high = used_now(pool, NULL);
-            for (pm__cache *c = pool->caches; c; c = c->pool_next)
-                atomic_store_explicit(&c->used_peak, 0, memory_order_relaxed);
         }
         break;
     default:
@@ -505,7 +520,7 @@ pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
         return r;
     pm__pool *pool = (pm__pool *)handle;
     pthread_mutex_lock(&pool->lock);
-    unsigned long long peaks = 0, used = used_now(pool, &peaks);
+    unsigned long long used = used_now(pool, NULL);
     switch (attr) {
     case PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
         *(int *)value = pool->reuse_follow_event_deps;
@@ -529,8 +544,7 @@ pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
         *(uint64_t *)value = used;
         break;
     case PM_MEMPOOL_ATTR_USED_MEM_HIGH:
-        pm__pool_note_high(pool);
-        *(uint64_t *)value = pool->used_high > peaks ? pool->used_high : peaks;
+        *(uint64_t *)value = used_high_now(pool);
         break;
     default:
         r = pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_get_attribute: no attribute %d", (int)attr);
@@ -585,8 +599,7 @@ static void add_stats(void *handle, void *stats)
     pm__pool *pool = handle;
     pm_pool_stats *st = stats;
     pthread_mutex_lock(&pool->lock);
-    unsigned long long peaks = 0;
-    st->used += used_now(pool, &peaks);
+    st->used += used_now(pool, NULL);
     long long requested = pool->requested, allocs = pool->allocs, frees = pool->frees,
               live = pool->live;
     for (pm__cache *c = pool->caches; c; c = c->pool_next) {
@@ -602,7 +615,7 @@ static void add_stats(void *handle, void *stats)
     st->live += live > 0 ? (unsigned long long)live : 0;
     st->reserved += pool->reserved;
     st->reserved_high += pool->reserved_high;
-    st->used_high += pool->used_high > peaks ? pool->used_high : peaks;
+    st->used_high += used_high_now(pool);
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;

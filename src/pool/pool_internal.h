@@ -130,10 +130,15 @@ typedef struct pm__cache {
      * synchronization can skip caches that hold nothing of it unentered */
     _Atomic(pm_stream_t) tag;
     _Atomic bool tagged;
+    /* bytes of the blocks in its bins (ready and tagged): handed out by the
+     * pool, not in use; only its holder writes it */
+    _Atomic long long held;
     /* counters since the cache was attached, folded into the pool on flush;
      * atomics because statistics read them without the lock */
-    _Atomic long long used, requested, allocs, frees; /* live = allocs - frees */
-    /* the highest pool-wide used this cache saw: the pool's own plus its */
+    _Atomic long long requested, allocs, frees; /* live = allocs - frees */
+    /* The highest use this cache's allocations saw: the pool's handed less
+     * its own held. That counts what other caches hold as used, so it is
+     * never below the true use at that moment, and exact with one cache. */
     _Atomic long long used_peak;
     struct pm__cache *pool_prev, *pool_next, *spare_next;
     pm__bin ready[PM__POOL_CLASSES];
@@ -165,11 +170,16 @@ struct pm__pool {
     pm__span *partial[PM__POOL_CLASSES];
     pm__pending *pending;
     pm__cache *caches;
-    unsigned long long reserved, reserved_high, used_high; /* reserved: committed bytes */
+    unsigned long long reserved, reserved_high; /* reserved: committed bytes */
+    /* the highest use seen on the slow paths and in flushed caches (the
+     * attribute adds the caches' used_peak) */
+    unsigned long long used_high;
     unsigned long long idle_bytes; /* committed bytes in granules with no page in use */
-    /* not counting caches' own; used is read by caches without the lock */
-    _Atomic long long used;
-    long long requested, allocs, frees, live;
+    /* Bytes of blocks out of the pool's runs, spans and pending batches: in
+     * use, or in thread caches. Used is handed less what caches hold.
+     * Written under the lock; caches read it without. */
+    _Atomic long long handed;
+    long long requested, allocs, frees, live; /* not counting caches' own */
     unsigned long long chunks_pinned, chunks_released, pin_ns;
     unsigned long long granules_pinned, granules_released, granules_moved;
     uint64_t release_threshold;
@@ -243,6 +253,8 @@ static inline pm__chunk *pm__chunk_map_get(uintptr_t addr)
 /* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
 void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result *why);
 void pm__central_free_block(pm__pool *pool, pm__span *run, void *block);
+/* A large allocation's span back to the pages. */
+void pm__central_free_large(pm__pool *pool, pm__span *span);
 /* Whether pm__central_alloc of bytesize (class cls) would be served without
  * pinning a new chunk. */
 bool pm__central_fits(pm__pool *pool, size_t bytesize, unsigned cls);
@@ -256,6 +268,8 @@ size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64
 /* cache.c: per-thread caches and the allocation paths. */
 /* Empties every cache of the pool into it; detach also unhooks them. */
 void pm__caches_flush_pool(pm__pool *pool, bool detach);
+/* Forgets the highest use each cache of the pool saw (USED_MEM_HIGH reset). */
+void pm__caches_reset_peaks(pm__pool *pool);
 /* Moves blocks freed on s out of every cache of the pool into pending. */
 void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s);
 pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s);
@@ -300,7 +314,22 @@ static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
     return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
                                 memory_order_acquire);
 }
-void pm__pool_note_high(pm__pool *pool); /* pool->lock held */
+/* pool->lock held, after an allocation on the slow path by a thread whose
+ * cache for the pool holds held bytes (0: none). */
+void pm__pool_note_high(pm__pool *pool, long long held);
+/* pool->lock held: bytes handed out; a free block going back, or coming out
+ * of, the pool's runs, spans or pending batches. */
+static inline void pm__pool_handed_add(pm__pool *pool, long long bytes)
+{
+    atomic_store_explicit(&pool->handed,
+                          atomic_load_explicit(&pool->handed, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+}
+/* The bytes a block of span (a run's block, or a large span) counts for. */
+static inline size_t pm__block_bytes(const pm__span *span)
+{
+    return span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
+}
 /* pool->lock held, after a free into a destroyed pool or its destroy: true
  * when the pool is finished (destroyed, nothing live, its destroy done) and
  * nobody else has claimed it; the caller then calls pm__pool_finish once the
