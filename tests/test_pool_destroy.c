@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pool/pool_internal.h"
 #include "pool_util.h"
 #include "stream_util.h"
 
@@ -241,6 +242,43 @@ static void destroy_does_not_wait(void)
     }
 }
 
+/* The reaper cannot be started (once; always): a destroy still returns at
+ * once, and the memory still goes back, by the reaper started at the next
+ * synchronization or, failing that, by the synchronization itself. */
+static void reaper_start_fails(void)
+{
+    for (int fail_always = 0; fail_always <= 1; fail_always++) {
+        unsigned long long locked_before = locked_kib();
+        pm_stream_t s = NULL;
+        REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+        pm_mem_pool_t pool = make_pool(4 * MiB);
+        REQUIRE(pool != NULL);
+        void *p = NULL;
+        REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 2 * MiB, pool), PM_SUCCESS);
+        reset_gate();
+        REQUIRE_RESULT(pm_stream_launch_host_func(s, wait_gate, NULL), PM_SUCCESS);
+        pthread_t opener;
+        REQUIRE(pthread_create(&opener, NULL, open_gate_if_stuck, NULL) == 0);
+        pm__retire_fail_starts = fail_always ? 1000000 : 1;
+        double t0 = now();
+        CHECK_RESULT(pm_mem_free_async(p, s), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+        CHECK(now() - t0 < 1.0);
+        atomic_store(&gate_open, 1);
+        pthread_join(opener, NULL);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        if (fail_always) { /* given back by the synchronization */
+            pm_capabilities caps = {.struct_size = sizeof caps};
+            pm_get_capabilities(&caps);
+            if (caps.pinning_limited_by_memlock_rlimit)
+                CHECK(locked_kib() <= locked_before);
+        }
+        check_released(locked_before);
+        pm__retire_fail_starts = 0;
+        CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    }
+}
+
 /* A process may end with a destroyed pool still waiting for a stream whose
  * work never finishes: exit neither hangs nor crashes. Runs in a child
  * started before this process uses pinmem. */
@@ -285,6 +323,7 @@ static const struct {
     {"racing_frees", destroy_racing_frees},
     {"two_frees", two_frees_into_destroyed_pool},
     {"does_not_wait", destroy_does_not_wait},
+    {"reaper_start_fails", reaper_start_fails},
 };
 
 /* With an argument, only the cases it names. */

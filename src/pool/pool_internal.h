@@ -359,5 +359,7 @@ void pm__retire_poll(void);
 /* Tears down here the waiting pools whose teardown no longer waits (for
  * callers short of memory); whether there were any. */
 bool pm__retire_reap_here(void);
+/* Tests: this many of the next reaper starts fail (set before any starts). */
+extern int pm__retire_fail_starts;
 
 #endif

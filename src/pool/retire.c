@@ -43,6 +43,7 @@ static bool reaper_running;  /* reap_lock */
 static pid_t reaper_pid;     /* the process the reaper runs in (a fork's child has none) */
 static bool exiting;         /* reap_lock */
 static _Atomic int waiting;  /* pools in reap_list, read without the lock */
+int pm__retire_fail_starts;  /* reap_lock */
 
 /* Every stream free of the pool's is done. */
 static bool markers_done(pm__pool *pool)
@@ -143,7 +144,11 @@ static bool reaper_alive_locked(void)
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_t thread;
-    reaper_running = pthread_create(&thread, &attr, reaper_main, NULL) == 0;
+    reaper_running = false;
+    if (pm__retire_fail_starts > 0)
+        pm__retire_fail_starts--;
+    else
+        reaper_running = pthread_create(&thread, &attr, reaper_main, NULL) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
     if (reaper_running)
