@@ -27,9 +27,9 @@ static const size_t MiB = 1u << 20;
 #endif
 #endif
 #ifdef UNDER_TSAN
-enum { racing_rounds = 150, pair_rounds = 2000 };
+enum { racing_rounds = 150, pair_rounds = 1000 };
 #else
-enum { racing_rounds = 1000, pair_rounds = 4000 };
+enum { racing_rounds = 600, pair_rounds = 3000 };
 #endif
 
 static double now(void)
