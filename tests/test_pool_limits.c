@@ -73,8 +73,8 @@ static void small_allocations_fit(void)
             REQUIRE(pool[made] != NULL);
             uint64_t zero = 0;
             if (threshold_zero)
-                CHECK_RESULT(pm_mem_pool_set_attribute(pool[made], PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                                       &zero),
+                CHECK_RESULT(pm_mem_pool_set_attribute(pool[made],
+                                                       PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero),
                              PM_SUCCESS);
             pm_result r = pm_mem_alloc_from_pool(&p[made], 100, pool[made]);
             CHECK_RESULT(r, PM_SUCCESS);

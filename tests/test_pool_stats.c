@@ -91,7 +91,8 @@ static int exit_stats_count_destroyed(void)
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && strstr(out, "\"live\":1,") &&
              strstr(out, "\"used\":1024,");
     if (!ok)
-        fprintf(stderr, "PINMEM_STATS with a destroyed pool in use (status 0x%x): %s\n", status, out);
+        fprintf(stderr, "PINMEM_STATS with a destroyed pool in use (status 0x%x): %s\n", status,
+                out);
     return ok;
 }
 

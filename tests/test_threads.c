@@ -136,7 +136,8 @@ int main(void)
         workers[t].rng = 0x9E3779B97F4A7C15ull * (uint64_t)(t + 1);
         workers[t].reg_area = mmap(NULL, slots * reg_pages * page, PROT_READ | PROT_WRITE,
                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (workers[t].reg_area == MAP_FAILED || pthread_create(&tids[t], NULL, run, &workers[t]) != 0) {
+        if (workers[t].reg_area == MAP_FAILED ||
+            pthread_create(&tids[t], NULL, run, &workers[t]) != 0) {
             CHECK(!"a worker could not be set up");
             return check_finish("threads"); /* the threads started end at the deadline */
         }

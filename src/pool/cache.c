@@ -92,9 +92,9 @@ static void flush_locked(pm__pool *pool, pm__cache *c)
     pool->allocs += load(&c->allocs);
     pool->frees += load(&c->frees);
     pool->live += load(&c->allocs) - load(&c->frees);
-    unsigned long long peak = (unsigned long long)load(&c->used_peak);
-    if (load(&c->used_peak) > 0 && peak > pool->used_high)
-        pool->used_high = peak;
+    long long peak = load(&c->used_peak);
+    if (peak > 0 && (unsigned long long)peak > pool->used_high)
+        pool->used_high = (unsigned long long)peak;
     atomic_store(&c->held, 0); /* every bin is empty */
     atomic_store(&c->requested, 0);
     atomic_store(&c->allocs, 0);

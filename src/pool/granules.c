@@ -22,7 +22,8 @@ static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__
 
 size_t pm__granule_to_fit(size_t granule, size_t pinnable)
 {
-    if (granule == 0 || pinnable == SIZE_MAX || !pm__pool_backend()->caps.pinning_limited_by_memlock_rlimit)
+    if (granule == 0 || pinnable == SIZE_MAX ||
+        !pm__pool_backend()->caps.pinning_limited_by_memlock_rlimit)
         return granule;
     while (granule > PM__POOL_PAGE && granule > pinnable / 4)
         granule /= 2;

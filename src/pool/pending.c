@@ -27,7 +27,8 @@ pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n
     memcpy(copy, blocks, n * sizeof *copy);
     for (size_t i = 0; i < n; i++) { /* free now, though not yet reusable */
         pm__chunk *chunk;
-        pm__pool_handed_add(pool, -(long long)pm__block_bytes(pm__span_of((uintptr_t)blocks[i], &chunk)));
+        pm__span *span = pm__span_of((uintptr_t)blocks[i], &chunk);
+        pm__pool_handed_add(pool, -(long long)pm__block_bytes(span));
     }
     p->stream = s;
     p->id_known = pm__pool_backend()->stream_id(s, &p->stream_id) == PM_SUCCESS;

@@ -1,5 +1,6 @@
 /* pm_mem_pool_t: creation, handles, attributes, trim, statistics, and the
- * end of a destroyed pool once its last allocation is freed. */
+ * teardown of a destroyed pool once its last allocation is freed (when and
+ * where: retire.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,7 +201,6 @@ pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
     *pool = (pm_mem_pool_t)default_pool;
     return PM_SUCCESS;
 }
-
 
 void pm__pool_teardown(pm__pool *pool)
 {
