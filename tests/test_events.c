@@ -199,7 +199,8 @@ static void *race(void *arg)
         }
         CHECK_RESULT(r, PM_SUCCESS);
         use *u = malloc(sizeof *u);
-        *u = (use){p, size / 4, (me->id << 24) | (i & 0xFFFFFF), (unsigned)((rng >> 45) % 200)};
+        *u = (use){p, size / 4, (me->id << 24) | (i & 0xFFFFFF), (unsigned)((rng >> 45) % 200),
+                   .stride = 64};
         CHECK_RESULT(pm_stream_launch_host_func(me->stream, fill, u), PM_SUCCESS);
         CHECK_RESULT(pm_stream_launch_host_func(me->stream, verify_and_release, u), PM_SUCCESS);
         CHECK_RESULT(pm_mem_free_async(p, me->stream), PM_SUCCESS);
