@@ -32,6 +32,7 @@
 
 #include "pool_internal.h"
 
+/* Process-wide (part of the lazily created instance). */
 static pthread_mutex_t listed_lock = PTHREAD_MUTEX_INITIALIZER;
 static pm__pool *listed; /* destroyed pools not yet finished; listed_lock */
 
