@@ -50,9 +50,9 @@ static void capture(void)
 {
     pm_stream_t a = NULL, b = NULL;
     pm_event_t e = NULL;
-    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
-    CHECK_RESULT(pm_event_create(&e), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
     CHECK_RESULT(pm_event_query(e), PM_SUCCESS);
     CHECK_RESULT(pm_event_synchronize(e), PM_SUCCESS);
     CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS); /* nothing to wait for */
@@ -96,6 +96,7 @@ static void follow(scenario sc, int follow_on, size_t size)
 {
     const size_t max = (size_t)32 << 20;
     pm_mem_pool_t pool = make_pool(max);
+    REQUIRE(pool != NULL);
     int off = 0;
     CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
                                            &off),
@@ -105,15 +106,15 @@ static void follow(scenario sc, int follow_on, size_t size)
                  PM_SUCCESS);
     pm_stream_t a = NULL, b = NULL, c = NULL;
     pm_event_t e = NULL, f = NULL;
-    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_create(&c), PM_SUCCESS);
-    CHECK_RESULT(pm_event_create(&e), PM_SUCCESS);
-    CHECK_RESULT(pm_event_create(&f), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&c), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&f), PM_SUCCESS);
     void *p = NULL, *filler = NULL, *q = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, size, pool, a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&p, size, pool, a), PM_SUCCESS);
     size_t room = max - pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&filler, room, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&filler, room, pool), PM_SUCCESS);
     reset_gate();
     CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
     CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
@@ -134,6 +135,11 @@ static void follow(scenario sc, int follow_on, size_t size)
     if (reuse) {
         CHECK_RESULT(r, PM_SUCCESS);
         CHECK(q == p);
+        if (r != PM_SUCCESS) {
+            atomic_store(&gate_open, 1); /* lets a's work end before the case does */
+            CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+            return;
+        }
         /* b's work after the allocation still runs after a's work before the free. */
         CHECK_RESULT(pm_stream_launch_host_func(b, look_for_a, NULL), PM_SUCCESS);
         usleep(20000);
@@ -193,7 +199,8 @@ static void *race(void *arg)
         }
         CHECK_RESULT(r, PM_SUCCESS);
         use *u = malloc(sizeof *u);
-        *u = (use){p, size / 4, (me->id << 24) | (i & 0xFFFFFF), (unsigned)((rng >> 45) % 200)};
+        *u = (use){p, size / 4, (me->id << 24) | (i & 0xFFFFFF), (unsigned)((rng >> 45) % 200),
+                   .stride = 64};
         CHECK_RESULT(pm_stream_launch_host_func(me->stream, fill, u), PM_SUCCESS);
         CHECK_RESULT(pm_stream_launch_host_func(me->stream, verify_and_release, u), PM_SUCCESS);
         CHECK_RESULT(pm_mem_free_async(p, me->stream), PM_SUCCESS);
@@ -207,7 +214,9 @@ static void *race(void *arg)
 
 static void event_race(void)
 {
+    NEED_PINNABLE((size_t)64 << 20); /* a pool of 32 MiB, full */
     pm_mem_pool_t pool = make_pool((size_t)32 << 20);
+    REQUIRE(pool != NULL);
     int off = 0;
     CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
                                            &off),
@@ -216,13 +225,15 @@ static void event_race(void)
     pthread_t tids[racers];
     for (uint32_t t = 0; t < racers; t++) {
         rs[t] = (racer){pool, NULL, t};
-        CHECK_RESULT(pm_stream_create(&rs[t].stream), PM_SUCCESS);
-        CHECK_RESULT(pm_event_create(&race_events[t]), PM_SUCCESS);
+        REQUIRE_RESULT(pm_stream_create(&rs[t].stream), PM_SUCCESS);
+        REQUIRE_RESULT(pm_event_create(&race_events[t]), PM_SUCCESS);
     }
-    for (uint32_t t = 0; t < racers; t++)
-        pthread_create(&tids[t], NULL, race, &rs[t]);
-    for (int t = 0; t < racers; t++)
+    uint32_t started = 0;
+    while (started < racers && pthread_create(&tids[started], NULL, race, &rs[started]) == 0)
+        started++;
+    for (uint32_t t = 0; t < started; t++)
         pthread_join(tids[t], NULL);
+    CHECK(started == racers);
     for (int t = 0; t < racers; t++) {
         CHECK_RESULT(pm_stream_destroy(rs[t].stream), PM_SUCCESS);
         CHECK_RESULT(pm_event_destroy(race_events[t]), PM_SUCCESS);
@@ -234,12 +245,9 @@ static void event_race(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
-int main(void)
+static void follow_scenarios(void)
 {
-    CHECK_RESULT(pm_init(0), PM_SUCCESS);
-    printf("backend: %s\n", pm_backend_name());
-    bad_arguments();
-    capture();
+    NEED_PINNABLE((size_t)64 << 20); /* pools of 32 MiB, full */
     static const size_t sizes[] = {(size_t)1 << 20, (size_t)8 << 20}; /* cached, large */
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         for (int on = 1; on >= 0; on--) {
@@ -249,6 +257,15 @@ int main(void)
         follow(RECORD_THEN_FREE, 1, sizes[i]);
         follow(NO_WAIT, 1, sizes[i]);
     }
+}
+
+int main(void)
+{
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    printf("backend: %s\n", pm_backend_name());
+    bad_arguments();
+    capture();
+    follow_scenarios();
     event_race();
     return check_finish("events");
 }

@@ -37,11 +37,13 @@ static void creation_rows(void)
 
 static void size_rows(void)
 {
+    NEED_PINNABLE(128 * MiB);
     pm_mem_pool_t pool = make_pool(64 * MiB);
+    REQUIRE(pool != NULL);
     void *a = NULL, *b = NULL, *z = (void *)1;
     CHECK_RESULT(pm_mem_alloc_from_pool(&z, 0, pool), PM_SUCCESS);
     CHECK(z == NULL);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 40 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&a, 40 * MiB, pool), PM_SUCCESS);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 64 * MiB);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 40 * MiB);
     CHECK_RESULT(pm_mem_alloc_from_pool(&b, 40 * MiB, pool), PM_ERROR_OUT_OF_MEMORY);
@@ -55,7 +57,9 @@ static void size_rows(void)
 
 static void attribute_rows(void)
 {
+    NEED_PINNABLE(64 * MiB); /* the first chunk, pinned whole */
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD) == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD);
     int on = -1;
     for (int a = PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES;
@@ -68,7 +72,7 @@ static void attribute_rows(void)
         CHECK(on == 0);
     }
     void *p = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 3 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 3 * MiB, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
     uint64_t v = 5;
     CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &v),
@@ -99,10 +103,12 @@ static void attribute_rows(void)
 
 static void destroy_with_live_allocation(void)
 {
+    NEED_PINNABLE(64 * MiB); /* the first chunk, pinned whole */
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     void *small = NULL, *large = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&large, 5 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&large, 5 * MiB, pool), PM_SUCCESS);
     unsigned long long before = locked_kib();
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_ERROR_INVALID_VALUE);
@@ -123,10 +129,11 @@ static void destroy_with_live_allocation(void)
 static void pool_memory_queries(void)
 {
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     static const size_t sizes[] = {64, 100, 4096, 70000, MiB, 3 * MiB + 5};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         uint8_t *p = NULL;
-        CHECK_RESULT(pm_mem_alloc_from_pool((void **)&p, sizes[i], pool), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool((void **)&p, sizes[i], pool), PM_SUCCESS);
         uint8_t *q = p + sizes[i] - 1;
         unsigned f = 0;
         CHECK_RESULT(pm_mem_host_get_flags(&f, q), PM_SUCCESS);
@@ -156,6 +163,7 @@ static void pool_memory_queries(void)
 static void bad_input(void)
 {
     pm_mem_pool_t pool = make_pool(0), bogus = (pm_mem_pool_t)(uintptr_t)0x1234;
+    REQUIRE(pool != NULL);
     void *p = NULL;
     CHECK_RESULT(pm_mem_alloc_from_pool(NULL, 64, pool), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_alloc_from_pool(&p, 64, NULL), PM_ERROR_INVALID_VALUE);
@@ -167,7 +175,7 @@ static void bad_input(void)
     CHECK_RESULT(pm_mem_free(&local), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_free(NULL), PM_SUCCESS);
     void *host = NULL;
-    CHECK_RESULT(pm_mem_alloc_host(&host, 4096), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_host(&host, 4096), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(host), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_free_host(host), PM_SUCCESS);
     pm_mem_pool_t def = NULL, def2 = NULL;
@@ -176,7 +184,7 @@ static void bad_input(void)
     CHECK(def == def2 && def != NULL);
     CHECK_RESULT(pm_mem_get_default_pool(NULL), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_pool_destroy(def), PM_ERROR_INVALID_VALUE);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 100, def), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 100, def), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
     pm_pool_stats st = {0};
     CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_ERROR_INVALID_VALUE);
@@ -188,25 +196,59 @@ static void bad_input(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* pm_mem_free on memory pinmem pinned another way names the call that frees it. */
+static void free_of_other_memory(void)
+{
+    void *host = NULL;
+    REQUIRE_RESULT(pm_mem_host_alloc(&host, 4096, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(host), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_free_host") != NULL);
+    CHECK_RESULT(pm_mem_free((char *)host + 100), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_free_host") != NULL);
+    CHECK_RESULT(pm_mem_free_host(host), PM_SUCCESS);
+
+    static char area[3 * 4096] __attribute__((aligned(4096)));
+    REQUIRE_RESULT(pm_mem_host_register(area + 100, 5000, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(area + 100), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_host_unregister") != NULL);
+    CHECK_RESULT(pm_mem_free(area + 200), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_host_unregister") != NULL);
+    CHECK_RESULT(pm_mem_host_unregister(area + 100), PM_SUCCESS);
+
+    int local = 0;
+    CHECK_RESULT(pm_mem_free(&local), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "not pool memory") != NULL);
+    CHECK(strstr(pm_last_error_detail(), "pm_mem_free_host") == NULL);
+}
+
 /* No request is rounded up by more than 1/8; up to 512 bytes, to the next
  * multiple of 64. */
 static void rounding(void)
 {
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
+    /* Under a memlock limit, only the sizes that fit in a quarter of it, and
+     * trimmed after each (thread caches keep up to 128 KiB of every class). */
+    const size_t largest = pinnable() / 4;
+    const bool limited = pinnable() != SIZE_MAX;
     uint64_t rng = 42;
     for (int i = 0; i < 3000; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         unsigned shift = (unsigned)(rng >> 59) % 26; /* 1 B to 64 MiB */
         size_t n = 1 + (size_t)((rng >> 20) % ((size_t)1 << (shift + 1)));
+        if (n > largest)
+            continue;
         uint64_t before = pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT);
         void *p = NULL;
-        CHECK_RESULT(pm_mem_alloc_from_pool(&p, n, pool), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, n, pool), PM_SUCCESS);
         uint64_t grew = pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) - before;
         uint64_t allowed = n <= 512 ? (n + 63) / 64 * 64 : n + n / 8;
         if (grew < n || grew > allowed)
             fprintf(stderr, "request %zu used %llu\n", n, (unsigned long long)grew);
         CHECK(grew >= n && grew <= allowed);
         CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+        if (limited)
+            CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS);
     }
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
@@ -215,11 +257,12 @@ static void rounding(void)
  * where each page is). */
 static void numa_placement(void)
 {
+    NEED_PINNABLE(16 * MiB);
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST_NUMA, 0}};
     pm_mem_pool_t pool = NULL;
-    CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
     uint8_t *p = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool((void **)&p, 8 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool((void **)&p, 8 * MiB, pool), PM_SUCCESS);
     void *pages[4] = {p, p + 2 * MiB, p + 4 * MiB, p + 8 * MiB - 1};
     int status[4] = {-1, -1, -1, -1};
     long rc = syscall(SYS_move_pages, 0, 4, pages, NULL, status, 0);
@@ -237,10 +280,12 @@ static void numa_placement(void)
 
 static void stats(void)
 {
+    NEED_PINNABLE(64 * MiB); /* the first chunk, pinned whole */
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     void *a = NULL, *b = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 100, pool), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&b, 2 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&a, 100, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&b, 2 * MiB, pool), PM_SUCCESS);
     pm_pool_stats st = {.struct_size = sizeof st};
     CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
     CHECK(st.requested == 100 + 2 * MiB && st.used == 128 + 2 * MiB && st.live == 2);
@@ -273,12 +318,13 @@ static void stats(void)
 static void stale_run_memo(void)
 {
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     void *keep = NULL, *small = NULL, *big = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&keep, MiB, pool), PM_SUCCESS); /* keeps the chunk */
-    CHECK_RESULT(pm_mem_alloc_from_pool(&small, 64, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&keep, MiB, pool), PM_SUCCESS); /* keeps the chunk */
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&small, 64, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(small), PM_SUCCESS); /* the memo: small's run */
     CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS); /* the run goes back */
-    CHECK_RESULT(pm_mem_alloc_from_pool(&big, 2 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&big, 2 * MiB, pool), PM_SUCCESS);
     /* the lowest free pages, where the run was */
     CHECK((uintptr_t)small - (uintptr_t)big < 2 * MiB);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 3 * MiB);
@@ -286,7 +332,7 @@ static void stale_run_memo(void)
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == MiB);
     CHECK_RESULT(pm_mem_free(big), PM_ERROR_INVALID_VALUE);
     void *again = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&again, 64, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&again, 64, pool), PM_SUCCESS);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == MiB + 64);
     CHECK_RESULT(pm_mem_free(again), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(keep), PM_SUCCESS);
@@ -304,6 +350,7 @@ int main(void)
     destroy_with_live_allocation();
     pool_memory_queries();
     bad_input();
+    free_of_other_memory();
     rounding();
     numa_placement();
     stats();

@@ -36,8 +36,9 @@ static pm_mem_pool_t granule_pool(size_t max_size)
 {
     pm_mem_pool_t pool = make_pool(max_size);
     uint64_t high = UINT64_MAX - 1;
-    CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &high),
-                 PM_SUCCESS);
+    if (pool)
+        CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &high),
+                     PM_SUCCESS);
     return pool;
 }
 
@@ -45,10 +46,12 @@ static pm_mem_pool_t granule_pool(size_t max_size)
  * big one is freed, trim gives back every granule but the small block's. */
 static void trim_gives_back_holes(void)
 {
+    NEED_PINNABLE(64 * MiB); /* the first chunk, pinned whole */
     pm_mem_pool_t pool = granule_pool(0);
+    REQUIRE(pool != NULL);
     void *big = NULL, *small = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&big, 24 * MiB, pool), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&big, 24 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 32 * MiB);
     touch(small, 1000, 7);
     CHECK_RESULT(pm_mem_free(big), PM_SUCCESS);
@@ -62,7 +65,7 @@ static void trim_gives_back_holes(void)
     const unsigned char *b = small;
     CHECK(b[0] == 7 && b[999] == 7);
     /* The hole commits again when an allocation lands on it. */
-    CHECK_RESULT(pm_mem_alloc_from_pool(&big, 24 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&big, 24 * MiB, pool), PM_SUCCESS);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 26 * MiB);
     touch(big, 24 * MiB, 9);
     uintptr_t base = 0;
@@ -82,14 +85,16 @@ static void trim_gives_back_holes(void)
  * the idle ones are given back before 20 granules are committed for it. */
 static void moves_instead_of_growing(void)
 {
+    NEED_PINNABLE(96 * MiB);
     pm_mem_pool_t pool = granule_pool(0);
+    REQUIRE(pool != NULL);
     void *a = NULL, *small = NULL, *c = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
     pm_pool_stats st = pool_stats(pool);
     CHECK(st.reserved == 32 * MiB && st.idle_granules == 30 * MiB);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&c, 40 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&c, 40 * MiB, pool), PM_SUCCESS);
     st = pool_stats(pool);
     /* 15 idle granules moved, 20 committed: the small block's and c's, no more */
     CHECK(st.granules_moved == 15 && st.idle_granules == 0);
@@ -104,12 +109,14 @@ static void moves_instead_of_growing(void)
  * request that a growing pool could not. */
 static void max_size_counts_committed(void)
 {
+    NEED_PINNABLE(64 * MiB);
     pm_mem_pool_t pool = granule_pool(32 * MiB);
+    REQUIRE(pool != NULL);
     void *a = NULL, *small = NULL, *c = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&c, 26 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&c, 26 * MiB, pool), PM_SUCCESS);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) <= 32 * MiB);
     void *d = NULL;
     CHECK_RESULT(pm_mem_alloc_from_pool(&d, 8 * MiB, pool), PM_ERROR_OUT_OF_MEMORY);
@@ -124,15 +131,17 @@ static void max_size_counts_committed(void)
  * them, with no synchronization or trim; down to it, they stay. */
 static void threshold_gives_back_at_once(void)
 {
+    NEED_PINNABLE(64 * MiB); /* the first chunk, pinned whole */
     uint64_t thresholds[] = {0, 6 * MiB};
     for (int i = 0; i < 2; i++) {
         pm_mem_pool_t pool = make_pool(0);
+        REQUIRE(pool != NULL);
         CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                                                &thresholds[i]),
                      PM_SUCCESS);
         void *a = NULL, *small = NULL;
-        CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
-        CHECK_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool(&small, 1000, pool), PM_SUCCESS);
         /* a fresh pool's first chunk is pinned whole, as the driver's are */
         CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 32 * MiB);
         CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
@@ -140,7 +149,7 @@ static void threshold_gives_back_at_once(void)
         CHECK(st.reserved == (i == 0 ? 2 * MiB : 6 * MiB));
         CHECK(st.granules_moved == 0);
         /* and come back when an allocation needs them */
-        CHECK_RESULT(pm_mem_alloc_from_pool(&a, 10 * MiB, pool), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool(&a, 10 * MiB, pool), PM_SUCCESS);
         touch(a, 10 * MiB, 5);
         st = pool_stats(pool);
         CHECK(st.reserved >= 12 * MiB && st.reserved <= 14 * MiB);
@@ -152,8 +161,9 @@ static void threshold_gives_back_at_once(void)
     }
     /* The default threshold keeps what went idle. */
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     void *a = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&a, 20 * MiB, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free(a), PM_SUCCESS);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 32 * MiB);
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
@@ -164,6 +174,8 @@ int main(void)
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     printf("backend: %s\n", pm_backend_name());
     pm_mem_pool_t pool = granule_pool(0);
+    if (!pool)
+        return check_finish("pool_granules");
     pm_pool_stats st = pool_stats(pool);
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
     if (st.granule != 2 * MiB) {

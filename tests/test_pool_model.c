@@ -32,9 +32,19 @@ static size_t random_size(uint64_t *rng)
     return 1 + (size_t)((*rng >> 16) % ((size_t)1 << (shift + 1)));
 }
 
+/* The largest request when up to live requests may be held at once: all
+ * that random_size gives, unless a memlock limit allows less. */
+static size_t largest_request(size_t most, size_t live)
+{
+    size_t fit = pinnable() / 4 / live;
+    return fit < most ? (fit < 64 ? 64 : fit) : most;
+}
+
 static void single_thread(void)
 {
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
+    const size_t largest = largest_request((size_t)16 << 20, slots);
     model m = {0};
     uint64_t rng = 7;
     for (int step = 0; step < 20000; step++) {
@@ -42,8 +52,11 @@ static void single_thread(void)
         size_t i = (size_t)(rng >> 40) % slots;
         unsigned op = (unsigned)(rng >> 20) % 16;
         if (op < 7 && !m.p[i]) {
-            size_t n = random_size(&rng);
-            CHECK_RESULT(pm_mem_alloc_from_pool(&m.p[i], n, pool), PM_SUCCESS);
+            size_t n = (random_size(&rng) - 1) % largest + 1;
+            pm_result r = pm_mem_alloc_from_pool(&m.p[i], n, pool);
+            CHECK_RESULT(r, PM_SUCCESS);
+            if (r != PM_SUCCESS)
+                break;
             m.size[i] = n;
             m.used += rounded(n);
             if (m.used > m.used_high)
@@ -94,6 +107,7 @@ typedef struct worker {
     pm_mem_pool_t pool;
     pm_stream_t stream;
     uint64_t rng;
+    size_t largest;
     model m;
 } worker;
 
@@ -105,10 +119,12 @@ static void *work(void *arg)
         size_t i = (size_t)(w->rng >> 40) % 64;
         unsigned op = (unsigned)(w->rng >> 20) % 10;
         if (op < 5 && !w->m.p[i]) {
-            size_t n = random_size(&w->rng) % (256u << 10) + 1;
+            size_t n = random_size(&w->rng) % w->largest + 1;
             pm_result r = op % 2 ? pm_mem_alloc_from_pool_async(&w->m.p[i], n, w->pool, w->stream)
                                  : pm_mem_alloc_from_pool(&w->m.p[i], n, w->pool);
             CHECK_RESULT(r, PM_SUCCESS);
+            if (r != PM_SUCCESS)
+                break; /* the model stays true to what was allocated */
             w->m.size[i] = n;
             w->m.used += rounded(n);
         } else if (op < 9 && w->m.p[i]) {
@@ -127,12 +143,14 @@ static void many_threads(void)
 {
     enum { n = 8 };
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     static worker workers[n];
     pthread_t tids[n];
     for (int t = 0; t < n; t++) {
-        workers[t] = (worker){.pool = pool, .rng = 1000 + (uint64_t)t};
-        CHECK_RESULT(pm_stream_create(&workers[t].stream), PM_SUCCESS);
-        pthread_create(&tids[t], NULL, work, &workers[t]);
+        workers[t] = (worker){.pool = pool, .rng = 1000 + (uint64_t)t,
+                              .largest = largest_request(256u << 10, n * 64)};
+        REQUIRE_RESULT(pm_stream_create(&workers[t].stream), PM_SUCCESS);
+        REQUIRE(pthread_create(&tids[t], NULL, work, &workers[t]) == 0);
     }
     uint64_t used = 0, live = 0;
     for (int t = 0; t < n; t++) {
@@ -159,6 +177,80 @@ static void many_threads(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* USED_MEM_HIGH with the allocations made on other threads: four threads
+ * each hold 100 blocks of 10,000 bytes at once, then free them. The mark
+ * is never below what they held together, and above it by no more than
+ * their caches can hold (128 KiB a class); read while the threads still
+ * live, and after they ended. Threads that take turns leave it exact. */
+enum { holders = 4, held_blocks = 100, held_size = 10000 };
+static pthread_barrier_t holding, freed, leave;
+static pm_mem_pool_t held_pool;
+
+static void *hold_blocks(void *together)
+{
+    void *p[held_blocks] = {0};
+    int got = 0;
+    for (; got < held_blocks; got++)
+        if (pm_mem_alloc_from_pool(&p[got], held_size, held_pool) != PM_SUCCESS)
+            break;
+    CHECK(got == held_blocks);
+    if (together)
+        pthread_barrier_wait(&holding);
+    for (int i = 0; i < got; i++)
+        CHECK_RESULT(pm_mem_free(p[i]), PM_SUCCESS);
+    if (together) {
+        pthread_barrier_wait(&freed);
+        pthread_barrier_wait(&leave);
+    }
+    return NULL;
+}
+
+static void used_high_threads(void)
+{
+    NEED_PINNABLE((size_t)16 << 20);
+    const uint64_t block = rounded(held_size), each = held_blocks * block;
+    const uint64_t together = holders * each, slack = holders * (128u << 10);
+    held_pool = make_pool(0);
+    REQUIRE(held_pool != NULL);
+    pthread_barrier_init(&holding, NULL, holders);
+    pthread_barrier_init(&freed, NULL, holders + 1);
+    pthread_barrier_init(&leave, NULL, holders + 1);
+    pthread_t tids[holders];
+    for (int t = 0; t < holders; t++)
+        REQUIRE(pthread_create(&tids[t], NULL, hold_blocks, (void *)1) == 0);
+    pthread_barrier_wait(&freed);
+    uint64_t alive = pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH);
+    pthread_barrier_wait(&leave);
+    for (int t = 0; t < holders; t++)
+        pthread_join(tids[t], NULL);
+    uint64_t ended = pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH);
+    pm_pool_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_mem_pool_get_stats(held_pool, &st), PM_SUCCESS);
+    printf("USED_MEM_HIGH with %d threads holding %llu bytes together: %llu while they live, "
+           "%llu after\n",
+           holders, (unsigned long long)together, (unsigned long long)alive,
+           (unsigned long long)ended);
+    CHECK(alive >= together && alive <= together + slack);
+    CHECK(ended >= together && ended <= together + slack);
+    CHECK(st.used_high == ended && st.used == 0);
+    CHECK(pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+
+    /* One thread after another: each alone, so the mark is exact. */
+    uint64_t zero = 0;
+    CHECK_RESULT(pm_mem_pool_set_attribute(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &zero),
+                 PM_SUCCESS);
+    CHECK(pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH) == 0);
+    for (int t = 0; t < holders; t++) {
+        REQUIRE(pthread_create(&tids[t], NULL, hold_blocks, NULL) == 0);
+        pthread_join(tids[t], NULL);
+    }
+    CHECK(pool_attr(held_pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH) == each);
+    pthread_barrier_destroy(&holding);
+    pthread_barrier_destroy(&freed);
+    pthread_barrier_destroy(&leave);
+    CHECK_RESULT(pm_mem_pool_destroy(held_pool), PM_SUCCESS);
+}
+
 /* Pinning fails at the k-th commit of pool memory: a clean OUT_OF_MEMORY,
  * counters that add up, and everything given back. With the default release
  * threshold and with 0, whose pools give granules back as they go idle (and
@@ -166,9 +258,11 @@ static void many_threads(void)
 static void fault_sweep(void)
 {
     const size_t big = 20u << 20; /* more than the pool holds free: it commits more */
+    NEED_PINNABLE((size_t)256 << 20);
     unsigned long long locked_before = locked_kib();
     for (int k = 1; k <= 12; k++) {
         pm_mem_pool_t pool = make_pool(0);
+        REQUIRE(pool != NULL);
         uint64_t zero = 0;
         if (k > 6)
             CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero),
@@ -210,6 +304,7 @@ int main(void)
     printf("backend: %s\n", pm_backend_name());
     single_thread();
     many_threads();
+    used_high_threads();
     fault_sweep();
     return check_finish("pool_model");
 }

@@ -21,6 +21,8 @@ static bool among(void *p, size_t size, pm_mem_pool_t pool, bool async, pm_strea
         pm_result r = async ? pm_mem_alloc_from_pool_async(&got[n], size, pool, s)
                             : pm_mem_alloc_from_pool(&got[n], size, pool);
         CHECK_RESULT(r, PM_SUCCESS);
+        if (r != PM_SUCCESS)
+            break;
         found |= got[n] == p;
     }
     for (int i = 0; i < n; i++)
@@ -44,11 +46,12 @@ static void *alloc_elsewhere(void *arg)
 static void reuse_rules(void)
 {
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     pm_stream_t a = NULL, b = NULL;
-    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
     void *p = NULL, *q = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 4096, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 4096, pool), PM_SUCCESS);
     atomic_store(&gate_open, 0);
     CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
@@ -61,13 +64,14 @@ static void reuse_rules(void)
     CHECK(!among(p, 4096, pool, true, b));
     other_thread o = {pool, p, true};
     pthread_t t;
-    pthread_create(&t, NULL, alloc_elsewhere, &o);
-    pthread_join(t, NULL);
+    if (pthread_create(&t, NULL, alloc_elsewhere, &o) == 0)
+        pthread_join(t, NULL);
     CHECK(!o.saw_it);
     /* Freeing on another stream moves a's blocks to the pool behind a marker. */
     void *r = NULL;
     CHECK_RESULT(pm_mem_alloc_from_pool(&r, 4096, pool), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_free_async(r, b), PM_SUCCESS);
+    if (r)
+        CHECK_RESULT(pm_mem_free_async(r, b), PM_SUCCESS);
     CHECK(!among(p, 4096, pool, false, NULL));
     atomic_store(&gate_open, 1);
     CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
@@ -84,16 +88,17 @@ static void reuse_rules(void)
 static void no_opportunistic_reuse(void)
 {
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     int off = 0;
     CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off),
                  PM_SUCCESS);
     pm_stream_t a = NULL, b = NULL;
-    CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
     void *p = NULL, *x = NULL;
-    CHECK_RESULT(pm_mem_alloc_from_pool(&p, 8192, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 8192, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_alloc_from_pool(&x, 64, pool), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&x, 64, pool), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free_async(x, b), PM_SUCCESS); /* a's block goes to the pool */
     CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS); /* gate is open */
     usleep(20000);
@@ -111,19 +116,20 @@ static void no_opportunistic_reuse(void)
 static void internal_dependencies(void)
 {
     const size_t big = (size_t)24 << 20;
+    NEED_PINNABLE((size_t)64 << 20); /* a pool of 32 MiB, pinned whole */
     for (int allowed = 1; allowed >= 0; allowed--) {
         pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0},
                                    .max_size = (size_t)32 << 20};
         pm_mem_pool_t pool = NULL;
-        CHECK_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
         CHECK_RESULT(pm_mem_pool_set_attribute(
                          pool, PM_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &allowed),
                      PM_SUCCESS);
         pm_stream_t a = NULL, b = NULL;
-        CHECK_RESULT(pm_stream_create(&a), PM_SUCCESS);
-        CHECK_RESULT(pm_stream_create(&b), PM_SUCCESS);
+        REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+        REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
         void *p = NULL, *q = NULL;
-        CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, big, pool, a), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&p, big, pool, a), PM_SUCCESS);
         reset_gate();
         CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
         CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
@@ -132,6 +138,11 @@ static void internal_dependencies(void)
         if (allowed) {
             CHECK_RESULT(r, PM_SUCCESS);
             CHECK(q == p);
+            if (r != PM_SUCCESS) {
+                atomic_store(&gate_open, 1); /* lets a's work end before the case does */
+                CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+                return;
+            }
             CHECK_RESULT(pm_stream_launch_host_func(b, look_for_a, NULL), PM_SUCCESS);
             usleep(20000);
             CHECK(atomic_load(&b_saw_a) == 0); /* b waits behind a's gate */
@@ -165,20 +176,21 @@ static void *race(void *arg)
         rng = rng * 6364136223846793005ull + 1;
         size_t size = sizes[(rng >> 33) % 3];
         bool async = (rng >> 40) & 1;
+        void *p = NULL;
+        pm_result r = async ? pm_mem_alloc_from_pool_async(&p, size, me->pool, me->stream)
+                            : pm_mem_alloc_from_pool(&p, size, me->pool);
+        CHECK_RESULT(r, PM_SUCCESS);
+        if (r != PM_SUCCESS)
+            break;
         use *u = malloc(sizeof *u);
+        u->p = p;
         u->words = size / 4;
         u->tag = (me->id << 24) | (i & 0xFFFFFF);
         u->pause_us = (unsigned)((rng >> 45) % 50);
-        void *p = NULL;
-        if (async) {
-            CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, size, me->pool, me->stream), PM_SUCCESS);
-            u->p = p;
+        if (async)
             pm_stream_launch_host_func(me->stream, fill, u); /* in stream order */
-        } else {
-            CHECK_RESULT(pm_mem_alloc_from_pool(&p, size, me->pool), PM_SUCCESS);
-            u->p = p;
+        else
             fill(u); /* a synchronous block is the caller's at once */
-        }
         pm_stream_launch_host_func(me->stream, verify_and_release, u);
         CHECK_RESULT(pm_mem_free_async(p, me->stream), PM_SUCCESS);
     }
@@ -188,18 +200,25 @@ static void *race(void *arg)
 
 static void reuse_race(void)
 {
+    NEED_PINNABLE((size_t)128 << 20); /* it pins about 48 MiB */
     pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
     racer racers[n_threads];
     pthread_t tids[n_threads];
+    int started = 0;
     for (uint32_t t = 0; t < n_threads; t++) {
         racers[t] = (racer){pool, NULL, t};
         CHECK_RESULT(pm_stream_create(&racers[t].stream), PM_SUCCESS);
-        pthread_create(&tids[t], NULL, race, &racers[t]);
+        if (!racers[t].stream || pthread_create(&tids[t], NULL, race, &racers[t]) != 0)
+            break;
+        started++;
     }
-    for (int t = 0; t < n_threads; t++)
+    for (int t = 0; t < started; t++)
         pthread_join(tids[t], NULL);
     for (int t = 0; t < n_threads; t++)
-        CHECK_RESULT(pm_stream_destroy(racers[t].stream), PM_SUCCESS);
+        if (racers[t].stream)
+            CHECK_RESULT(pm_stream_destroy(racers[t].stream), PM_SUCCESS);
+    REQUIRE(started == n_threads);
     printf("race: %d threads x %d uses, %ld violations, %llu MiB reserved\n", n_threads,
            iterations, atomic_load(&violations),
            (unsigned long long)pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >> 20);
@@ -223,15 +242,19 @@ static void *sync_loop(void *arg)
 static void sync_while_destroying(void)
 {
     pm_stream_t s = NULL;
-    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
     atomic_store(&churning, 1);
     pthread_t t;
-    pthread_create(&t, NULL, sync_loop, s);
+    REQUIRE(pthread_create(&t, NULL, sync_loop, s) == 0);
     for (int i = 0; i < 200; i++) {
         pm_mem_pool_t pool = make_pool(0);
+        if (!pool)
+            break;
         void *p = NULL;
-        CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, 4096, pool, s), PM_SUCCESS);
-        CHECK_RESULT(pm_mem_free_async(p, s), PM_SUCCESS);
+        pm_result r = pm_mem_alloc_from_pool_async(&p, 4096, pool, s);
+        CHECK_RESULT(r, PM_SUCCESS);
+        if (r == PM_SUCCESS)
+            CHECK_RESULT(pm_mem_free_async(p, s), PM_SUCCESS);
         CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
     }
     atomic_store(&churning, 0);
@@ -250,11 +273,12 @@ static void bad_streams(void)
     if (strcmp(caps.backend, "posix") == 0) { /* the driver trusts CUstream handles */
         pm_stream_t bogus = (pm_stream_t)(uintptr_t)0x4321;
         pm_mem_pool_t pool = make_pool(0);
+        REQUIRE(pool != NULL);
         void *p = NULL;
         CHECK_RESULT(pm_stream_synchronize(bogus), PM_ERROR_INVALID_HANDLE);
         CHECK_RESULT(pm_stream_destroy(bogus), PM_ERROR_INVALID_HANDLE);
         CHECK_RESULT(pm_mem_alloc_from_pool_async(&p, 64, pool, bogus), PM_ERROR_INVALID_HANDLE);
-        CHECK_RESULT(pm_mem_alloc_from_pool(&p, 64, pool), PM_SUCCESS);
+        REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 64, pool), PM_SUCCESS);
         CHECK_RESULT(pm_mem_free_async(p, bogus), PM_ERROR_INVALID_HANDLE);
         pm_stream_t s = NULL;
         CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);

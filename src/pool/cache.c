@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../errors.h"
+#include "../instance.h"
 #include "fast.h"
 
 /* Process-wide (part of the lazily created instance): spare caches, and the
@@ -43,17 +44,21 @@ static long long load(_Atomic long long *v) { return atomic_load_explicit(v, mem
 /* Only the holder of a counter's cache, or of its pool's lock, writes it. */
 static void add(_Atomic long long *v, long long d) { pm__cache_add(v, d); }
 
-/* c->lock and pool->lock held. */
+/* c->lock and pool->lock held: the blocks freed on the cache's stream go to
+ * a pending batch behind a marker. */
 static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
 {
     void *blocks[PM__POOL_CLASSES * 32];
     size_t n = 0;
+    long long bytes = 0;
     for (unsigned k = 0; k < PM__POOL_CLASSES; k++) {
         pm__bin *bin = &c->tagged_bins[k];
         memcpy(blocks + n, bin->slots, bin->n * sizeof *blocks);
         n += bin->n;
+        bytes += (long long)(bin->n * pm__class_size(k));
         bin->n = 0;
     }
+    add(&c->held, -bytes);
     if (n && pm__pending_add(pool, tag_of(c), blocks, n) != PM_SUCCESS) {
         /* No marker could be recorded: wait for the stream instead, and the
          * blocks are free at once. */
@@ -66,7 +71,8 @@ static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
     set_tag(c, false, tag_of(c));
 }
 
-/* c->lock held; takes pool->lock. Everything cached goes back to the pool. */
+/* c->lock held; takes pool->lock. Everything cached goes back to the pool,
+ * the counters and the peak into the pool's. */
 static void flush_locked(pm__pool *pool, pm__cache *c)
 {
     pthread_mutex_lock(&pool->lock);
@@ -77,16 +83,19 @@ static void flush_locked(pm__pool *pool, pm__cache *c)
             pm__central_free_block(pool, pm__span_of((uintptr_t)bin->slots[i], &chunk),
                                    bin->slots[i]);
         }
+        add(&c->held, -(long long)(bin->n * pm__class_size(k)));
         bin->n = 0;
     }
     if (is_tagged(c))
         flush_tagged_locked(pool, c);
-    add(&pool->used, load(&c->used));
     pool->requested += load(&c->requested);
     pool->allocs += load(&c->allocs);
     pool->frees += load(&c->frees);
     pool->live += load(&c->allocs) - load(&c->frees);
-    atomic_store(&c->used, 0);
+    long long peak = load(&c->used_peak);
+    if (peak > 0 && (unsigned long long)peak > pool->used_high)
+        pool->used_high = (unsigned long long)peak;
+    atomic_store(&c->held, 0); /* every bin is empty */
     atomic_store(&c->requested, 0);
     atomic_store(&c->allocs, 0);
     atomic_store(&c->frees, 0);
@@ -225,6 +234,21 @@ void pm__caches_flush_pool(pm__pool *pool, bool detach)
     free(all);
 }
 
+void pm__caches_reset_peaks(pm__pool *pool)
+{
+    size_t n;
+    pm__cache **all = snapshot_caches(pool, &n);
+    for (size_t i = 0; all && i < n; i++) {
+        /* Taken over, so that no allocation of its owner's is lost between
+         * the owner's read of the peak and its store. */
+        lock_cache(all[i]);
+        if (all[i]->pool == pool)
+            atomic_store_explicit(&all[i]->used_peak, 0, memory_order_relaxed);
+        unlock_cache(all[i]);
+    }
+    free(all);
+}
+
 void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s)
 {
     size_t n;
@@ -266,8 +290,9 @@ static void *take_ordered(pm__pool *pool, size_t bytesize, unsigned cls, bool as
     return block;
 }
 
-/* Refills a bin from the pool: completed stream frees first, then runs. */
-static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, pm_stream_t s)
+/* Refills a bin of c from the pool: completed stream frees first, then runs. */
+static pm_result refill(pm__pool *pool, pm__cache *c, pm__bin *bin, unsigned cls, bool async,
+                        pm_stream_t s)
 {
     pm_result why = PM_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&pool->lock);
@@ -282,26 +307,28 @@ static pm_result refill(pm__pool *pool, pm__bin *bin, unsigned cls, bool async, 
             run, pm__class_index(cls, (size_t)((uint8_t *)ordered -
                                                (chunk->base + run->first * PM__POOL_PAGE))));
         bin->n = 1;
+        add(&c->held, (long long)pm__class_size(cls));
         pthread_mutex_unlock(&pool->lock);
         return PM_SUCCESS;
     }
     bin->n = (uint32_t)pm__central_take(pool, cls, bin->slots, bin->req,
                                         pm__class_cache_cap(cls) / 2 + 1, &why);
+    add(&c->held, (long long)(bin->n * pm__class_size(cls)));
     pthread_mutex_unlock(&pool->lock);
     return bin->n ? PM_SUCCESS : why;
 }
 
-pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
+static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
     if (bytesize > ((size_t)1 << 46))
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%zu bytes is more than a pool can hold", bytesize);
     const unsigned cls = bytesize <= PM__POOL_SMALL_MAX ? pm__class_of(bytesize) : PM__POOL_CLASSES;
     bool taken = false;
-    pm__cache *c = cls < PM__POOL_CLASSES ? enter_cache(pool, &taken) : NULL;
-    if (c) {
+    pm__cache *c = enter_cache(pool, &taken);
+    if (c && cls < PM__POOL_CLASSES) {
         pm__bin *bin = pm__alloc_bin(c, cls, async, s);
         if (bin->n == 0) {
-            pm_result r = refill(pool, bin, cls, async, s);
+            pm_result r = refill(pool, c, bin, cls, async, s);
             if (r != PM_SUCCESS) {
                 leave_cache(c, taken);
                 return r;
@@ -312,7 +339,8 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
         *pp = block;
         return PM_SUCCESS;
     }
-    /* Large requests, and pools past the thread-cache slots. */
+    /* Large requests, and pools past the thread-cache slots. The caller's
+     * cache stays entered, so that what it holds is known exactly. */
     pm_result why = PM_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&pool->lock);
     if (pool->pending)
@@ -323,23 +351,59 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
     if (block) {
         pm__chunk *chunk = NULL;
         pm__span *span = pm__span_of((uintptr_t)block, &chunk);
-        size_t size = cls < PM__POOL_CLASSES ? pm__class_size(cls) : span->npages * PM__POOL_PAGE;
         size_t index = cls < PM__POOL_CLASSES
                            ? pm__class_index(cls, (size_t)((uint8_t *)block -
                                                            (chunk->base + span->first * PM__POOL_PAGE)))
                            : 0;
         note_allocated(span, index, bytesize);
-        add(&pool->used, (long long)size);
         pool->requested += (long long)bytesize;
         pool->allocs++;
         pool->live++;
-        pm__pool_note_high(pool);
+        pm__pool_note_high(pool, c ? load(&c->held) : 0);
     }
     pthread_mutex_unlock(&pool->lock);
+    if (c)
+        leave_cache(c, taken);
     if (!block)
         return why;
     *pp = block;
     return PM_SUCCESS;
+}
+
+/* pm_mem_free of memory outside every pool: when pinmem pinned it another
+ * way, the detail names the call that gives it back. */
+static pm_result not_pool_memory(void *p)
+{
+    pm_result ignored;
+    pm__range r;
+    pm__instance *inst = pm__instance_get(&ignored);
+    if (inst && (pm__ranges_find(inst->ranges, (uintptr_t)p, &r) ||
+                 pm__ranges_find_extent(inst->ranges, (uintptr_t)p, &r))) {
+        const char *where = r.base == (uintptr_t)p ? "is" : "lies inside";
+        if (r.kind == PM__RANGE_ALLOC)
+            return pm__fail(PM_ERROR_INVALID_VALUE,
+                            "pm_mem_free: %p is not pool memory: it %s a host allocation "
+                            "(pm_mem_host_alloc); free it with pm_mem_free_host(%p)",
+                            p, where, (void *)r.base);
+        if (r.kind == PM__RANGE_REGISTERED)
+            return pm__fail(PM_ERROR_INVALID_VALUE,
+                            "pm_mem_free: %p is not pool memory: it %s a registration "
+                            "(pm_mem_host_register); release it with pm_mem_host_unregister(%p)",
+                            p, where, (void *)r.base);
+    }
+    return pm__fail(PM_ERROR_INVALID_VALUE,
+                    "pm_mem_free: %p is not pool memory (pm_mem_free takes only what "
+                    "pm_mem_alloc_from_pool gave)",
+                    p);
+}
+
+pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
+{
+    pm_result r = alloc_once(pool, pp, bytesize, async, s);
+    /* Destroyed pools waiting for the reaper may hold the memory it needs. */
+    if (r == PM_ERROR_OUT_OF_MEMORY && pm__retire_reap_here())
+        r = alloc_once(pool, pp, bytesize, async, s);
+    return r;
 }
 
 /* The span and block index of a live pool allocation starting at p, with its
@@ -350,7 +414,7 @@ static pm_result claim_free(void *p, pm__span **out_span, _Atomic uint64_t **out
     pm__chunk *chunk;
     pm__span *span = pm__span_of((uintptr_t)p, &chunk);
     if (!span)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not pool memory", p);
+        return not_pool_memory(p);
     uint8_t *base = chunk->base + span->first * PM__POOL_PAGE;
     size_t index = 0;
     if (span->kind == SPAN_RUN) {
@@ -405,6 +469,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
                     pm__central_free_block(pool, pm__span_of((uintptr_t)bin->slots[i], &chunk),
                                            bin->slots[i]);
                 }
+                add(&c->held, -(long long)((cap - cap / 2) * pm__class_size(cls)));
                 bin->n = cap / 2;
             }
             pthread_mutex_unlock(&pool->lock);
@@ -414,7 +479,6 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         return PM_SUCCESS;
     }
     pthread_mutex_lock(&pool->lock);
-    size_t size = span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
     pm_result added = PM_ERROR_UNKNOWN;
     if (async)
         added = pm__pending_add(pool, s, &p, 1);
@@ -424,13 +488,14 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         if (span->kind == SPAN_RUN)
             pm__central_free_block(pool, span, p);
         else
-            pm__pages_free(pool, span);
+            pm__central_free_large(pool, span);
     }
-    add(&pool->used, -(long long)size);
     pool->requested -= (long long)bytes;
     pool->frees++;
     pool->live--;
+    bool finish = pm__pool_claim_finish(pool);
     pthread_mutex_unlock(&pool->lock);
-    pm__pool_maybe_finish(pool);
+    if (finish)
+        pm__retire_finish(pool);
     return PM_SUCCESS;
 }

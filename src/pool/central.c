@@ -99,6 +99,7 @@ size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64
             if (req)
                 req[got] = pm__requested(run, index);
             out[got++] = base + (size_t)index * size;
+            pm__pool_handed_add(pool, (long long)size);
         }
         if (run->nfree == 0)
             partial_remove(pool, run);
@@ -108,6 +109,7 @@ size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64
 
 void pm__central_free_block(pm__pool *pool, pm__span *run, void *block)
 {
+    pm__pool_handed_add(pool, -(long long)pm__class_size(run->cls));
     uint8_t *base = run->chunk->base + run->first * PM__POOL_PAGE;
     run->free_idx[run->nfree++] = (uint32_t)pm__class_index(run->cls, (size_t)((uint8_t *)block - base));
     if (!run->in_partial)
@@ -149,7 +151,14 @@ void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result
     s->kind = SPAN_LARGE;
     s->nblocks = 1;
     atomic_store_explicit(pm__requested(s, 0), 0, memory_order_relaxed);
+    pm__pool_handed_add(pool, (long long)(pages * PM__POOL_PAGE));
     return s->chunk->base + s->first * PM__POOL_PAGE;
+}
+
+void pm__central_free_large(pm__pool *pool, pm__span *span)
+{
+    pm__pool_handed_add(pool, -(long long)(span->npages * PM__POOL_PAGE));
+    pm__pages_free(pool, span);
 }
 
 void pm__central_release_empty_runs(pm__pool *pool)

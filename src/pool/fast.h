@@ -24,15 +24,16 @@ static inline void *pm__cache_pop(pm__pool *pool, pm__cache *c, pm__bin *bin, un
 {
     uint32_t top = --bin->n;
     atomic_store_explicit(bin->req[top], bytesize, memory_order_release);
-    pm__cache_add(&c->used, (long long)pm__class_size(cls));
+    long long held = atomic_load_explicit(&c->held, memory_order_relaxed) -
+                     (long long)pm__class_size(cls);
+    atomic_store_explicit(&c->held, held, memory_order_relaxed);
     pm__cache_add(&c->requested, (long long)bytesize);
     pm__cache_add(&c->allocs, 1);
-    /* Exact when one thread uses the pool; with several, other threads'
-     * caches are not counted here (the pool's own events count them). */
-    long long total = atomic_load_explicit(&pool->used, memory_order_relaxed) +
-                      atomic_load_explicit(&c->used, memory_order_relaxed);
-    if (total > atomic_load_explicit(&c->used_peak, memory_order_relaxed))
-        atomic_store_explicit(&c->used_peak, total, memory_order_relaxed);
+    /* Use only grows here and on the slow paths, so the highest of these is
+     * USED_MEM_HIGH; blocks other caches hold count as used (see used_peak). */
+    long long in_use = atomic_load_explicit(&pool->handed, memory_order_relaxed) - held;
+    if (in_use > atomic_load_explicit(&c->used_peak, memory_order_relaxed))
+        atomic_store_explicit(&c->used_peak, in_use, memory_order_relaxed);
     return bin->slots[top];
 }
 
@@ -42,7 +43,7 @@ static inline void pm__cache_push(pm__cache *c, pm__bin *bin, unsigned cls, void
 {
     bin->req[bin->n] = req;
     bin->slots[bin->n++] = p;
-    pm__cache_add(&c->used, -(long long)pm__class_size(cls));
+    pm__cache_add(&c->held, (long long)pm__class_size(cls));
     pm__cache_add(&c->requested, -(long long)bytes);
     pm__cache_add(&c->frees, 1);
 }

@@ -9,7 +9,9 @@
  * pinned memory follows its allocations instead of growing around holes.
  * Everything here runs under pool->lock. */
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "../budget.h"
 #include "../clock.h"
@@ -17,6 +19,16 @@
 #include "pool_internal.h"
 
 static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__POOL_PAGE; }
+
+size_t pm__granule_to_fit(size_t granule, size_t pinnable)
+{
+    if (granule == 0 || pinnable == SIZE_MAX ||
+        !pm__pool_backend()->caps.pinning_limited_by_memlock_rlimit)
+        return granule;
+    while (granule > PM__POOL_PAGE && granule > pinnable / 4)
+        granule /= 2;
+    return granule;
+}
 
 pm_result pm__granules_init(pm__chunk *c, size_t granule)
 {
@@ -139,12 +151,43 @@ static pm_result commit(pm__pool *pool, pm__chunk *c, size_t g, size_t n)
     return PM_SUCCESS;
 }
 
+/* Whether bytes more can be pinned (after movable bytes are given back):
+ * asked before pinning anything, so that a request the system's limit
+ * dooms fails at once, with nothing locked and no page touched. */
+static pm_result check_pinnable(size_t bytes, size_t movable)
+{
+    size_t can = pm__pool_backend()->pinnable_bytes();
+    if (can == SIZE_MAX || bytes <= can || bytes - can <= movable)
+        return PM_SUCCESS;
+    struct rlimit rl;
+    if (pm__pool_backend()->caps.pinning_limited_by_memlock_rlimit &&
+        getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                        "pool memory: pinning %zu more bytes would pass RLIMIT_MEMLOCK "
+                        "(%llu KiB, %zu KiB of it left); raise it with 'ulimit -l' or memlock "
+                        "in /etc/security/limits.conf, or grant CAP_IPC_LOCK",
+                        bytes, (unsigned long long)rl.rlim_cur / 1024, can / 1024);
+    return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                    "pool memory: pinning %zu more bytes would pass the system's limit "
+                    "(%zu bytes left)",
+                    bytes, can);
+}
+
 pm_result pm__granules_commit(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool move)
 {
     size_t missing = pm__granules_missing(c, first, npages);
     if (missing == 0)
         return PM_SUCCESS;
-    if (move && !c->ops->give_back_waits)
+    move = move && !c->ops->give_back_waits;
+    /* One granule's pinning fails before touching a page when it cannot
+     * pass the limit; more may be pinned in several runs, or touched by
+     * many threads first (backend.h). */
+    if (missing > granule_bytes(c)) {
+        pm_result r = check_pinnable(missing, move ? pool->idle_bytes : 0);
+        if (r != PM_SUCCESS)
+            return r;
+    }
+    if (move)
         move_idle(pool, missing);
     size_t g = first / c->granule_pages, end = (first + npages + c->granule_pages - 1) / c->granule_pages;
     while (g < end) {

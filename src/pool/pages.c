@@ -196,6 +196,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
                         pool->props.max_size, pool->reserved, need);
 
     const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
+    const size_t pinnable = pm__pool_backend()->pinnable_bytes();
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
     pm__span *span = new_span(pool);
     if (pool->n_chunks == pool->cap_chunks) {
@@ -212,7 +213,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     }
     if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
-        pm__granules_init(chunk, ops->granule) != PM_SUCCESS) {
+        pm__granules_init(chunk, pm__granule_to_fit(ops->granule, pinnable)) != PM_SUCCESS) {
         if (chunk)
             free(chunk->granules);
         free(chunk);
@@ -254,11 +255,13 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
     bin_insert(pool, span);
     pool->chunks[pool->n_chunks++] = chunk;
     pool->chunks_pinned++;
-    /* A pool's first memory comes as a whole chunk, or as much of it as
-     * max_size allows, as the driver's pools reserve; later growth commits
-     * only what allocations touch. */
+    /* A pool's first memory comes as a whole chunk, as the driver's pools
+     * reserve, unless max_size or what may still be pinned leaves no room
+     * for it; later growth commits only what allocations touch. */
     if (pool->reserved == 0) {
         size_t room = pool->props.max_size ? pool->props.max_size - pool->reserved : len;
+        if (pinnable / 2 < room) /* leave the rest for others */
+            room = pinnable / 2;
         size_t whole = room < len ? npages_needed : chunk->npages;
         r = pm__granules_commit(pool, chunk, 0, whole, false);
         if (r != PM_SUCCESS) {

@@ -25,6 +25,11 @@ pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n
         return r;
     }
     memcpy(copy, blocks, n * sizeof *copy);
+    for (size_t i = 0; i < n; i++) { /* free now, though not yet reusable */
+        pm__chunk *chunk;
+        pm__span *span = pm__span_of((uintptr_t)blocks[i], &chunk);
+        pm__pool_handed_add(pool, -(long long)pm__block_bytes(span));
+    }
     p->stream = s;
     p->id_known = pm__pool_backend()->stream_id(s, &p->stream_id) == PM_SUCCESS;
     p->tick = pm__order_now();
@@ -40,8 +45,9 @@ static void give_back(pm__pool *pool, pm__pending *p)
     for (size_t i = 0; i < p->n; i++) {
         pm__chunk *chunk;
         pm__span *span = pm__span_of((uintptr_t)p->blocks[i], &chunk);
+        pm__pool_handed_add(pool, (long long)pm__block_bytes(span)); /* counted free already */
         if (span->kind == SPAN_LARGE)
-            pm__pages_free(pool, span);
+            pm__central_free_large(pool, span);
         else
             pm__central_free_block(pool, span, p->blocks[i]);
     }
@@ -85,10 +91,12 @@ static bool serves(void *block, size_t bytesize, unsigned cls)
 
 /* Block i of the batch at *link, taken out of it (and the batch freed when
  * it was its last). */
-static void *take_block(pm__pending **link, size_t i)
+static void *take_block(pm__pool *pool, pm__pending **link, size_t i)
 {
     pm__pending *p = *link;
     void *block = p->blocks[i];
+    pm__chunk *chunk;
+    pm__pool_handed_add(pool, (long long)pm__block_bytes(pm__span_of((uintptr_t)block, &chunk)));
     p->blocks[i] = p->blocks[--p->n];
     if (p->n == 0) {
         *link = p->next;
@@ -135,7 +143,7 @@ void *pm__pending_take_ordered(pm__pool *pool, pm_stream_t s, size_t bytesize, u
         return NULL;
     if (pm__pool_backend()->marker_wait(s, &(*link)->marker) != PM_SUCCESS)
         return NULL; /* no dependency, no reuse */
-    return take_block(link, i);
+    return take_block(pool, link, i);
 }
 
 /* Whether the batch was freed before a point that the stream whose id is
@@ -153,7 +161,7 @@ void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, 
     if (pm__pool_backend()->stream_id(s, &id) != PM_SUCCESS ||
         !find_serving(pool, s, bytesize, cls, followed, &id, &link, &i))
         return NULL;
-    return take_block(link, i); /* s's work already waits for the free */
+    return take_block(pool, link, i); /* s's work already waits for the free */
 }
 
 void pm__pending_release_all(pm__pool *pool)

@@ -1,6 +1,6 @@
 /* pm_mem_pool_t: creation, handles, attributes, trim, statistics, and the
- * end of a destroyed pool once its last allocation is freed. */
-#include <sched.h>
+ * teardown of a destroyed pool once its last allocation is freed (when and
+ * where: retire.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,7 +132,8 @@ static void release_slot(const pm__pool *pool)
     pthread_mutex_unlock(&slots_lock);
 }
 
-static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default)
+static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default,
+                        bool internal)
 {
     int numa_node = -1;
     pm_result r = check_props(props, &numa_node);
@@ -146,6 +147,7 @@ static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_
     pool->props = *props;
     pool->numa_node = numa_node;
     pool->is_default = is_default;
+    pool->internal = internal;
     pool->release_threshold = PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
     pool->reuse_follow_event_deps = pool->reuse_opportunistic = pool->reuse_internal_deps = 1;
     pthread_mutex_lock(&slots_lock);
@@ -172,8 +174,18 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
     (void)inst;
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
+    pm__retire_poll();
     pm__pool *p = NULL;
-    pm_result r = create(&p, props, false);
+    pm_result r = create(&p, props, false, false);
+    if (r == PM_SUCCESS)
+        *pool = (pm_mem_pool_t)p;
+    return r;
+}
+
+pm_result pm__pool_create_internal(pm_mem_pool_t *pool, const pm_mem_pool_props *props)
+{
+    pm__pool *p = NULL;
+    pm_result r = create(&p, props, false, true);
     if (r == PM_SUCCESS)
         *pool = (pm_mem_pool_t)p;
     return r;
@@ -182,7 +194,7 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
 static void make_default_pool(void)
 {
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-    default_result = create(&default_pool, &props, true);
+    default_result = create(&default_pool, &props, true, false);
 }
 
 pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
@@ -198,25 +210,16 @@ pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
     return PM_SUCCESS;
 }
 
-/* Waits for every pending stream free: only for a pool being torn down. */
-static void wait_pending(pm__pool *pool)
+void pm__pool_teardown(pm__pool *pool)
 {
-    const pm__backend *b = pm__pool_backend();
-    for (pm__pending *p = pool->pending; p; p = p->next)
-        while (!b->marker_done(&p->marker))
-            sched_yield();
-}
-
-static void teardown(pm__pool *pool)
-{
+    /* Threads' memos of this pool's runs (run_of) go stale before its chunks
+     * and spans go, so that none can match an address a new chunk takes. */
+    atomic_fetch_add(&pools_epoch, 1);
     pthread_mutex_lock(&pool->lock);
-    wait_pending(pool);
     pm__pending_release_all(pool);
     pm__central_release_empty_runs(pool);
     pm__pages_release_all(pool);
     pthread_mutex_unlock(&pool->lock);
-    /* Threads' memos of this pool's runs (run_of) go stale before the spans go. */
-    atomic_fetch_add(&pools_epoch, 1);
     for (pm__span *s = pool->spare_spans, *next; s; s = next) {
         next = s->bin_next;
         free((void *)s->requested);
@@ -231,15 +234,12 @@ static void teardown(pm__pool *pool)
     free(pool);
 }
 
-void pm__pool_maybe_finish(pm__pool *pool)
+bool pm__pool_claim_finish(pm__pool *pool)
 {
-    pthread_mutex_lock(&pool->lock);
-    bool finish = pool->destroyed && pool->live == 0 && !pool->finishing;
-    if (finish)
-        pool->finishing = true;
-    pthread_mutex_unlock(&pool->lock);
-    if (finish)
-        teardown(pool);
+    if (!pool->destroyed || pool->destroying || pool->live != 0 || pool->finishing)
+        return false;
+    pool->finishing = true;
+    return true;
 }
 
 pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
@@ -257,12 +257,22 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
         return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
     release_slot(pool);
     atomic_fetch_add(&pools_epoch, 1);
+    /* Until every thread cache is flushed, live counts only part of the
+     * blocks in use: no free may finish the pool before then. */
     pthread_mutex_lock(&pool->lock);
-    pool->destroyed = true;
+    pool->destroyed = pool->destroying = true;
     pthread_mutex_unlock(&pool->lock);
     pm__caches_flush_pool(pool, true);
-    /* Memory in use stays until its last free (pm__pool_maybe_finish). */
-    pm__pool_maybe_finish(pool);
+    /* Memory in use stays until its last free, which finishes the pool;
+     * meanwhile statistics still count it. */
+    pm__retire_list(pool);
+    pthread_mutex_lock(&pool->lock);
+    pool->destroying = false;
+    bool finish = pm__pool_claim_finish(pool);
+    pthread_mutex_unlock(&pool->lock);
+    if (finish)
+        pm__retire_finish(pool);
+    pm__retire_poll();
     return PM_SUCCESS;
 }
 
@@ -409,6 +419,7 @@ pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = (pm__pool *)handle;
+    pm__retire_poll();
     pm__caches_flush_pool(pool, false);
     pthread_mutex_lock(&pool->lock);
     release_down_to(pool, min_bytes_to_keep);
@@ -416,13 +427,13 @@ pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
     return PM_SUCCESS;
 }
 
-/* used now, counting what threads' caches have handed out; and the highest
- * value any cache saw. pool->lock held. */
+/* Used now: what the pool handed out less what threads' caches hold; and
+ * the highest use any attached cache saw. pool->lock held. */
 static unsigned long long used_now(pm__pool *pool, unsigned long long *cache_peak)
 {
-    long long used = atomic_load_explicit(&pool->used, memory_order_relaxed), peak = 0;
+    long long used = atomic_load_explicit(&pool->handed, memory_order_relaxed), peak = 0;
     for (pm__cache *c = pool->caches; c; c = c->pool_next) {
-        used += atomic_load_explicit(&c->used, memory_order_relaxed);
+        used -= atomic_load_explicit(&c->held, memory_order_relaxed);
         long long p = atomic_load_explicit(&c->used_peak, memory_order_relaxed);
         peak = p > peak ? p : peak;
     }
@@ -431,11 +442,25 @@ static unsigned long long used_now(pm__pool *pool, unsigned long long *cache_pea
     return used > 0 ? (unsigned long long)used : 0;
 }
 
-void pm__pool_note_high(pm__pool *pool)
+/* USED_MEM_HIGH. Use grows only when an allocation takes a block; each
+ * notes the pool's handed bytes less what its own thread's cache holds
+ * (here, or as its cache's used_peak). That is exact when one thread uses
+ * the pool. With several it may count blocks other threads' caches hold
+ * free as used, so the answer is never below the true use at any moment,
+ * and above it by at most what the caches held then; no allocation pays
+ * for a shared counter. */
+static unsigned long long used_high_now(pm__pool *pool)
 {
-    unsigned long long used = used_now(pool, NULL);
-    if (used > pool->used_high)
-        pool->used_high = used;
+    unsigned long long peaks = 0;
+    used_now(pool, &peaks);
+    return pool->used_high > peaks ? pool->used_high : peaks;
+}
+
+void pm__pool_note_high(pm__pool *pool, long long held)
+{
+    long long in_use = atomic_load_explicit(&pool->handed, memory_order_relaxed) - held;
+    if (in_use > 0 && (unsigned long long)in_use > pool->used_high)
+        pool->used_high = (unsigned long long)in_use;
 }
 
 static pm_result set_int_attr(int *field, void *value)
@@ -460,6 +485,9 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = (pm__pool *)handle;
+    bool reset_used_high = attr == PM_MEMPOOL_ATTR_USED_MEM_HIGH && *(uint64_t *)value == 0;
+    if (reset_used_high)
+        pm__caches_reset_peaks(pool); /* takes caches, so before the pool's lock */
     pthread_mutex_lock(&pool->lock);
     switch (attr) {
     case PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
@@ -483,8 +511,6 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
             pool->reserved_high = pool->reserved;
         } else {
             pool->used_high = used_now(pool, NULL);
-            for (pm__cache *c = pool->caches; c; c = c->pool_next)
-                atomic_store_explicit(&c->used_peak, 0, memory_order_relaxed);
         }
         break;
     default:
@@ -502,7 +528,7 @@ pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
         return r;
     pm__pool *pool = (pm__pool *)handle;
     pthread_mutex_lock(&pool->lock);
-    unsigned long long peaks = 0, used = used_now(pool, &peaks);
+    unsigned long long used = used_now(pool, NULL);
     switch (attr) {
     case PM_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
         *(int *)value = pool->reuse_follow_event_deps;
@@ -526,8 +552,7 @@ pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
         *(uint64_t *)value = used;
         break;
     case PM_MEMPOOL_ATTR_USED_MEM_HIGH:
-        pm__pool_note_high(pool);
-        *(uint64_t *)value = pool->used_high > peaks ? pool->used_high : peaks;
+        *(uint64_t *)value = used_high_now(pool);
         break;
     default:
         r = pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_get_attribute: no attribute %d", (int)attr);
@@ -574,6 +599,7 @@ void pm__pools_after_sync(pm_stream_t s)
      * destroyed and torn down under it. That lock is the outermost: nothing
      * takes it while holding a cache's or a pool's lock. */
     pm__handle_set_for_each(&live_pools, settle_after_sync, (void *)s);
+    pm__retire_poll();
 }
 
 static void add_stats(void *handle, void *stats)
@@ -581,8 +607,7 @@ static void add_stats(void *handle, void *stats)
     pm__pool *pool = handle;
     pm_pool_stats *st = stats;
     pthread_mutex_lock(&pool->lock);
-    unsigned long long peaks = 0;
-    st->used += used_now(pool, &peaks);
+    st->used += used_now(pool, NULL);
     long long requested = pool->requested, allocs = pool->allocs, frees = pool->frees,
               live = pool->live;
     for (pm__cache *c = pool->caches; c; c = c->pool_next) {
@@ -598,17 +623,25 @@ static void add_stats(void *handle, void *stats)
     st->live += live > 0 ? (unsigned long long)live : 0;
     st->reserved += pool->reserved;
     st->reserved_high += pool->reserved_high;
-    st->used_high += pool->used_high > peaks ? pool->used_high : peaks;
+    st->used_high += used_high_now(pool);
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__pool_chunk_ops(pool)->granule;
+    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool)->granule,
+                                     pm__pool_backend()->pinnable_bytes());
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;
     st->idle_granules += pool->idle_bytes;
     pm__pages_free_bytes(pool, &st->free_in_empty_chunks, &st->free_in_holes);
     pthread_mutex_unlock(&pool->lock);
+}
+
+/* Statistics of all pools leave out the library's own (the staging ring's). */
+static void add_user_stats(void *handle, void *stats)
+{
+    if (!((pm__pool *)handle)->internal)
+        add_stats(handle, stats);
 }
 
 pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
@@ -625,8 +658,11 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
             return r;
         add_stats(handle, &st);
     } else {
-        /* Pools are only torn down after leaving the set, which waits for this walk. */
-        pm__handle_set_for_each(&live_pools, add_stats, &st);
+        /* Pools are only torn down after leaving the set, which waits for
+         * this walk, and the list of destroyed ones still in use, whose walk
+         * holds its lock. */
+        pm__handle_set_for_each(&live_pools, add_user_stats, &st);
+        pm__retire_for_each_listed(add_user_stats, &st);
     }
     size_t n = stats->struct_size;
     st.struct_size = n;

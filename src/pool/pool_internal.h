@@ -1,7 +1,8 @@
 /* Host memory pools: the structures behind pm_mem_pool_t.
  *
  * Locks, in the order they may be taken:
- *   0. live_pools's lock (pool.c): the set of live pools, held by walks over it
+ *   0. live_pools's lock (pool.c): the set of live pools, held by walks over
+ *      it; likewise the list of destroyed pools still in use (retire.c)
  *   1. a thread cache (its owner's entry, or anyone's taking it over)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
  *      of thread caches
@@ -130,10 +131,15 @@ typedef struct pm__cache {
      * synchronization can skip caches that hold nothing of it unentered */
     _Atomic(pm_stream_t) tag;
     _Atomic bool tagged;
+    /* bytes of the blocks in its bins (ready and tagged): handed out by the
+     * pool, not in use; only its holder writes it */
+    _Atomic long long held;
     /* counters since the cache was attached, folded into the pool on flush;
      * atomics because statistics read them without the lock */
-    _Atomic long long used, requested, allocs, frees; /* live = allocs - frees */
-    /* the highest pool-wide used this cache saw: the pool's own plus its */
+    _Atomic long long requested, allocs, frees; /* live = allocs - frees */
+    /* The highest use this cache's allocations saw: the pool's handed less
+     * its own held. That counts what other caches hold as used, so it is
+     * never below the true use at that moment, and exact with one cache. */
     _Atomic long long used_peak;
     struct pm__cache *pool_prev, *pool_next, *spare_next;
     pm__bin ready[PM__POOL_CLASSES];
@@ -146,11 +152,18 @@ struct pm__pool {
     int numa_node;                 /* -1: anywhere */
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
     unsigned long long generation; /* tells a reused slot from its old pool */
-    bool destroyed;
-    bool finishing; /* a destroyed pool's last free is tearing it down */
     bool is_default;
+    bool internal; /* the library's own: left out of statistics of all pools */
+    /* guarded by lock (as everything below) */
+    bool destroyed;
+    bool destroying; /* the destroy is still flushing thread caches */
+    bool finishing;  /* claimed by whoever tears it down (pm__pool_claim_finish) */
+    /* retire.c, under its locks: in the list of destroyed pools still in
+     * use, and in the reaper's */
+    struct pm__pool *listed_prev, *listed_next;
+    bool listed;
+    struct pm__pool *reap_next;
 
-    /* guarded by lock */
     pm__chunk **chunks;
     size_t n_chunks, cap_chunks;
     pm__span *bins[PM__SPAN_BINS];
@@ -158,11 +171,16 @@ struct pm__pool {
     pm__span *partial[PM__POOL_CLASSES];
     pm__pending *pending;
     pm__cache *caches;
-    unsigned long long reserved, reserved_high, used_high; /* reserved: committed bytes */
+    unsigned long long reserved, reserved_high; /* reserved: committed bytes */
+    /* the highest use seen on the slow paths and in flushed caches (the
+     * attribute adds the caches' used_peak) */
+    unsigned long long used_high;
     unsigned long long idle_bytes; /* committed bytes in granules with no page in use */
-    /* not counting caches' own; used is read by caches without the lock */
-    _Atomic long long used;
-    long long requested, allocs, frees, live;
+    /* Bytes of blocks out of the pool's runs, spans and pending batches: in
+     * use, or in thread caches. Used is handed less what caches hold.
+     * Written under the lock; caches read it without. */
+    _Atomic long long handed;
+    long long requested, allocs, frees, live; /* not counting caches' own */
     unsigned long long chunks_pinned, chunks_released, pin_ns;
     unsigned long long granules_pinned, granules_released, granules_moved;
     uint64_t release_threshold;
@@ -191,6 +209,10 @@ void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
                           unsigned long long *in_holes);
 
 /* granules.c: committing and giving back chunk memory (pool->lock held). */
+/* The granule for a new chunk when pinnable bytes can still be pinned: the
+ * backend's, or under a memlock limit (where mlock takes any page multiple)
+ * a smaller one, down to a pool page, so that small pools fit in it. */
+size_t pm__granule_to_fit(size_t granule, size_t pinnable);
 pm_result pm__granules_init(pm__chunk *c, size_t granule_bytes);
 /* Counts [first, first + npages) of c as busy or free again. */
 void pm__granules_mark(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool busy);
@@ -238,6 +260,8 @@ static inline pm__chunk *pm__chunk_map_get(uintptr_t addr)
 /* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
 void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result *why);
 void pm__central_free_block(pm__pool *pool, pm__span *run, void *block);
+/* A large allocation's span back to the pages. */
+void pm__central_free_large(pm__pool *pool, pm__span *span);
 /* Whether pm__central_alloc of bytesize (class cls) would be served without
  * pinning a new chunk. */
 bool pm__central_fits(pm__pool *pool, size_t bytesize, unsigned cls);
@@ -251,6 +275,8 @@ size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64
 /* cache.c: per-thread caches and the allocation paths. */
 /* Empties every cache of the pool into it; detach also unhooks them. */
 void pm__caches_flush_pool(pm__pool *pool, bool detach);
+/* Forgets the highest use each cache of the pool saw (USED_MEM_HIGH reset). */
+void pm__caches_reset_peaks(pm__pool *pool);
 /* Moves blocks freed on s out of every cache of the pool into pending. */
 void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s);
 pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s);
@@ -295,7 +321,48 @@ static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
     return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
                                 memory_order_acquire);
 }
-void pm__pool_note_high(pm__pool *pool); /* pool->lock held */
-void pm__pool_maybe_finish(pm__pool *pool); /* after a free into a destroyed pool */
+/* pool->lock held, after an allocation on the slow path by a thread whose
+ * cache for the pool holds held bytes (0: none). */
+void pm__pool_note_high(pm__pool *pool, long long held);
+/* pool->lock held: bytes handed out; a free block going back, or coming out
+ * of, the pool's runs, spans or pending batches. */
+static inline void pm__pool_handed_add(pm__pool *pool, long long bytes)
+{
+    atomic_store_explicit(&pool->handed,
+                          atomic_load_explicit(&pool->handed, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+}
+/* The bytes a block of span (a run's block, or a large span) counts for. */
+static inline size_t pm__block_bytes(const pm__span *span)
+{
+    return span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
+}
+/* pool->lock held, after a free into a destroyed pool or its destroy: true
+ * when the pool is finished (destroyed, nothing live, its destroy done) and
+ * nobody else has claimed it; the caller then calls pm__pool_finish once the
+ * lock is released. Deciding under the lock that counted the last free down
+ * lets only one thread ever see the pool's end. */
+bool pm__pool_claim_finish(pm__pool *pool);
+/* Gives everything of a claimed pool back and frees it; its stream frees
+ * must be done. */
+void pm__pool_teardown(pm__pool *pool);
+
+/* retire.c */
+/* Lists a pool being destroyed until it is finished, so that statistics of
+ * all pools still count the memory its live allocations hold. */
+void pm__retire_list(pm__pool *pool);
+/* Calls visit on every listed pool, with the list's lock held (no pool
+ * lock may be held when calling this). */
+void pm__retire_for_each_listed(void (*visit)(void *pool, void *arg), void *arg);
+/* The end of a claimed pool: unlisted, then torn down now or by the reaper. */
+void pm__retire_finish(pm__pool *pool);
+/* Starts the reaper again if its start failed, and meanwhile tears down
+ * here what no longer waits. Cheap when no pool waits. */
+void pm__retire_poll(void);
+/* Tears down here the waiting pools whose teardown no longer waits (for
+ * callers short of memory); whether there were any. */
+bool pm__retire_reap_here(void);
+/* Tests: this many of the next reaper starts fail (set before any starts). */
+extern int pm__retire_fail_starts;
 
 #endif
