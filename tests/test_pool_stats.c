@@ -1,5 +1,5 @@
 /* Statistics of all pools: the user's pools, including destroyed ones whose
- * allocations still live, and not the library's own staging pool; the same
+ * allocations still live, and not the staging ring; the same
  * for PINMEM_STATS=1 at exit. */
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,7 +15,7 @@ static pm_pool_stats all_pools(void)
     return st;
 }
 
-/* Staged copies pin their ring in a pool of the library's: not the user's. */
+/* The staging ring the copies pin is the library's, not a user pool. */
 static void staging_pool_left_out(void)
 {
     small_copy_config(0);

@@ -132,8 +132,7 @@ static void release_slot(const pm__pool *pool)
     pthread_mutex_unlock(&slots_lock);
 }
 
-static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default,
-                        bool internal)
+static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default)
 {
     int numa_node = -1;
     pm_result r = check_props(props, &numa_node);
@@ -147,7 +146,6 @@ static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_
     pool->props = *props;
     pool->numa_node = numa_node;
     pool->is_default = is_default;
-    pool->internal = internal;
     pool->release_threshold = PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
     pool->reuse_follow_event_deps = pool->reuse_opportunistic = pool->reuse_internal_deps = 1;
     pthread_mutex_lock(&slots_lock);
@@ -176,16 +174,7 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
     pm__retire_poll();
     pm__pool *p = NULL;
-    pm_result r = create(&p, props, false, false);
-    if (r == PM_SUCCESS)
-        *pool = (pm_mem_pool_t)p;
-    return r;
-}
-
-pm_result pm__pool_create_internal(pm_mem_pool_t *pool, const pm_mem_pool_props *props)
-{
-    pm__pool *p = NULL;
-    pm_result r = create(&p, props, false, true);
+    pm_result r = create(&p, props, false);
     if (r == PM_SUCCESS)
         *pool = (pm_mem_pool_t)p;
     return r;
@@ -194,7 +183,7 @@ pm_result pm__pool_create_internal(pm_mem_pool_t *pool, const pm_mem_pool_props 
 static void make_default_pool(void)
 {
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-    default_result = create(&default_pool, &props, true, false);
+    default_result = create(&default_pool, &props, true);
 }
 
 pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
@@ -637,13 +626,6 @@ static void add_stats(void *handle, void *stats)
     pthread_mutex_unlock(&pool->lock);
 }
 
-/* Statistics of all pools leave out the library's own (the staging ring's). */
-static void add_user_stats(void *handle, void *stats)
-{
-    if (!((pm__pool *)handle)->internal)
-        add_stats(handle, stats);
-}
-
 pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
 {
     PM__INSTANCE_OR_RETURN(inst);
@@ -661,8 +643,8 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
         /* Pools are only torn down after leaving the set, which waits for
          * this walk, and the list of destroyed ones still in use, whose walk
          * holds its lock. */
-        pm__handle_set_for_each(&live_pools, add_user_stats, &st);
-        pm__retire_for_each_listed(add_user_stats, &st);
+        pm__handle_set_for_each(&live_pools, add_stats, &st);
+        pm__retire_for_each_listed(add_stats, &st);
     }
     size_t n = stats->struct_size;
     st.struct_size = n;

@@ -18,9 +18,6 @@ void pm__pools_after_sync(pm_stream_t s);
 /* Before an event is recorded on s: blocks freed on s so far go to their
  * pools' pending batches, so that the event follows them (stream_order.h). */
 void pm__pools_flush_stream(pm_stream_t s);
-/* A pool for the library's own use (the staging ring): a pool like any
- * other, left out of the statistics of all pools and of PINMEM_STATS. */
-pm_result pm__pool_create_internal(pm_mem_pool_t *pool, const pm_mem_pool_props *props);
 /* PINMEM_STATS=1 */
 void pm__pool_stats_print_at_exit(void);
 /* In a forked child, on its one thread: the fast paths stop trusting what

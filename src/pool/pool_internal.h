@@ -153,7 +153,6 @@ struct pm__pool {
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
     unsigned long long generation; /* tells a reused slot from its old pool */
     bool is_default;
-    bool internal; /* the library's own: left out of statistics of all pools */
     /* guarded by lock (as everything below) */
     bool destroyed;
     bool destroying; /* the destroy is still flushing thread caches */
