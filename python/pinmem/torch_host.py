@@ -4,7 +4,7 @@ PyTorch 2.8 and later let an extension replace the allocator behind
 pin_memory(), pin_memory=True, the DataLoader's pinning thread and
 non-blocking copies to the host (at::setHostAllocator). install() builds
 that extension on first use (torch.utils.cpp_extension, cached like any
-other extension) and registers it, backed by a pinmem pool: pinned tensors
+other extension; see pinmem.torch_build) and registers it, backed by a pinmem pool: pinned tensors
 take the pool's size classes (at most 1/8 over) instead of the next power of
 two, cold pinning is pinmem's, and a freed block is reused only after every
 stream that used it is done, as with PyTorch's own allocator
@@ -12,7 +12,6 @@ stream that used it is done, as with PyTorch's own allocator
 """
 
 import ctypes
-import os
 import re
 import threading
 from pathlib import Path
@@ -61,13 +60,11 @@ def _check_torch():
 
 
 def _build():
-    from torch.utils import cpp_extension
+    from . import torch_build
 
     try:
-        return cpp_extension.load(
-            name="pinmem_torch_host_allocator", sources=[str(_SOURCE)], with_cuda=True,
-            extra_cflags=["-O2"], verbose=os.environ.get("PINMEM_TORCH_BUILD_VERBOSE") == "1")
-    except (OSError, RuntimeError) as e:
+        return torch_build.load("pinmem_torch_host_allocator", _SOURCE, cuda=True)
+    except (OSError, RuntimeError, ImportError) as e:
         raise RuntimeError(f"pinmem.torch.install(): the allocator extension could not be built "
                            f"with torch.utils.cpp_extension (it needs a C++ compiler and the CUDA "
                            f"toolkit's headers, found through CUDA_HOME): {e}") from e

@@ -105,3 +105,33 @@ def test_allocator_on_the_gpu(tmp_path):
     run = subprocess.run([sys.executable, "-c", _PROGRAM], capture_output=True, text=True,
                          env=env, cwd=str(tmp_path), timeout=900)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+
+
+def test_extension_built_without_ninja(tmp_path, monkeypatch):
+    """The compiler-only path of pinmem.torch_build, with a small extension
+    (the allocator itself needs PyTorch 2.8 and CUDA)."""
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    from pinmem import torch_build
+
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler here")
+    src = tmp_path / "tiny.cpp"
+    # c10 returning a std::string checks the C++ ABI flags as well as the paths.
+    src.write_text("#include <c10/core/DeviceType.h>\n#include <pybind11/pybind11.h>\n"
+                   "#include <pybind11/stl.h>\n"
+                   "int twice(int x) { return 2 * x; }\n"
+                   "std::string cpu() { return c10::DeviceTypeName(c10::DeviceType::CPU); }\n"
+                   "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+                   "  m.def(\"twice\", &twice);\n  m.def(\"cpu\", &cpu);\n}\n")
+    monkeypatch.setenv("PINMEM_TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+    module = torch_build.load("pinmem_tiny_extension", src, cuda=False)
+    assert module.twice(21) == 42 and module.cpu() == "CPU"
+    built = list((tmp_path / "cache").rglob("pinmem_tiny_extension*.so"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    assert torch_build.load("pinmem_tiny_extension", src, cuda=False).twice(2) == 4
+    assert built[0].stat().st_mtime_ns == mtime  # cached, not built again
