@@ -56,10 +56,6 @@ bad-mode)
     ;;
 children)
     # Programs without CUDA start and run as ever, and the preload is silent.
-    if [[ $sanitize == *thread* ]]; then
-        echo "skipped: ThreadSanitizer's runtime cannot be preloaded into programs built without it"
-        exit 77
-    fi
     export ASAN_OPTIONS=detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}
     preloaded /bin/true || fail "/bin/true"
     said
