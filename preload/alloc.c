@@ -16,6 +16,20 @@ static const unsigned alloc_flags = cudaHostAllocPortable | cudaHostAllocMapped;
 static const unsigned register_flags =
     cudaHostRegisterPortable | cudaHostRegisterMapped | cudaHostRegisterReadOnly;
 
+/* Memory the preload allocated, which the driver knows as a registration of
+ * pinmem's: the runtime's answers for it are those for its own allocations. */
+static bool in_allocation(const void *p)
+{
+    const pm__pinmem_api *pm = pm__owned_any() ? pm__pinmem() : NULL;
+    return pm && p && pm__owned_find(pm, p) == PM__OWNED_ALLOC;
+}
+
+/* The runtime's cudaErrorInvalidValue for such memory, produced by the same
+ * runtime function with arguments it refuses that way (the driver's table:
+ * NULL to cudaHostRegister or cudaHostUnregister, ordinary memory to
+ * cudaFreeHost), so that the runtime records it as its last error. */
+static char not_pinned;
+
 static const pm__pinmem_api *serving(void)
 {
     pm__preload_stats_arm();
@@ -81,6 +95,8 @@ static bool try_register(pm__attempt *a, void *ptr, size_t size, unsigned flags)
 PM__PRELOAD_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags)
 {
     pm__attempt a = {.fn = PM__FN_cudaHostRegister, .feature = PM__PRELOAD_ALLOC};
+    if (size && (in_allocation(ptr) || in_allocation((const char *)ptr + (size - 1))))
+        return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostRegister, NULL, 0, 0));
     if (try_register(&a, ptr, size, flags))
         return cudaSuccess;
     return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostRegister, ptr, size, flags));
@@ -112,6 +128,8 @@ PM__PRELOAD_EXPORT cudaError_t cudaFreeHost(void *ptr)
     pm__attempt a = {.fn = PM__FN_cudaFreeHost, .feature = PM__PRELOAD_ALLOC};
     if (try_give_back(&a, ptr, PM__OWNED_ALLOC))
         return cudaSuccess;
+    if (!a.tried && in_allocation(ptr)) /* inside one, not its start */
+        return pm__attempt_settle(&a, PM__REAL_CALL(cudaFreeHost, &not_pinned));
     return pm__attempt_settle(&a, PM__REAL_CALL(cudaFreeHost, ptr));
 }
 
@@ -120,6 +138,8 @@ PM__PRELOAD_EXPORT cudaError_t cudaHostUnregister(void *ptr)
     pm__attempt a = {.fn = PM__FN_cudaHostUnregister, .feature = PM__PRELOAD_ALLOC};
     if (try_give_back(&a, ptr, PM__OWNED_REGISTERED))
         return cudaSuccess;
+    if (!a.tried && in_allocation(ptr))
+        return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostUnregister, NULL));
     return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostUnregister, ptr));
 }
 
@@ -130,7 +150,7 @@ static const pm__pinmem_api *owner_of(const void *p)
 {
     pm__preload_stats_arm();
     const pm__pinmem_api *pm = pm__owned_any() ? pm__pinmem() : NULL;
-    return pm && pm__owned_contains(pm, p) ? pm : NULL;
+    return pm && pm__owned_find(pm, p) ? pm : NULL;
 }
 
 PM__PRELOAD_EXPORT cudaError_t cudaHostGetFlags(unsigned *pFlags, void *pHost)

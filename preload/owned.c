@@ -71,16 +71,17 @@ bool pm__owned_any(void)
 
 /* pinmem's registry knows where the allocation or registration around p
  * starts; the table says whether the preload made it. */
-bool pm__owned_contains(const pm__pinmem_api *pm, const void *p)
+pm__owned_kind pm__owned_find(const pm__pinmem_api *pm, const void *p)
 {
     pm_deviceptr base = 0;
     if (!pm__owned_any() || pm->pm_mem_get_address_range(&base, NULL, (pm_deviceptr)(uintptr_t)p) !=
                                 PM_SUCCESS)
-        return false;
-    bool found = false;
+        return 0;
+    pm__owned_kind kind = 0;
     pthread_mutex_lock(&lock);
-    for (entry *e = *bucket((uintptr_t)base); e && !found; e = e->next)
-        found = e->p == (uintptr_t)base;
+    for (entry *e = *bucket((uintptr_t)base); e && !kind; e = e->next)
+        if (e->p == (uintptr_t)base)
+            kind = e->kind;
     pthread_mutex_unlock(&lock);
-    return found;
+    return kind;
 }

@@ -128,8 +128,8 @@ typedef enum { PM__OWNED_ALLOC = 1, PM__OWNED_REGISTERED = 2 } pm__owned_kind;
 bool pm__owned_add(void *p, size_t bytes, pm__owned_kind kind);
 /* Removes p if it is an entry of that kind; *bytes receives its size. */
 bool pm__owned_take(void *p, pm__owned_kind kind, size_t *bytes);
-/* p lies in an entry's memory (interior pointers included). */
-bool pm__owned_contains(const pm__pinmem_api *pm, const void *p);
+/* p lies in an entry's memory (interior pointers included): its kind, or 0. */
+pm__owned_kind pm__owned_find(const pm__pinmem_api *pm, const void *p);
 /* Whether there are any entries: a load, for the calls that check first. */
 bool pm__owned_any(void);
 

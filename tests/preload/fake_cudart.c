@@ -127,13 +127,25 @@ static bool pinmem_pinned(const void *p)
     return pmd()->pm_mem_host_get_flags(&flags, (void *)p) == PM_SUCCESS;
 }
 
-static bool overlaps(uintptr_t lo, size_t n)
+/* The kind of this runtime's host memory [lo, lo + n) overlaps, or 0. */
+static kind overlaps(uintptr_t lo, size_t n)
 {
     for (int i = 0; i < MAX_REGIONS; i++)
         if (regions[i].k == HOST_REGISTERED || regions[i].k == HOST_ALLOC)
             if (lo < regions[i].base + regions[i].size && regions[i].base < lo + n)
-                return true;
-    return false;
+                return regions[i].k;
+    return 0;
+}
+
+/* pinmem's allocation or registration starting at p: the driver knows each
+ * as a registration of its own. */
+static bool pinmem_base(const void *p)
+{
+    pm_deviceptr base = 0;
+    return pinmem_pinned(p) &&
+           pmd()->pm_mem_get_address_range(&base, NULL, (pm_deviceptr)(uintptr_t)p) ==
+               PM_SUCCESS &&
+           base == (pm_deviceptr)(uintptr_t)p;
 }
 
 static cudaError_t host_alloc(void **p, size_t size, unsigned flags)
@@ -194,15 +206,19 @@ EXPORT cudaError_t cudaHostRegister(void *p, size_t size, unsigned flags)
         return ret(cudaErrorInvalidValue);
     if (flags & cudaHostRegisterIoMemory)
         return ret(cudaErrorInvalidValue); /* ordinary memory is not I/O memory */
+    /* Memory of this runtime's allocations cannot be registered; memory
+     * registered already (pinmem's included) is. */
     pthread_mutex_lock(&lock);
-    bool taken = overlaps((uintptr_t)p, size) || pinmem_pinned(p) ||
-                 pinmem_pinned((char *)p + size - 1);
-    bool ok = !taken && add((uintptr_t)p, size,
-                            (flags & cudaHostRegisterPortable) | cudaHostRegisterMapped,
-                            HOST_REGISTERED);
+    kind over = overlaps((uintptr_t)p, size);
+    bool taken = over == HOST_REGISTERED || pinmem_pinned(p) || pinmem_pinned((char *)p + size - 1);
+    bool ok = !over && !taken &&
+              add((uintptr_t)p, size, (flags & cudaHostRegisterPortable) | cudaHostRegisterMapped,
+                  HOST_REGISTERED);
     pthread_mutex_unlock(&lock);
-    return ok ? cudaSuccess
-              : ret(taken ? cudaErrorHostMemoryAlreadyRegistered : cudaErrorMemoryAllocation);
+    return ok      ? cudaSuccess
+           : over == HOST_ALLOC ? ret(cudaErrorInvalidValue)
+           : taken ? ret(cudaErrorHostMemoryAlreadyRegistered)
+                   : ret(cudaErrorMemoryAllocation);
 }
 
 EXPORT cudaError_t cudaHostUnregister(void *p)
@@ -213,7 +229,9 @@ EXPORT cudaError_t cudaHostUnregister(void *p)
     pthread_mutex_lock(&lock);
     region *r = find(p);
     cudaError_t e = cudaSuccess;
-    if (!r || r->k != HOST_REGISTERED)
+    if (!r && pinmem_base(p))
+        e = cudaSuccess; /* the driver would undo pinmem's registration */
+    else if (!r || r->k != HOST_REGISTERED)
         e = r ? cudaErrorInvalidValue : cudaErrorHostMemoryNotRegistered;
     else if (r->base != (uintptr_t)p)
         e = cudaErrorInvalidValue;

@@ -164,6 +164,21 @@ static void case_alloc_errors(void)
     CHECK(cudaFreeHost(p) == cudaErrorInvalidValue); /* twice: the runtime's answer */
     CHECK(cudaFreeHost(NULL) == cudaSuccess);
     CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+
+    /* An allocation is not a registration, though the driver knows pinmem's
+     * allocations as registrations: the runtime's answers for its own. */
+    REQUIRE(cudaHostAlloc(&p, 1 << 20, 0) == cudaSuccess);
+    CHECK(cudaHostRegister(p, 4096, 0) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaHostRegister((char *)p + 8192, 4096, 0) == cudaErrorInvalidValue);
+    CHECK(cudaHostUnregister(p) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaFreeHost((char *)p + 4096) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaHostGetFlags(&flags, p) == cudaSuccess && flags == cudaHostAllocMapped);
+    CHECK(pinmem_knows(p) == alloc_on);
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
 }
 
 static void case_register(void)
