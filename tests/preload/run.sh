@@ -94,6 +94,19 @@ elf)
     want="cudaFreeHost cudaHostAlloc cudaHostGetDevicePointer cudaHostGetFlags cudaHostRegister cudaHostUnregister cudaMallocHost cudaMemcpy cudaMemcpyAsync cudaMemcpyAsync_ptsz cudaMemcpy_ptds "
     [ "$exported" = "$want" ] || fail "exported: $exported"
     ;;
+install)
+    # As installed: pinmem preload-path names the installed library, which
+    # loads the libpinmem.so installed beside it.
+    prefix=$(mktemp -d)
+    trap 'rm -rf "$prefix" "$err"' EXIT
+    cmake --install "$bin/../.." --prefix "$prefix" >/dev/null || fail "cmake --install"
+    printed=$("$prefix/bin/pinmem" preload-path) || fail "pinmem preload-path"
+    installed=$(realpath "$(find "$prefix" -name libpinmem_preload.so | head -n 1)")
+    [ "$printed" = "$installed" ] || fail "preload-path printed $printed, installed is $installed"
+    with_preload=${runtime:+$runtime:}$installed
+    preloaded "$bin/test_preload_loader" load || fail "load, installed"
+    said
+    ;;
 *)
     echo "run.sh: unknown scenario $scenario"
     exit 2
