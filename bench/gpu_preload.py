@@ -356,7 +356,7 @@ CHECKS = {f.__name__: f for f in (cold_pin, to_cuda, overwrite, cpu_after_kernel
 
 # ---------------------------------------------------------------- driver
 
-def run(check, arg="", preload=None, stats=False):
+def run(check, arg="", preload=None):
     """One check in a fresh process: its dict, with "error" when it failed,
     and the preload's counts (PINMEM_STATS=1) under "served"."""
     env = dict(os.environ)
@@ -380,11 +380,24 @@ def run(check, arg="", preload=None, stats=False):
             served[parts[0]] = int(parts[1])
     if preload:
         out["served"] = served
+        said = [line for line in p.stderr.splitlines() if line.startswith("pinmem preload:")]
+        if said:
+            out["said"] = said
+    return out
+
+
+_said = []
+
+
+def run_noting(check, arg="", preload=None):
+    """run(), keeping what the preload said for the table."""
+    out = run(check, arg, preload)
+    _said.extend(out.get("said", []))
     return out
 
 
 def median_of(runs, check, arg, preload, key="seconds"):
-    results = [run(check, arg, preload) for _ in range(runs)]
+    results = [run_noting(check, arg, preload) for _ in range(runs)]
     bad = [r for r in results if "error" in r or key not in r]
     if bad:
         bad[0].setdefault("error", f"no {key} in {bad[0]}")
@@ -411,8 +424,13 @@ def main():
         return 2
     table = []
 
+    said = _said
+
     def row(name, ok, measured):
         status = "PASS" if ok is True else "SKIP" if ok is None else "FAIL"
+        if said:  # a fallback is allowed, but the table shows it
+            measured += f"; the preload said: {said[0][len('pinmem preload: '):][:160]}"
+            said.clear()
         table.append((name, status, measured))
         print(f"{status}  {name}: {measured}", flush=True)
 
@@ -450,12 +468,12 @@ def main():
                                       "non_blocking copy returns arrives as it was"),
                         ("cpu_after_kernel", "preload: .cpu() after a kernel sees its results")):
         if want(check):
-            r = run(check, "", pre)
+            r = run_noting(check, "", pre)
             print(f"  {check}: {json.dumps(r)}", flush=True)
             row(name, r.get("equal") is True and "error" not in r, r.get("error", "bytes equal"
                 if r.get("equal") else "bytes differ"))
     if want("graph"):
-        b, f = run("graph"), run("graph", "", pre)
+        b, f = run_noting("graph"), run_noting("graph", "", pre)
         print(f"  graph: without {json.dumps(b)}\n  with {json.dumps(f)}", flush=True)
         ok = f.get("ok") is True and b.get("ok") is True and \
             f.get("pageable_capture") == b.get("pageable_capture")
@@ -463,7 +481,7 @@ def main():
             f.get("error") or f"replay {'correct' if f.get('ok') else 'WRONG'}; a pageable copy "
             f"in a capture: {f.get('pageable_capture')} (without: {b.get('pageable_capture')})")
     if want("graph_while_copying"):
-        b, f = run("graph_while_copying"), run("graph_while_copying", "", pre)
+        b, f = run_noting("graph_while_copying"), run_noting("graph_while_copying", "", pre)
         print(f"  graph_while_copying: without {json.dumps(b)}\n  with {json.dumps(f)}",
               flush=True)
         ok = "error" not in f and f.get("capture") == b.get("capture") and \
@@ -472,17 +490,17 @@ def main():
             f.get("error") or f"capture {f.get('capture')} (without: {b.get('capture')}), "
             f"{f.get('copies')} copies meanwhile")
     if want("dataloader"):
-        r = run("dataloader", "", pre)
+        r = run_noting("dataloader", "", pre)
         print(f"  dataloader: {json.dumps(r)}", flush=True)
         row("preload: DataLoader(pin_memory=True, num_workers=4) completes",
             r.get("ok") is True, r.get("error", f"{r.get('batches')} batches, pinned"))
     if want("cupy_script"):
-        r = run("cupy_script", "", pre)
+        r = run_noting("cupy_script", "", pre)
         print(f"  cupy_script: {json.dumps(r)}", flush=True)
         row("preload: a CuPy script runs unaffected", None if "skipped" in r else
             r.get("ok") is True, r.get("skipped") or r.get("error") or "ok")
     if want("runtime_answers"):
-        b, f = run("runtime_answers"), run("runtime_answers", "", pre)
+        b, f = run_noting("runtime_answers"), run_noting("runtime_answers", "", pre)
         diff = [f"    without: {x}\n    with:    {y}"
                 for x, y in zip(b.get("answers", []), f.get("answers", [])) if x != y]
         print("  runtime answers without the preload:\n    " +
@@ -503,7 +521,7 @@ def main():
                 if line.startswith("MemAvailable:"):
                     avail = int(line.split()[1]) << 10
         count = max(1, min(24, int((avail - 24 * GiB) // (2.2 * GiB))))
-        r = run("install_footprint", str(count))
+        r = run_noting("install_footprint", str(count))
         print(f"  install_footprint: {json.dumps(r)}", flush=True)
         if "error" in r:
             row(f"install: {count} pinned tensors of 2.08 GiB", False, r["error"])
@@ -517,19 +535,19 @@ def main():
         timed("install: cold torch.empty(1 GiB, pin_memory=True)", "cold_pin", "", 8,
               with_preload=False)
     if want("install_reuse"):
-        r = run("install_reuse")
+        r = run_noting("install_reuse")
         print(f"  install_reuse: {json.dumps(r)}", flush=True)
         row("install: a block freed behind torch.cuda._sleep is not reused before its copy",
             r.get("equal") is True and r.get("reused_at_once") is False,
             r.get("error", "the device received the original bytes" if r.get("equal")
                   else "THE DEVICE RECEIVED OVERWRITTEN BYTES"))
     if want("install_graph"):
-        r = run("graph", "install")
+        r = run_noting("graph", "install")
         print(f"  graph, install: {json.dumps(r)}", flush=True)
         row("install: torch.cuda.graph capture and replay of a pinned copy", r.get("ok") is True,
             r.get("error", "replay correct"))
     if want("install_dataloader"):
-        r = run("dataloader", "install")
+        r = run_noting("dataloader", "install")
         print(f"  dataloader, install: {json.dumps(r)}", flush=True)
         row("install: DataLoader(pin_memory=True, num_workers=4) completes", r.get("ok") is True,
             r.get("error", f"{r.get('batches')} batches, {r.get('pinmem_allocs')} pinmem "
