@@ -83,3 +83,9 @@ fi
 [ -z "${PINMEM_GPU_SKIP_PYTHON:-}" ] || exit 0
 echo "== Python package"
 bash bench/gpu-python.sh build-gpu 2>&1 | tee "$OUT/python.txt" | grep -E "^== |passed|failed|Error" | tail -30
+
+# The preload library and pinmem.torch.install() with unmodified PyTorch: the
+# checks, the speed-ups side by side and a PASS/FAIL table, all into
+# preload.txt (bench/gpu-preload.sh alone repeats it: bash bench/gpu-preload.sh build-gpu).
+echo "== preload library and pinmem.torch.install()"
+bash bench/gpu-preload.sh build-gpu 2>&1 | tee "$OUT/preload.txt" | sed -n '/^== summary/,$p'

@@ -2,15 +2,15 @@
 # The README's C blocks are the example programs, verbatim: each ```c block
 # comes right after a line "<!-- examples/NAME.c -->" and must equal that
 # file, which the build compiles and the tests run. So every snippet a reader
-# copies compiles and works. The README also stays within 200 lines.
+# copies compiles and works. The README also stays within 220 lines.
 # Usage: scripts/check_readme.sh [SOURCE_DIR]
 set -euo pipefail
 root=${1:-$(dirname "$0")/..}
 readme=$root/README.md
 status=0
 lines=$(wc -l <"$readme")
-if [ "$lines" -gt 200 ]; then
-    echo "README.md has $lines lines; keep it within 200"
+if [ "$lines" -gt 220 ]; then
+    echo "README.md has $lines lines; keep it within 220"
     status=1
 fi
 tmp=$(mktemp -d)

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "pinmem.h"
+#include "preload_path.h"
 
 static int usage(FILE *to)
 {
@@ -18,6 +19,7 @@ static int usage(FILE *to)
                 "       pinmem bench split [--quick]      pageable copies part staged, part registered\n"
                 "       pinmem bench all [--quick]        all of the above\n"
                 "       (bench also takes --plot FILE.png: copy bandwidth against size)\n"
+                "       pinmem preload-path               the LD_PRELOAD library for unmodified programs\n"
                 "       pinmem version\n");
     return to == stderr ? 2 : 0;
 }
@@ -33,6 +35,8 @@ int main(int argc, char **argv)
         printf("pinmem %s\n", pm_version_string());
         return 0;
     }
+    if (strcmp(cmd, "preload-path") == 0)
+        return pm__preload_print_path();
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0)
         return usage(stdout);
     if (strcmp(cmd, "bench") != 0)

@@ -2,8 +2,11 @@
 
 build_wheel builds libpinmem.so with CMake (the checkout around python/,
 into build-python/) and ships it as pinmem/_lib/libpinmem.so.MAJOR.MINOR,
-so the wheel is tagged for this platform. Environment:
-  PINMEM_LIBRARY=/path/libpinmem.so   ship this library instead of building one
+with the preload library beside it (pinmem/_lib/libpinmem_preload.so), so
+the wheel is tagged for this platform. Environment:
+  PINMEM_LIBRARY=/path/libpinmem.so   ship this library (and the preload
+                                      library beside it, if there is one)
+                                      instead of building them
   PINMEM_BUILD_LIBRARY=0              ship no library (pure-Python wheel)
   PINMEM_CMAKE_ARGS="..."             extra CMake arguments for the build
 """
@@ -65,8 +68,8 @@ def _library():
             "-DBUILD_TESTING=OFF"] + shlex.split(os.environ.get("PINMEM_CMAKE_ARGS", ""))
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     jobs = str(os.cpu_count() or 2)
-    subprocess.run([cmake, "--build", str(build), "--target", "pinmem_shared", "-j", jobs],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([cmake, "--build", str(build), "--target", "pinmem_shared", "pinmem_preload",
+                    "-j", jobs], check=True, stdout=subprocess.DEVNULL)
     return build / "libpinmem.so"
 
 
@@ -139,6 +142,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     if lib is None:
         return _write_wheel(wheel_directory, files, "py3-none-any", True)
     files.append((f"{NAME}/_lib/{_soname()}", lib.read_bytes()))
+    preload = lib.parent / "libpinmem_preload.so"
+    if preload.is_file():
+        files.append((f"{NAME}/_lib/{preload.name}", preload.read_bytes()))
     return _write_wheel(wheel_directory, files, f"py3-none-{_platform_tag()}", False)
 
 

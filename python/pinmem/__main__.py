@@ -1,10 +1,13 @@
-"""python -m pinmem info | bench [options] (bench --help for them)."""
+"""python -m pinmem info | bench [options] (bench --help for them) | preload-path."""
 
 import sys
 
 USAGE = """usage: python -m pinmem COMMAND
   info    the library, its backend and the machine's capabilities
   bench   pinning and copies side by side with PyTorch (python -m pinmem bench --help)
+  preload-path
+          the LD_PRELOAD library for unmodified programs: LD_PRELOAD=$(python -m pinmem
+          preload-path) python train.py
 """
 
 
@@ -45,6 +48,15 @@ def main(argv=None):
         return 0 if argv else 2
     if argv[0] == "info":
         return info()
+    if argv[0] == "preload-path":
+        from ._preload import path
+
+        try:
+            print(path())
+        except FileNotFoundError as e:
+            print(e, file=sys.stderr)
+            return 1
+        return 0
     if argv[0] == "bench":
         from ._bench import main as bench
 

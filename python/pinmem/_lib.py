@@ -1,6 +1,9 @@
 """Finding and loading libpinmem.so, and the C declarations the package uses.
 
-The library is looked for, in this order:
+A libpinmem.so already in the process (the preload library,
+libpinmem_preload.so, loads one for the CUDA runtime's calls) is used as it
+is, so that a process has one pinmem. Otherwise the library is looked for, in
+this order:
 
 1. the path in the environment variable PINMEM_LIBRARY (nothing else is tried
    when it is set);
@@ -176,6 +179,30 @@ def _declare(lib):
         fn.argtypes = argtypes
 
 
+def _in_process():
+    """The libpinmem.so of this soname already loaded in the process, or None."""
+    try:
+        return ctypes.CDLL(SONAME, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except (OSError, AttributeError):
+        return None
+
+
+def _usable(lib, cand, tried):
+    """Declares the functions of lib; False (noted in tried) when it is too old."""
+    try:
+        _declare(lib)
+    except AttributeError as e:
+        tried.append(f"{cand} (too old for this package: {e})")
+        return False
+    version = lib.pm_version()
+    if version < NEEDED_VERSION or version // 10000 != NEEDED_VERSION // 10000:
+        tried.append(f"{cand} (version {version}, this package needs "
+                     f"{NEEDED_VERSION // 10000}.{NEEDED_VERSION // 100 % 100} or a later "
+                     f"minor version)")
+        return False
+    return True
+
+
 def load():
     """The loaded library (a ctypes.CDLL); LibraryNotFound when there is none."""
     global _lib, _path
@@ -185,6 +212,11 @@ def load():
         if _lib is not None:
             return _lib
         tried = []
+        lib = _in_process()
+        if lib is not None and _usable(lib, f"{SONAME} (already loaded)", tried):
+            _path = _loaded_path(lib, SONAME)
+            _lib = lib
+            return _lib
         for cand in candidates():
             is_path = os.sep in cand
             if is_path and not os.path.exists(cand):
@@ -195,16 +227,7 @@ def load():
             except OSError as e:
                 tried.append(f"{cand} ({e})")
                 continue
-            try:
-                _declare(lib)
-            except AttributeError as e:
-                tried.append(f"{cand} (too old for this package: {e})")
-                continue
-            version = lib.pm_version()
-            if version < NEEDED_VERSION or version // 10000 != NEEDED_VERSION // 10000:
-                tried.append(f"{cand} (version {version}, this package needs "
-                             f"{NEEDED_VERSION // 10000}.{NEEDED_VERSION // 100 % 100} or a later "
-                             f"minor version)")
+            if not _usable(lib, cand, tried):
                 continue
             _path = cand if is_path else _loaded_path(lib, cand)
             _lib = lib
@@ -220,7 +243,7 @@ def _loaded_path(lib, name):
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
-                if "libpinmem" in line and "/" in line:
+                if "/libpinmem.so" in line:
                     return line[line.index("/"):].strip()
     except OSError:
         pass

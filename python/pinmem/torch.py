@@ -1,8 +1,13 @@
-"""pinmem.torch: PyTorch tensors copied through pinmem's copy engine.
+"""pinmem.torch: PyTorch tensors copied through pinmem's copy engine, and
+PyTorch's pinned memory served by pinmem.
 
 to_device(t) is t.to("cuda") and to_host(t) is t.cpu(), with pageable
 memory moved by pinmem's staging engine instead of the driver's own
 pageable path; dtype and shape are kept.
+
+install() replaces PyTorch's CUDA host allocator (PyTorch 2.8 and later) with
+one served by a pinmem pool (pinmem.torch_host); uninstall() puts PyTorch's
+back.
 """
 
 try:
@@ -14,7 +19,28 @@ from . import _lib
 from ._errors import check
 from ._stream import stream_handle
 
-__all__ = ["to_device", "to_host"]
+__all__ = ["to_device", "to_host", "install", "uninstall", "installed"]
+
+
+def install(pool=None):
+    """PyTorch's CUDA host allocator served by pinmem (see pinmem.torch_host.install)."""
+    from .torch_host import install as _install
+
+    return _install(pool)
+
+
+def uninstall():
+    """Puts PyTorch's own CUDA host allocator back (pinmem.torch_host.uninstall)."""
+    from .torch_host import uninstall as _uninstall
+
+    _uninstall()
+
+
+def installed():
+    """Whether PyTorch's CUDA host allocator is pinmem's now."""
+    from .torch_host import installed as _installed
+
+    return _installed()
 
 
 def _tensor(t, what):

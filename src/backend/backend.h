@@ -161,6 +161,11 @@ typedef struct pm__backend {
      * error from the query also counts, so the driver's copy then answers);
      * posix streams never capture. */
     bool (*stream_is_capturing)(pm_stream_t s);
+    /* Called first on each thread pinmem starts that may call the driver (the
+     * staging workers, the registration cache's listener): such threads must
+     * not disturb a graph capture another thread has in progress (cuda: the
+     * thread's capture mode is relaxed; posix: nothing to do). */
+    void (*own_thread_start)(void);
     /* The driver's own copy, direction from the pointers (cuMemcpy,
      * cuMemcpyAsync): for what the copy engine does not take. posix: a
      * synchronous copy waits for the default stream; an asynchronous one is

@@ -580,6 +580,15 @@ static bool cuda_stream_is_capturing(pm_stream_t s)
     return rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* Relaxed: the driver then checks nothing this thread does against captures
+ * other threads have in progress in global mode; its own streams never
+ * capture. */
+static void cuda_own_thread_start(void)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    cu->thread_exchange_capture_mode(&mode);
+}
+
 static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
                                bool sync, bool device_only)
 {
@@ -711,6 +720,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->pointer_kind = cuda_pointer_kind;
     out->device_release = cuda_device_release;
     out->stream_is_capturing = cuda_stream_is_capturing;
+    out->own_thread_start = cuda_own_thread_start;
     out->copy_any = cuda_copy_any;
     return PM_SUCCESS;
 }

@@ -69,6 +69,7 @@ static const symbol required[] = {
     SYM(memcpy_unified_async, "cuMemcpyAsync", 4000),
     SYM(pointer_get_attributes, "cuPointerGetAttributes", 7000),
     SYM(stream_is_capturing, "cuStreamIsCapturing", 10000),
+    SYM(thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode", 10010),
 };
 
 /* Left NULL when missing: the pools then pin whole chunks. */

@@ -72,6 +72,7 @@ typedef struct pm__cuda_api {
     CUresult (*memcpy_unified_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*pointer_get_attributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
     CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*thread_exchange_capture_mode)(CUstreamCaptureMode *);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

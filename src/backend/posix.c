@@ -386,6 +386,8 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
     return PM_SUCCESS;
 }
 
+static void posix_own_thread_start(void) {}
+
 static bool posix_stream_is_capturing(pm_stream_t s)
 {
     (void)s;
@@ -549,6 +551,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->pointer_kind = posix_pointer_kind;
     out->device_release = posix_device_release;
     out->stream_is_capturing = posix_stream_is_capturing;
+    out->own_thread_start = posix_own_thread_start;
     out->copy_any = posix_copy_any;
     return PM_SUCCESS;
 }

@@ -483,6 +483,7 @@ static void finish_slice(const claim *c)
 static void *worker_main(void *arg)
 {
     const unsigned index = (unsigned)(uintptr_t)arg;
+    pm__instance_backend()->own_thread_start();
     pthread_mutex_lock(&eng.lock);
     for (;;) {
         claim c;

@@ -1,0 +1,181 @@
+/* Pinned host memory: cudaHostAlloc, cudaMallocHost and cudaHostRegister
+ * pin through pinmem (cold pinning several times faster than the driver's),
+ * memory the driver knows as pinned, so every other runtime and driver call
+ * answers for it as it would. The frees, unregistrations and queries of
+ * that memory go to pinmem; of any other memory, to the runtime.
+ *
+ * pinmem serves only calls the runtime would let succeed: arguments the
+ * runtime refuses go to the runtime for its answer. Write-combined memory
+ * goes to the runtime too: pinmem would get it from the driver's own
+ * allocation anyway, at the driver's speed. */
+#include <stdint.h>
+
+#include "preload.h"
+
+static const unsigned alloc_flags = cudaHostAllocPortable | cudaHostAllocMapped;
+static const unsigned register_flags =
+    cudaHostRegisterPortable | cudaHostRegisterMapped | cudaHostRegisterReadOnly;
+
+/* Memory the preload allocated, which the driver knows as a registration of
+ * pinmem's: the runtime's answers for it are those for its own allocations. */
+static bool in_allocation(const void *p)
+{
+    const pm__pinmem_api *pm = pm__owned_any() ? pm__pinmem() : NULL;
+    return pm && p && pm__owned_find(pm, p) == PM__OWNED_ALLOC;
+}
+
+/* The runtime's cudaErrorInvalidValue for such memory, produced by the same
+ * runtime function with arguments it refuses that way (the driver's table:
+ * NULL to cudaHostRegister or cudaHostUnregister, ordinary memory to
+ * cudaFreeHost), so that the runtime records it as its last error. */
+static char not_pinned;
+
+static const pm__pinmem_api *serving(void)
+{
+    pm__preload_stats_arm();
+    return pm__preload_wants(PM__PRELOAD_ALLOC) ? pm__pinmem() : NULL;
+}
+
+/* Serves an allocation the runtime would let succeed; false when the
+ * runtime's own call must answer (a says whether pinmem tried). */
+static bool try_alloc(pm__attempt *a, void **p, size_t size, unsigned flags)
+{
+    const pm__pinmem_api *pm = NULL;
+    if (!p || size == 0 || (flags & ~alloc_flags) || !(pm = serving()))
+        return false;
+    void *got = NULL;
+    pm_result r = pm->pm_mem_host_alloc(&got, size, flags);
+    if (r == PM_SUCCESS && !pm__owned_add(got, size, PM__OWNED_ALLOC)) {
+        pm->pm_mem_free_host(got);
+        r = PM_ERROR_OUT_OF_MEMORY;
+    }
+    if (r != PM_SUCCESS) {
+        pm__attempt_failed(a, pm, r);
+        return false;
+    }
+    *p = got;
+    pm__preload_count_served(a->fn, size);
+    return true;
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned flags)
+{
+    pm__attempt a = {.fn = PM__FN_cudaHostAlloc, .feature = PM__PRELOAD_ALLOC};
+    if (try_alloc(&a, pHost, size, flags))
+        return cudaSuccess;
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostAlloc, pHost, size, flags));
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    pm__attempt a = {.fn = PM__FN_cudaMallocHost, .feature = PM__PRELOAD_ALLOC};
+    if (try_alloc(&a, ptr, size, 0))
+        return cudaSuccess;
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMallocHost, ptr, size));
+}
+
+static bool try_register(pm__attempt *a, void *ptr, size_t size, unsigned flags)
+{
+    const pm__pinmem_api *pm = NULL;
+    if (!ptr || size == 0 || (flags & ~register_flags) || !(pm = serving()))
+        return false;
+    pm_result r = pm->pm_mem_host_register(ptr, size, flags);
+    if (r == PM_SUCCESS && !pm__owned_add(ptr, size, PM__OWNED_REGISTERED)) {
+        pm->pm_mem_host_unregister(ptr);
+        r = PM_ERROR_OUT_OF_MEMORY;
+    }
+    if (r != PM_SUCCESS) {
+        pm__attempt_failed(a, pm, r);
+        return false;
+    }
+    pm__preload_count_served(a->fn, size);
+    return true;
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags)
+{
+    pm__attempt a = {.fn = PM__FN_cudaHostRegister, .feature = PM__PRELOAD_ALLOC};
+    if (size && (in_allocation(ptr) || in_allocation((const char *)ptr + (size - 1))))
+        return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostRegister, NULL, 0, 0));
+    if (try_register(&a, ptr, size, flags))
+        return cudaSuccess;
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostRegister, ptr, size, flags));
+}
+
+/* Memory pinmem pinned here goes back to pinmem, whatever the mode says now
+ * (a feature turned off keeps serving what it handed out). Should pinmem
+ * fail (the driver reporting an earlier error), the runtime's own call on
+ * the same pointer gives the error the program sees, and records it as the
+ * runtime's last error. */
+static bool try_give_back(pm__attempt *a, void *p, pm__owned_kind kind)
+{
+    pm__preload_stats_arm();
+    const pm__pinmem_api *pm = pm__owned_any() ? pm__pinmem() : NULL;
+    size_t bytes = 0;
+    if (!pm || !p || !pm__owned_take(p, kind, &bytes))
+        return false;
+    pm_result r = kind == PM__OWNED_ALLOC ? pm->pm_mem_free_host(p) : pm->pm_mem_host_unregister(p);
+    if (r != PM_SUCCESS) {
+        pm__attempt_failed(a, pm, r);
+        return false;
+    }
+    pm__preload_count_served(a->fn, bytes);
+    return true;
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaFreeHost(void *ptr)
+{
+    pm__attempt a = {.fn = PM__FN_cudaFreeHost, .feature = PM__PRELOAD_ALLOC};
+    if (try_give_back(&a, ptr, PM__OWNED_ALLOC))
+        return cudaSuccess;
+    if (!a.tried && in_allocation(ptr)) /* inside one, not its start */
+        return pm__attempt_settle(&a, PM__REAL_CALL(cudaFreeHost, &not_pinned));
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaFreeHost, ptr));
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaHostUnregister(void *ptr)
+{
+    pm__attempt a = {.fn = PM__FN_cudaHostUnregister, .feature = PM__PRELOAD_ALLOC};
+    if (try_give_back(&a, ptr, PM__OWNED_REGISTERED))
+        return cudaSuccess;
+    if (!a.tried && in_allocation(ptr))
+        return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostUnregister, NULL));
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostUnregister, ptr));
+}
+
+/* The queries, for memory pinmem pinned here: pinmem answers as the driver
+ * does for the allocation the program asked for (its flags, not those pinmem
+ * pinned with). Anything else, and argument errors, the runtime answers. */
+static const pm__pinmem_api *owner_of(const void *p)
+{
+    pm__preload_stats_arm();
+    const pm__pinmem_api *pm = pm__owned_any() ? pm__pinmem() : NULL;
+    return pm && pm__owned_find(pm, p) ? pm : NULL;
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaHostGetFlags(unsigned *pFlags, void *pHost)
+{
+    pm__attempt a = {.fn = PM__FN_cudaHostGetFlags, .feature = PM__PRELOAD_ALLOC};
+    const pm__pinmem_api *pm = pFlags ? owner_of(pHost) : NULL;
+    unsigned flags = 0;
+    if (pm && pm->pm_mem_host_get_flags(&flags, pHost) == PM_SUCCESS) {
+        *pFlags = flags;
+        pm__preload_count_served(a.fn, 0);
+        return cudaSuccess;
+    }
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostGetFlags, pFlags, pHost));
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost,
+                                                        unsigned flags)
+{
+    pm__attempt a = {.fn = PM__FN_cudaHostGetDevicePointer, .feature = PM__PRELOAD_ALLOC};
+    const pm__pinmem_api *pm = pDevice && flags == 0 ? owner_of(pHost) : NULL;
+    pm_deviceptr d = 0;
+    if (pm && pm->pm_mem_host_get_device_pointer(&d, pHost, 0) == PM_SUCCESS) {
+        *pDevice = (void *)(uintptr_t)d;
+        pm__preload_count_served(a.fn, 0);
+        return cudaSuccess;
+    }
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostGetDevicePointer, pDevice, pHost, flags));
+}

@@ -1,0 +1,153 @@
+/* Copies: cudaMemcpy and cudaMemcpyAsync (and their per-thread default
+ * stream forms) between pageable host memory and device memory go through
+ * pinmem's copy engine; every other copy is the runtime's.
+ *
+ * The semantics are the runtime's: a pageable source may be changed once the
+ * call returns, a pageable destination holds the bytes when it returns, and
+ * the copy is ordered on the stream as the runtime orders it. pinmem serves
+ * a copy only when the runtime would accept it as it stands: a valid kind
+ * that agrees with what the pointers are (the runtime's own pointer
+ * attributes say), both ends of the host range pageable, the device side on
+ * pinmem's device, and a stream that is not capturing (a capture gets the
+ * runtime's own copy node). Copies pinmem would leave to the driver anyway
+ * (up to its direct_max) go to the runtime at once. */
+#include <stdint.h>
+
+#include "preload.h"
+
+static bool attributes(const void *p, struct cudaPointerAttributes *attr)
+{
+    *attr = (struct cudaPointerAttributes){0};
+    return PM__REAL_CALL(cudaPointerGetAttributes, attr, p) == cudaSuccess;
+}
+
+static bool pageable(const void *p, size_t count)
+{
+    struct cudaPointerAttributes first, last;
+    return attributes(p, &first) && first.type == cudaMemoryTypeUnregistered &&
+           attributes((const char *)p + (count - 1), &last) &&
+           last.type == cudaMemoryTypeUnregistered;
+}
+
+static bool on_device(const pm__pinmem_api *pm, const void *p)
+{
+    struct cudaPointerAttributes attr;
+    return attributes(p, &attr) && attr.type == cudaMemoryTypeDevice &&
+           (pm->device_ordinal < 0 || attr.device == pm->device_ordinal);
+}
+
+/* Which side is the host one: the kind names the direction, or (Default)
+ * the pointers do. false: a copy pinmem does not take. */
+static bool host_to_device(const pm__pinmem_api *pm, void *dst, const void *src, size_t count,
+                           enum cudaMemcpyKind kind, bool *htod)
+{
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        *htod = true;
+        return pageable(src, count) && on_device(pm, dst);
+    case cudaMemcpyDeviceToHost:
+        *htod = false;
+        return pageable(dst, count) && on_device(pm, src);
+    case cudaMemcpyDefault:
+        if (on_device(pm, dst) && pageable(src, count))
+            return *htod = true;
+        *htod = false;
+        return on_device(pm, src) && pageable(dst, count);
+    default:
+        return false;
+    }
+}
+
+/* The legacy default stream is the current device's: pinmem's device must be
+ * current for pinmem's threads to queue on the same one. */
+static bool stream_serves(const pm__pinmem_api *pm, cudaStream_t stream, bool per_thread)
+{
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaStream_t asked = stream ? stream : per_thread ? cudaStreamPerThread : cudaStreamLegacy;
+    if (PM__REAL_CALL(cudaStreamIsCapturing, asked, &status) != cudaSuccess ||
+        status != cudaStreamCaptureStatusNone)
+        return false;
+    if (pm->device_ordinal < 0 || (asked != cudaStreamLegacy && asked != cudaStreamPerThread))
+        return true;
+    int current = -1;
+    return PM__REAL_CALL(cudaGetDevice, &current) == cudaSuccess && current == pm->device_ordinal;
+}
+
+static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
+                     enum cudaMemcpyKind kind, cudaStream_t stream, bool sync, bool per_thread)
+{
+    pm__preload_stats_arm();
+    const pm__pinmem_api *pm = NULL;
+    bool htod = false;
+    if (count == 0 || !dst || !src || !pm__preload_wants(PM__PRELOAD_COPY) ||
+        !(pm = pm__pinmem()) || count <= pm->direct_max ||
+        !host_to_device(pm, dst, src, count, kind, &htod) ||
+        !stream_serves(pm, stream, per_thread))
+        return false;
+    const pm_deviceptr to = (pm_deviceptr)(uintptr_t)dst, from = (pm_deviceptr)(uintptr_t)src;
+    const bool thread_stream =
+        stream == cudaStreamPerThread || (stream == NULL && per_thread);
+    pm_result r;
+    /* The runtime's synchronous copy from pageable memory waits for the
+     * stream's earlier work first. */
+    if (sync && htod &&
+        PM__REAL_CALL(cudaStreamSynchronize, thread_stream ? cudaStreamPerThread : stream) !=
+            cudaSuccess)
+        return false;
+    if (thread_stream) {
+        pm__lane *lane = pm__lane_enter();
+        if (!lane)
+            return false;
+        r = pm->pm_memcpy_async(to, from, count, pm__lane_stream(lane));
+        /* Should the per-thread stream not wait for the lane, the runtime's
+         * own copy on it does the copy again, in its order. */
+        if (r == PM_SUCCESS && !pm__lane_leave(lane, sync))
+            return false;
+    } else if (sync && stream == NULL)
+        r = pm->pm_memcpy(to, from, count);
+    else
+        r = pm->pm_memcpy_async(to, from, count, stream == cudaStreamLegacy ? NULL : stream);
+    if (r != PM_SUCCESS) {
+        pm__attempt_failed(a, pm, r);
+        return false;
+    }
+    pm__preload_count_served(a->fn, count);
+    return true;
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
+                                          enum cudaMemcpyKind kind)
+{
+    pm__attempt a = {.fn = PM__FN_cudaMemcpy, .feature = PM__PRELOAD_COPY};
+    if (try_copy(&a, dst, src, count, kind, NULL, true, false))
+        return cudaSuccess;
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpy, dst, src, count, kind));
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count,
+                                               enum cudaMemcpyKind kind)
+{
+    pm__attempt a = {.fn = PM__FN_cudaMemcpy_ptds, .feature = PM__PRELOAD_COPY};
+    if (try_copy(&a, dst, src, count, kind, NULL, true, true))
+        return cudaSuccess;
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpy_ptds, dst, src, count, kind));
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
+                                               enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync, .feature = PM__PRELOAD_COPY};
+    if (try_copy(&a, dst, src, count, kind, stream, false, false))
+        return cudaSuccess;
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpyAsync, dst, src, count, kind, stream));
+}
+
+PM__PRELOAD_EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count,
+                                                    enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync_ptsz, .feature = PM__PRELOAD_COPY};
+    if (try_copy(&a, dst, src, count, kind, stream, false, true))
+        return cudaSuccess;
+    return pm__attempt_settle(&a,
+                              PM__REAL_CALL(cudaMemcpyAsync_ptsz, dst, src, count, kind, stream));
+}

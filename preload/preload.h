@@ -1,0 +1,189 @@
+/* libpinmem_preload.so: the CUDA runtime's pinned-memory and copy calls,
+ * served by pinmem for programs that never call it (LD_PRELOAD).
+ *
+ * What a program sees must not change, except speed. So pinmem serves only
+ * calls it can complete the way the runtime would; everything else, and
+ * every call pinmem fails, goes to the runtime's own function. An error the
+ * program sees therefore always comes from the runtime itself, which also
+ * keeps the runtime's last-error state (cudaGetLastError,
+ * cudaPeekAtLastError) exactly as it would be: a call pinmem served
+ * succeeded, and a successful runtime call leaves that state alone too.
+ *
+ * Nothing is loaded before the first interposed call: the runtime's
+ * functions are looked up then, and libpinmem.so is loaded at the first call
+ * pinmem may serve. The library declares no dependency on either, so any
+ * program (a shell, a program without CUDA) starts under it unchanged. */
+#ifndef PINMEM_PRELOAD_H
+#define PINMEM_PRELOAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cudart.h"
+#include "pinmem.h"
+
+#define PM__PRELOAD_EXPORT __attribute__((visibility("default")))
+
+/* ------------------------------------------------------------ settings */
+
+/* What PINMEM_PRELOAD lets pinmem serve: off, alloc, copy or all. */
+enum { PM__PRELOAD_ALLOC = 1u, PM__PRELOAD_COPY = 2u };
+
+/* The PINMEM_PRELOAD bits, read once (a bad value: said once, then all). */
+unsigned pm__preload_mode(void);
+/* PINMEM_STATS=1: the counts are printed at exit. */
+bool pm__preload_stats_wanted(void);
+/* The feature is in the mode and has not been turned off (below). */
+bool pm__preload_wants(unsigned feature);
+/* Turns a feature off for the rest of the process. */
+void pm__preload_turn_off(unsigned feature);
+
+/* --------------------------------------------- the runtime's own functions */
+
+/* X(name, parameter list): the interposed functions, then those the
+ * interposed ones call. */
+#define PM__REAL_LIST(X)                                                                   \
+    X(cudaHostAlloc, (void **, size_t, unsigned))                                          \
+    X(cudaMallocHost, (void **, size_t))                                                   \
+    X(cudaFreeHost, (void *))                                                              \
+    X(cudaHostRegister, (void *, size_t, unsigned))                                        \
+    X(cudaHostUnregister, (void *))                                                        \
+    X(cudaHostGetDevicePointer, (void **, void *, unsigned))                               \
+    X(cudaHostGetFlags, (unsigned *, void *))                                              \
+    X(cudaMemcpy, (void *, const void *, size_t, enum cudaMemcpyKind))                     \
+    X(cudaMemcpy_ptds, (void *, const void *, size_t, enum cudaMemcpyKind))                \
+    X(cudaMemcpyAsync, (void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t))  \
+    X(cudaMemcpyAsync_ptsz, (void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t)) \
+    X(cudaPointerGetAttributes, (struct cudaPointerAttributes *, const void *))            \
+    X(cudaStreamIsCapturing, (cudaStream_t, enum cudaStreamCaptureStatus *))               \
+    X(cudaGetDevice, (int *))                                                              \
+    X(cudaStreamSynchronize, (cudaStream_t))                                               \
+    X(cudaStreamCreateWithFlags, (cudaStream_t *, unsigned))                               \
+    X(cudaStreamDestroy, (cudaStream_t))                                                   \
+    X(cudaEventCreateWithFlags, (cudaEvent_t *, unsigned))                                 \
+    X(cudaEventDestroy, (cudaEvent_t))                                                     \
+    X(cudaEventRecord, (cudaEvent_t, cudaStream_t))                                        \
+    X(cudaEventSynchronize, (cudaEvent_t))                                                 \
+    X(cudaStreamWaitEvent, (cudaStream_t, cudaEvent_t, unsigned))
+
+/* pm__real_NAME(): the runtime's NAME, or NULL (said once) when no runtime
+ * in the process has it. */
+#define PM__REAL_DECLARE_(name, params)            \
+    typedef cudaError_t(*pm__real_##name##_t) params; \
+    pm__real_##name##_t pm__real_##name(void);
+PM__REAL_LIST(PM__REAL_DECLARE_)
+#undef PM__REAL_DECLARE_
+
+/* The error an interposed call returns when the runtime's function cannot
+ * be found (a caller that reached it without the runtime loaded). */
+#define PM__PRELOAD_NO_RUNTIME cudaErrorInitializationError
+
+/* Calls the runtime's name(args...), or returns PM__PRELOAD_NO_RUNTIME. */
+#define PM__REAL_CALL(name, ...) \
+    (pm__real_##name() ? pm__real_##name()(__VA_ARGS__) : PM__PRELOAD_NO_RUNTIME)
+
+/* ----------------------------------------------------------------- pinmem */
+
+/* The pinmem functions the preload calls, from the one libpinmem.so of the
+ * process: the one already loaded (by the Python package, say), else the
+ * one of PINMEM_LIBRARY, else the one beside this library, else the
+ * system's. */
+#define PM__PINMEM_LIST(X)                                                                 \
+    X(pm_version, int, (void))                                                             \
+    X(pm_init, pm_result, (unsigned))                                                      \
+    X(pm_backend_name, const char *, (void))                                               \
+    X(pm_get_capabilities, pm_result, (pm_capabilities *))                                 \
+    X(pm_result_name, const char *, (pm_result))                                           \
+    X(pm_last_error_detail, const char *, (void))                                          \
+    X(pm_mem_host_alloc, pm_result, (void **, size_t, unsigned))                           \
+    X(pm_mem_free_host, pm_result, (void *))                                               \
+    X(pm_mem_host_register, pm_result, (void *, size_t, unsigned))                         \
+    X(pm_mem_host_unregister, pm_result, (void *))                                         \
+    X(pm_mem_host_get_flags, pm_result, (unsigned *, void *))                              \
+    X(pm_mem_host_get_device_pointer, pm_result, (pm_deviceptr *, void *, unsigned))       \
+    X(pm_mem_get_address_range, pm_result, (pm_deviceptr *, size_t *, pm_deviceptr))       \
+    X(pm_memcpy, pm_result, (pm_deviceptr, pm_deviceptr, size_t))                          \
+    X(pm_memcpy_async, pm_result, (pm_deviceptr, pm_deviceptr, size_t, pm_stream_t))       \
+    X(pm_copy_get_config, pm_result, (pm_copy_config *))
+
+typedef struct pm__pinmem_api {
+#define PM__PINMEM_FIELD_(name, ret, params) ret(*name) params;
+    PM__PINMEM_LIST(PM__PINMEM_FIELD_)
+#undef PM__PINMEM_FIELD_
+    int device_ordinal;  /* pinmem's device; -1 where it has none (posix) */
+    size_t direct_max;   /* pageable copies up to this size pinmem leaves to the driver */
+} pm__pinmem_api;
+
+/* pinmem, loaded and initialised on first use; NULL when it cannot serve
+ * this process (said once): not found, too old, or no backend that stands
+ * for the runtime's driver. */
+const pm__pinmem_api *pm__pinmem(void);
+
+/* ------------------------------------------------ memory pinmem pinned here */
+
+typedef enum { PM__OWNED_ALLOC = 1, PM__OWNED_REGISTERED = 2 } pm__owned_kind;
+
+/* The allocations and registrations the preload made through pinmem, by the
+ * pointer it returned or registered. */
+bool pm__owned_add(void *p, size_t bytes, pm__owned_kind kind);
+/* Removes p if it is an entry of that kind; *bytes receives its size. */
+bool pm__owned_take(void *p, pm__owned_kind kind, size_t *bytes);
+/* p lies in an entry's memory (interior pointers included): its kind, or 0. */
+pm__owned_kind pm__owned_find(const pm__pinmem_api *pm, const void *p);
+/* Whether there are any entries: a load, for the calls that check first. */
+bool pm__owned_any(void);
+
+/* ---------------------------------------------------- reporting, counting */
+
+#define PM__PRELOAD_FUNCTIONS(X)                                                          \
+    X(cudaHostAlloc) X(cudaMallocHost) X(cudaFreeHost) X(cudaHostRegister)                 \
+    X(cudaHostUnregister) X(cudaHostGetDevicePointer) X(cudaHostGetFlags) X(cudaMemcpy)    \
+    X(cudaMemcpy_ptds) X(cudaMemcpyAsync) X(cudaMemcpyAsync_ptsz)
+
+typedef enum {
+#define PM__PRELOAD_FN_ENUM_(name) PM__FN_##name,
+    PM__PRELOAD_FUNCTIONS(PM__PRELOAD_FN_ENUM_)
+#undef PM__PRELOAD_FN_ENUM_
+    PM__FN_COUNT
+} pm__preload_fn;
+
+/* Counts a call pinmem served, with its bytes. */
+void pm__preload_count_served(pm__preload_fn fn, size_t bytes);
+
+/* A call pinmem did not serve: either it was not for pinmem (passed on), or
+ * pinmem tried and failed (failed records why, before anything else can
+ * overwrite pinmem's per-thread detail). */
+typedef struct pm__attempt {
+    pm__preload_fn fn;
+    unsigned feature;
+    bool tried;
+    pm_result r;
+    char detail[256];
+} pm__attempt;
+void pm__attempt_failed(pm__attempt *a, const pm__pinmem_api *pm, pm_result r);
+/* The runtime's own call then answered real_rc, which the caller returns:
+ * counts the call. When pinmem had failed and the runtime succeeded, pinmem
+ * failed where the runtime would not: said once per feature, and for any
+ * failure but running out of memory the feature is turned off for the rest
+ * of the process. */
+cudaError_t pm__attempt_settle(const pm__attempt *a, cudaError_t real_rc);
+/* "pinmem preload: " and the message, on stderr. */
+void pm__preload_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints the counts at exit when PINMEM_STATS=1 (set up on first use). */
+void pm__preload_stats_arm(void);
+
+/* ------------------------------------------------------------- copies */
+
+/* The calling thread's per-thread default stream has no handle other
+ * threads can use, and pinmem's threads queue pieces of a copy. So a copy on
+ * it runs on a private stream of the thread's (a lane), between two events:
+ * enter makes the lane wait for the per-thread stream's work so far, leave
+ * makes the per-thread stream wait for the lane's copy (and, when sync, the
+ * calling thread as well). NULL / false: the runtime refused, and the
+ * runtime's own copy serves the call. */
+typedef struct pm__lane pm__lane;
+pm__lane *pm__lane_enter(void);
+cudaStream_t pm__lane_stream(const pm__lane *lane);
+bool pm__lane_leave(pm__lane *lane, bool sync);
+
+#endif

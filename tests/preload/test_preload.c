@@ -1,0 +1,497 @@
+/* A program of the CUDA runtime (the tests' stand-in, libcudart.so.13), run
+ * with and without LD_PRELOAD=libpinmem_preload.so and in every
+ * PINMEM_PRELOAD mode. Every case checks what the program sees, which must
+ * not depend on the preload (bytes, results, the last error, stream order),
+ * and then what reached the runtime: calls pinmem served never do.
+ *
+ * usage: test_preload [CASE...]  (default: all cases) */
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "cudart.h"
+#include "pm_dyn.h"
+
+/* The stand-in runtime's own functions, beyond the ones preload.h lists. */
+cudaError_t cudaHostAlloc(void **, size_t, unsigned);
+cudaError_t cudaMallocHost(void **, size_t);
+cudaError_t cudaFreeHost(void *);
+cudaError_t cudaHostRegister(void *, size_t, unsigned);
+cudaError_t cudaHostUnregister(void *);
+cudaError_t cudaHostGetFlags(unsigned *, void *);
+cudaError_t cudaHostGetDevicePointer(void **, void *, unsigned);
+cudaError_t cudaMemcpy(void *, const void *, size_t, enum cudaMemcpyKind);
+cudaError_t cudaMemcpy_ptds(void *, const void *, size_t, enum cudaMemcpyKind);
+cudaError_t cudaMemcpyAsync(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
+cudaError_t cudaMemcpyAsync_ptsz(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *, const void *);
+cudaError_t cudaMalloc(void **, size_t);
+cudaError_t cudaFree(void *);
+cudaError_t cudaStreamCreate(cudaStream_t *);
+cudaError_t cudaStreamDestroy(cudaStream_t);
+cudaError_t cudaStreamSynchronize(cudaStream_t);
+cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture(cudaStream_t, void **);
+cudaError_t cudaLaunchHostFunc(cudaStream_t, void (*)(void *), void *);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+int fake_calls(const char *name);
+int fake_replay(cudaStream_t s);
+
+/* What this run expects pinmem to serve. */
+static bool alloc_on, copy_on;
+
+/* The preload is in the process when the runtime's symbols resolve to it. */
+static bool preloaded(void)
+{
+    Dl_info where;
+    void *f = dlsym(RTLD_DEFAULT, "cudaHostAlloc");
+    return f && dladdr(f, &where) && where.dli_fname && strstr(where.dli_fname, "pinmem_preload");
+}
+
+static void read_mode(void)
+{
+    if (!preloaded())
+        return;
+    const char *m = getenv("PINMEM_PRELOAD");
+    bool all = !m || (strcmp(m, "off") && strcmp(m, "alloc") && strcmp(m, "copy"));
+    alloc_on = all || strcmp(m, "alloc") == 0;
+    copy_on = all || strcmp(m, "copy") == 0;
+}
+
+static bool pinmem_knows(void *p)
+{
+    unsigned flags;
+    return pmd()->pm_mem_host_get_flags(&flags, p) == PM_SUCCESS;
+}
+
+/* Bytes pinmem's copy engine moved, whichever way: staged, or the driver's
+ * own path where no staging ring could be pinned (an ordinary user's
+ * memlock limit). */
+static unsigned long long engine_bytes(void)
+{
+    pm_copy_stats s = {.struct_size = sizeof s};
+    if (pmd()->pm_copy_get_stats(&s) != PM_SUCCESS)
+        return 0;
+    return s.staged_bytes + s.driver_bytes + s.cached_bytes + s.direct_bytes;
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+    uint64_t state = 0x9E3779B97F4A7C15ull ^ seed;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)xorshift64(&state);
+}
+
+static bool matches(const uint8_t *p, size_t n, unsigned seed)
+{
+    uint64_t state = 0x9E3779B97F4A7C15ull ^ seed;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (uint8_t)xorshift64(&state))
+            return false;
+    return true;
+}
+
+/* Copies above the direct-copy threshold the tests set (64 KiB) are
+ * pinmem's to serve. */
+enum { BIG = 4 << 20, SMALL = 32 << 10 };
+
+/* ------------------------------------------------------------------ cases */
+
+static void case_alloc(void)
+{
+    void *p = NULL;
+    int before = fake_calls("cudaHostAlloc");
+    REQUIRE(cudaHostAlloc(&p, 1 << 20, 0) == cudaSuccess && p);
+    CHECK(fake_calls("cudaHostAlloc") == before + !alloc_on);
+    CHECK(pinmem_knows(p) == alloc_on);
+    memset(p, 0x5a, 1 << 20);
+    unsigned flags = 0;
+    CHECK(cudaHostGetFlags(&flags, p) == cudaSuccess && flags == cudaHostAllocMapped);
+    CHECK(cudaHostGetFlags(&flags, (char *)p + 100) == cudaSuccess && flags == cudaHostAllocMapped);
+    void *dev = NULL;
+    CHECK(cudaHostGetDevicePointer(&dev, (char *)p + 8, 0) == cudaSuccess && dev == (char *)p + 8);
+    struct cudaPointerAttributes a;
+    CHECK(cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeHost);
+    before = fake_calls("cudaFreeHost");
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+    CHECK(fake_calls("cudaFreeHost") == before + !alloc_on);
+
+    REQUIRE(cudaHostAlloc(&p, 100, cudaHostAllocPortable | cudaHostAllocMapped) == cudaSuccess);
+    CHECK(cudaHostGetFlags(&flags, p) == cudaSuccess && flags == 3);
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+
+    before = fake_calls("cudaMallocHost");
+    REQUIRE(cudaMallocHost(&p, 5000) == cudaSuccess && p);
+    CHECK(fake_calls("cudaMallocHost") == before + !alloc_on);
+    CHECK(pinmem_knows(p) == alloc_on);
+    CHECK(cudaHostGetFlags(&flags, p) == cudaSuccess && flags == cudaHostAllocMapped);
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+/* Whatever the runtime refuses, it answers itself. */
+static void case_alloc_errors(void)
+{
+    void *p = NULL;
+    int before = fake_calls("cudaHostAlloc");
+    CHECK(cudaHostAlloc(NULL, 4096, 0) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaHostAlloc(&p, 4096, 0x100) == cudaErrorInvalidValue);
+    p = (void *)&before;
+    CHECK(cudaHostAlloc(&p, 0, 0) == cudaSuccess && p == NULL);
+    CHECK(fake_calls("cudaHostAlloc") == before + 3);
+
+    before = fake_calls("cudaHostAlloc");
+    REQUIRE(cudaHostAlloc(&p, 4096, cudaHostAllocWriteCombined) == cudaSuccess);
+    CHECK(fake_calls("cudaHostAlloc") == before + 1 && !pinmem_knows(p));
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+
+    void *heap = malloc(4096);
+    REQUIRE(heap);
+    CHECK(cudaFreeHost(heap) == cudaErrorInvalidValue);
+    CHECK(cudaPeekAtLastError() == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    free(heap);
+    unsigned flags;
+    CHECK(cudaHostGetFlags(&flags, &flags) == cudaErrorInvalidValue);
+
+    REQUIRE(cudaMallocHost(&p, 4096) == cudaSuccess);
+    CHECK(cudaHostGetFlags(NULL, p) == cudaErrorInvalidValue);
+    void *dev;
+    CHECK(cudaHostGetDevicePointer(&dev, p, 1) == cudaErrorInvalidValue);
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+    CHECK(cudaFreeHost(p) == cudaErrorInvalidValue); /* twice: the runtime's answer */
+    CHECK(cudaFreeHost(NULL) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+
+    /* An allocation is not a registration, though the driver knows pinmem's
+     * allocations as registrations: the runtime's answers for its own. */
+    REQUIRE(cudaHostAlloc(&p, 1 << 20, 0) == cudaSuccess);
+    CHECK(cudaHostRegister(p, 4096, 0) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaHostRegister((char *)p + 8192, 4096, 0) == cudaErrorInvalidValue);
+    CHECK(cudaHostUnregister(p) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaFreeHost((char *)p + 4096) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaHostGetFlags(&flags, p) == cudaSuccess && flags == cudaHostAllocMapped);
+    CHECK(pinmem_knows(p) == alloc_on);
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+static void case_register(void)
+{
+    const size_t n = 1 << 20;
+    uint8_t *buf = aligned_alloc(4096, n), *other = aligned_alloc(4096, n);
+    if (!buf || !other) {
+        free(buf);
+        free(other);
+        SKIP_CASE("no memory");
+    }
+    int before = fake_calls("cudaHostRegister");
+    CHECK(cudaHostRegister(buf, n, 0) == cudaSuccess);
+    CHECK(fake_calls("cudaHostRegister") == before + !alloc_on);
+    CHECK(pinmem_knows(buf) == alloc_on);
+    unsigned flags = 0;
+    CHECK(cudaHostGetFlags(&flags, buf + 5) == cudaSuccess && flags == cudaHostRegisterMapped);
+    CHECK(cudaHostRegister(buf, n, 0) == cudaErrorHostMemoryAlreadyRegistered);
+    CHECK(cudaGetLastError() == cudaErrorHostMemoryAlreadyRegistered);
+    CHECK(cudaHostRegister(other, n, cudaHostRegisterPortable) == cudaSuccess);
+    CHECK(pinmem_knows(other) == alloc_on); /* the failure above turned nothing off */
+    CHECK(cudaHostGetFlags(&flags, other) == cudaSuccess && flags == 3);
+    before = fake_calls("cudaHostUnregister");
+    CHECK(cudaHostUnregister(buf) == cudaSuccess);
+    CHECK(cudaHostUnregister(other) == cudaSuccess);
+    CHECK(fake_calls("cudaHostUnregister") == before + 2 * !alloc_on);
+    CHECK(cudaHostUnregister(buf) == cudaErrorHostMemoryNotRegistered);
+    CHECK(cudaHostUnregister(NULL) == cudaErrorInvalidValue);
+    CHECK(cudaHostRegister(buf, n, cudaHostRegisterIoMemory) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    free(buf);
+    free(other);
+}
+
+typedef struct copy_env {
+    uint8_t *src, *dst;
+    void *dev, *dev2;
+    cudaStream_t s;
+} copy_env;
+
+static bool copy_env_open(copy_env *e)
+{
+    *e = (copy_env){0};
+    e->src = malloc(BIG);
+    e->dst = malloc(BIG);
+    if (!e->src || !e->dst || cudaMalloc(&e->dev, BIG) != cudaSuccess ||
+        cudaMalloc(&e->dev2, BIG) != cudaSuccess || cudaStreamCreate(&e->s) != cudaSuccess)
+        return false;
+    fill(e->src, BIG, 1);
+    return true;
+}
+
+static void copy_env_close(copy_env *e)
+{
+    if (e->s)
+        cudaStreamDestroy(e->s);
+    cudaFree(e->dev);
+    cudaFree(e->dev2);
+    free(e->src);
+    free(e->dst);
+}
+
+static void case_copy_sync(void)
+{
+    copy_env e;
+    if (!copy_env_open(&e)) {
+        copy_env_close(&e);
+        SKIP_CASE("no memory");
+    }
+    int before = fake_calls("cudaMemcpy");
+    unsigned long long moved = engine_bytes();
+    CHECK(cudaMemcpy(e.dev, e.src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    memset(e.dst, 0, BIG);
+    CHECK(cudaMemcpy(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 1));
+    fill(e.src, BIG, 2);
+    CHECK(cudaMemcpy(e.dev, e.src, BIG, cudaMemcpyDefault) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dst, e.dev, BIG, cudaMemcpyDefault) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 2));
+    CHECK(fake_calls("cudaMemcpy") == before + 4 * !copy_on);
+    CHECK((engine_bytes() >= moved + 4ull * BIG) == copy_on);
+
+    /* The runtime's: small copies, device to device, host to host, a pinned
+     * host side, and a kind the pointers do not match. */
+    before = fake_calls("cudaMemcpy");
+    CHECK(cudaMemcpy(e.dev, e.src, SMALL, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dev2, e.dev, BIG, cudaMemcpyDeviceToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dst, e.src, BIG, cudaMemcpyHostToHost) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dev2, e.dev, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    int expected = 4;
+    void *pinned = NULL;
+    if (cudaMallocHost(&pinned, BIG) == cudaSuccess) {
+        CHECK(cudaMemcpy(e.dev, pinned, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+        CHECK(cudaFreeHost(pinned) == cudaSuccess);
+        expected++;
+    }
+    CHECK(fake_calls("cudaMemcpy") == before + expected);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    copy_env_close(&e);
+}
+
+static void case_copy_async(void)
+{
+    copy_env e;
+    if (!copy_env_open(&e)) {
+        copy_env_close(&e);
+        SKIP_CASE("no memory");
+    }
+    int before = fake_calls("cudaMemcpyAsync");
+    CHECK(cudaMemcpyAsync(e.dev, e.src, BIG, cudaMemcpyHostToDevice, e.s) == cudaSuccess);
+    memset(e.src, 0, BIG); /* the source was read when the call returned */
+    CHECK(cudaMemcpyAsync(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost, e.s) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 1)); /* a pageable destination is written on return */
+    fill(e.src, BIG, 3);
+    CHECK(cudaMemcpyAsync(e.dev, e.src, BIG, cudaMemcpyHostToDevice, NULL) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(e.dst, e.dev, BIG, cudaMemcpyDefault, cudaStreamLegacy) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 3));
+    CHECK(fake_calls("cudaMemcpyAsync") == before + 4 * !copy_on);
+    CHECK(cudaStreamSynchronize(e.s) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    copy_env_close(&e);
+}
+
+static void case_copy_errors(void)
+{
+    copy_env e;
+    if (!copy_env_open(&e)) {
+        copy_env_close(&e);
+        SKIP_CASE("no memory");
+    }
+    int before = fake_calls("cudaMemcpy");
+    CHECK(cudaMemcpy(e.dev, e.src, BIG, (enum cudaMemcpyKind)7) == cudaErrorInvalidMemcpyDirection);
+    CHECK(cudaGetLastError() == cudaErrorInvalidMemcpyDirection);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaMemcpy(e.dev, e.src, 0, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(fake_calls("cudaMemcpy") == before + 2);
+    cudaStream_t bogus = (cudaStream_t)(uintptr_t)0x1234;
+    CHECK(cudaMemcpyAsync(e.dev, e.src, BIG, cudaMemcpyHostToDevice, bogus) ==
+          cudaErrorInvalidResourceHandle);
+    CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+
+    /* A call served without the runtime leaves its last error as it was, as
+     * a successful runtime call does. */
+    CHECK(cudaMemcpy(e.dev, e.src, BIG, (enum cudaMemcpyKind)9) == cudaErrorInvalidMemcpyDirection);
+    CHECK(cudaMemcpy(e.dev, e.src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    void *p = NULL;
+    CHECK(cudaHostAlloc(&p, 4096, 0) == cudaSuccess);
+    CHECK(cudaFreeHost(p) == cudaSuccess);
+    CHECK(cudaPeekAtLastError() == cudaErrorInvalidMemcpyDirection);
+    CHECK(cudaGetLastError() == cudaErrorInvalidMemcpyDirection);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    copy_env_close(&e);
+}
+
+/* A copy on a capturing stream becomes the runtime's node of the capture. */
+static void case_capture(void)
+{
+    copy_env e;
+    if (!copy_env_open(&e)) {
+        copy_env_close(&e);
+        SKIP_CASE("no memory");
+    }
+    memset(e.dst, 0, BIG);
+    REQUIRE(cudaMemcpy(e.dev, e.dst, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    int before = fake_calls("cudaMemcpyAsync");
+    CHECK(cudaMemcpyAsync(e.dev, e.src, BIG, cudaMemcpyHostToDevice, e.s) == cudaSuccess);
+    CHECK(fake_calls("cudaMemcpyAsync") == before + 1);
+    /* The legacy stream may not be used while a stream captures. */
+    CHECK(cudaMemcpyAsync(e.dev2, e.src, BIG, cudaMemcpyHostToDevice, NULL) ==
+          cudaErrorStreamCaptureImplicit);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureImplicit);
+    void *graph;
+    CHECK(cudaStreamEndCapture(e.s, &graph) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(!matches(e.dst, BIG, 1)); /* captured, not run */
+    CHECK(fake_replay(e.s) == 1);
+    CHECK(cudaMemcpy(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 1));
+    copy_env_close(&e);
+}
+
+/* A host function queued before a copy on the same default stream runs
+ * first: it writes the device buffer late, and the copy must land after. */
+typedef struct late {
+    void *dev;
+    uint8_t value;
+} late;
+
+static void late_fill(void *arg)
+{
+    late *l = arg;
+    usleep(50 * 1000);
+    memset(l->dev, l->value, BIG);
+}
+
+static bool all_bytes(const uint8_t *p, size_t n, uint8_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
+
+static void case_default_streams(void)
+{
+    copy_env e;
+    if (!copy_env_open(&e)) {
+        copy_env_close(&e);
+        SKIP_CASE("no memory");
+    }
+    late l = {e.dev, 0xAA};
+    int before = fake_calls("cudaMemcpyAsync") + fake_calls("cudaMemcpyAsync_ptsz") +
+                 fake_calls("cudaMemcpy_ptds");
+    /* The legacy default stream. */
+    REQUIRE(cudaLaunchHostFunc(NULL, late_fill, &l) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(e.dev, e.src, BIG, cudaMemcpyHostToDevice, NULL) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(NULL) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 1));
+    /* The per-thread default stream: stream 0 of the _ptsz form, and
+     * cudaStreamPerThread by name. */
+    REQUIRE(cudaLaunchHostFunc(cudaStreamPerThread, late_fill, &l) == cudaSuccess);
+    CHECK(cudaMemcpyAsync_ptsz(e.dev, e.src, BIG, cudaMemcpyHostToDevice, NULL) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 1));
+    REQUIRE(cudaLaunchHostFunc(cudaStreamPerThread, late_fill, &l) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(e.dev, e.src, BIG, cudaMemcpyHostToDevice, cudaStreamPerThread) ==
+          cudaSuccess);
+    CHECK(cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess);
+    CHECK(cudaMemcpy(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e.dst, BIG, 1));
+    /* Into pageable memory on the per-thread stream: the host function's
+     * bytes, on return. */
+    l.value = 0x3C;
+    REQUIRE(cudaLaunchHostFunc(cudaStreamPerThread, late_fill, &l) == cudaSuccess);
+    CHECK(cudaMemcpy_ptds(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(all_bytes(e.dst, BIG, 0x3C));
+    l.value = 0x5D;
+    REQUIRE(cudaLaunchHostFunc(cudaStreamPerThread, late_fill, &l) == cudaSuccess);
+    CHECK(cudaMemcpyAsync_ptsz(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost, NULL) == cudaSuccess);
+    CHECK(all_bytes(e.dst, BIG, 0x5D));
+    CHECK(fake_calls("cudaMemcpyAsync") + fake_calls("cudaMemcpyAsync_ptsz") +
+              fake_calls("cudaMemcpy_ptds") ==
+          before + 5 * !copy_on);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    copy_env_close(&e);
+}
+
+/* Threads copying at once on their own per-thread default streams. */
+static void *copier(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    copy_env e;
+    bool ok = copy_env_open(&e);
+    for (int round = 0; ok && round < 4; round++) {
+        fill(e.src, BIG, seed + round);
+        ok = cudaMemcpyAsync_ptsz(e.dev, e.src, BIG, cudaMemcpyHostToDevice, NULL) == cudaSuccess &&
+             cudaMemcpy_ptds(e.dst, e.dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess &&
+             matches(e.dst, BIG, seed + round);
+    }
+    copy_env_close(&e);
+    return ok ? arg : NULL;
+}
+
+static void case_threads(void)
+{
+    enum { THREADS = 4 };
+    pthread_t t[THREADS];
+    int started = 0;
+    for (int i = 0; i < THREADS; i++)
+        started += pthread_create(&t[i], NULL, copier, (void *)(uintptr_t)(100 + i)) == 0;
+    REQUIRE(started == THREADS);
+    for (int i = 0; i < THREADS; i++) {
+        void *got = NULL;
+        pthread_join(t[i], &got);
+        CHECK(got == (void *)(uintptr_t)(100 + i));
+    }
+}
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} cases[] = {
+    {"alloc", case_alloc},
+    {"alloc_errors", case_alloc_errors},
+    {"register", case_register},
+    {"copy_sync", case_copy_sync},
+    {"copy_async", case_copy_async},
+    {"copy_errors", case_copy_errors},
+    {"capture", case_capture},
+    {"default_streams", case_default_streams},
+    {"threads", case_threads},
+};
+
+int main(int argc, char **argv)
+{
+    read_mode();
+    printf("preload: %s, pinmem serves%s%s%s\n", preloaded() ? "loaded" : "absent",
+           alloc_on ? " pinning" : "", copy_on ? " copies" : "",
+           alloc_on || copy_on ? "" : " nothing");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool chosen = argc < 2;
+        for (int a = 1; a < argc; a++)
+            chosen = chosen || strcmp(argv[a], cases[i].name) == 0;
+        if (chosen)
+            cases[i].run();
+    }
+    return check_finish("test_preload");
+}
