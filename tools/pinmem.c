@@ -15,7 +15,6 @@ static int usage(FILE *to)
                 "       pinmem bench footprint            pool reserved/used in steady states only\n"
                 "       pinmem bench copy [--quick]       copies from and to pageable and pinned memory\n"
                 "       pinmem bench staging [--quick]    where a staged copy's time goes\n"
-                "       pinmem bench split [--quick]      pageable copies part staged, part registered\n"
                 "       pinmem bench all [--quick]        all of the above\n"
                 "       (bench also takes --plot FILE.png: copy bandwidth against size)\n"
                 "       pinmem version\n");
@@ -66,8 +65,6 @@ int main(int argc, char **argv)
         return bench_copy(quick, plot);
     if (strcmp(what, "staging") == 0)
         return bench_staging(quick);
-    if (strcmp(what, "split") == 0)
-        return bench_split(quick);
     if (strcmp(what, "all") == 0) {
         int rc = bench_host(quick);
         rc = rc ? rc : bench_registry(quick);
