@@ -22,7 +22,7 @@ static inline pm_deviceptr device_alloc(size_t bytes)
     return d;
 }
 
-static inline void device_free(pm_deviceptr d) { test_backend()->device_free(d); }
+static inline void device_free(pm_deviceptr d) { pm_device_free(d); }
 
 /* A byte that depends on position and seed, so shifted or stale data shows. */
 static inline uint8_t pattern_byte(size_t i, unsigned seed)

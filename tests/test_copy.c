@@ -137,7 +137,7 @@ static void *copy_thread(void *arg)
         pm_stream_create(&s) != PM_SUCCESS) {
         w->failures++;
         if (dev)
-            test_backend()->device_free(dev);
+            device_free(dev);
         free(src);
         free(dst);
         return NULL;
@@ -152,7 +152,7 @@ static void *copy_thread(void *arg)
             w->failures++;
     }
     pm_stream_destroy(s);
-    test_backend()->device_free(dev);
+    device_free(dev);
     free(src);
     free(dst);
     return NULL;
