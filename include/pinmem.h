@@ -99,7 +99,7 @@ PM_API int pm_last_driver_error(void);
  * parent's first pinmem call, and any process after exec, initialise as
  * usual. */
 PM_API pm_result pm_init(unsigned flags);
-/* "cuda" or "posix"; "none" when no backend could be initialised (and in a
+/* "cuda" or "posix"; NULL when no backend could be initialised (and in a
  * forked child, see pm_init). */
 PM_API const char *pm_backend_name(void);
 

@@ -119,7 +119,7 @@ const char *pm_backend_name(void)
 {
     pm_result r;
     pm__instance *inst = pm__instance_get(&r);
-    return inst ? inst->backend.name : "none";
+    return inst ? inst->backend.name : NULL;
 }
 
 pm_result pm_get_capabilities(pm_capabilities *caps)

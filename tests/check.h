@@ -82,9 +82,16 @@ static inline int check_failed_(void)
         return SKIP_STATUS;                \
     } while (0)
 
+/* pm_backend_name() is NULL when no backend could be initialised. */
+static inline int on_backend(const char *name)
+{
+    const char *b = pm_backend_name();
+    return b && strcmp(b, name) == 0;
+}
+
 #define SKIP_UNLESS_CUDA()                                       \
     do {                                                         \
-        if (strcmp(pm_backend_name(), "cuda") != 0)              \
+        if (!on_backend("cuda"))                                 \
             SKIP("no CUDA driver");                              \
     } while (0)
 

@@ -30,7 +30,7 @@ static inline pm_deviceptr device_alloc(size_t bytes)
 static inline void device_free(pm_deviceptr d)
 {
     if (d)
-        test_backend()->device_free(d);
+        pm_device_free(d);
 }
 
 /* Variables released when their scope ends, on every path out of a case

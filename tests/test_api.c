@@ -33,7 +33,7 @@ static void version_and_init(void)
     CHECK_RESULT(pm_init(1), PM_ERROR_INVALID_VALUE);
     CHECK(strstr(pm_last_error_detail(), "flags") != NULL);
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
-    CHECK(strcmp(pm_backend_name(), "cuda") == 0 || strcmp(pm_backend_name(), "posix") == 0);
+    CHECK(on_backend("cuda") || on_backend("posix"));
 }
 
 static void capabilities(void)
@@ -43,7 +43,7 @@ static void capabilities(void)
     CHECK_RESULT(pm_get_capabilities(&c), PM_ERROR_INVALID_VALUE);
     c.struct_size = sizeof c;
     CHECK_RESULT(pm_get_capabilities(&c), PM_SUCCESS);
-    CHECK(strcmp(c.backend, pm_backend_name()) == 0);
+    CHECK(on_backend(c.backend));
     CHECK(c.page_size == (size_t)sysconf(_SC_PAGESIZE));
     CHECK(c.unified_addressing == 1 || strcmp(c.backend, "cuda") == 0);
     CHECK(strlen(c.huge_page_mode) > 0);

@@ -152,7 +152,7 @@ static void *copy_thread(void *arg)
         pm_stream_create(&s) != PM_SUCCESS) {
         w->failures++;
         if (dev)
-            test_backend()->device_free(dev);
+            device_free(dev);
         free(src);
         free(dst);
         return NULL;
@@ -167,7 +167,7 @@ static void *copy_thread(void *arg)
             w->failures++;
     }
     pm_stream_destroy(s);
-    test_backend()->device_free(dev);
+    device_free(dev);
     free(src);
     free(dst);
     return NULL;
@@ -291,7 +291,7 @@ static void bad_arguments(void)
     CHECK_RESULT(pm_memcpy_htod(dev, buf, 0), PM_SUCCESS);
     CHECK_RESULT(pm_memcpy_htod(dev, (void *)(UINTPTR_MAX - 8), 16), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_memcpy_dtoh(buf, UINT64_MAX - 8, 16), PM_ERROR_INVALID_VALUE);
-    if (strcmp(pm_backend_name(), "posix") == 0) /* the driver trusts stream handles */
+    if (on_backend("posix")) /* the driver trusts stream handles */
         CHECK_RESULT(pm_memcpy_htod_async(dev, buf, 16, (pm_stream_t)buf), PM_ERROR_INVALID_HANDLE);
     CHECK_RESULT(pm_mem_invalidate(NULL, 16), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_invalidate(buf, 0), PM_SUCCESS);

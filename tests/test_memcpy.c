@@ -394,7 +394,7 @@ static void engine_takes_host_device(void)
 
 static void bad_arguments(void)
 {
-    const bool posix = strcmp(pm_backend_name(), "posix") == 0;
+    const bool posix = on_backend("posix");
     uint8_t *h = malloc(64);
     REQUIRE(h);
     pm_deviceptr hp = (pm_deviceptr)(uintptr_t)h, d = 0, d2 = 0;

@@ -136,7 +136,7 @@ static int limited_child(void)
            (int)getuid(), pm_backend_name(), limit_binds());
     const size_t big = 1 << 20;
     void *p = NULL;
-    if (strcmp(pm_backend_name(), "cuda") == 0) {
+    if (on_backend("cuda")) {
         CHECK(!limit_binds());
         CHECK_RESULT(pm_mem_alloc_host(&p, big), PM_SUCCESS);
         CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
@@ -182,11 +182,11 @@ static void pins_past_the_limit(void)
     uint8_t *buf = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     REQUIRE(buf != MAP_FAILED);
     CHECK_RESULT(pm_mem_host_register(buf, big, 0), PM_SUCCESS);
-    if (strcmp(pm_backend_name(), "posix") == 0)
+    if (on_backend("posix"))
         CHECK(locked_kib() == 2 * (big >> 10));
     CHECK_RESULT(pm_mem_host_unregister(buf), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
-    if (strcmp(pm_backend_name(), "posix") == 0) {
+    if (on_backend("posix")) {
         REQUIRE(set_ipc_lock(false));
         CHECK(limit_binds());
         CHECK_RESULT(pm_mem_alloc_host(&p, big), PM_ERROR_OUT_OF_MEMORY);

@@ -5,22 +5,18 @@
 #include <string.h>
 
 #include "commands.h"
-#include "instance.h"
 
 bool copy_buffers_open(copy_buffers *cb, const char *who, bool quick)
 {
     *cb = (copy_buffers){.max = quick ? (size_t)64 << 20 : (size_t)1 << 30};
-    pm_result r = PM_SUCCESS;
-    pm__instance *inst = pm__instance_get(&r);
-    if (!inst) {
-        printf("%s: no backend: %s\n", who, pm_last_error_detail());
+    cb->bl = baseline_open(who);
+    if (!cb->bl)
         return false;
-    }
-    cb->b = &inst->backend;
     cb->pageable = malloc(cb->max);
     if (!cb->pageable || pm_mem_alloc_host((void **)&cb->pinned, cb->max) != PM_SUCCESS ||
-        cb->b->device_alloc(&cb->dev, cb->max) != PM_SUCCESS) {
-        printf("%s: setup failed: %s\n", who, pm_last_error_detail());
+        pm_device_alloc(&cb->dev, cb->max) != PM_SUCCESS) {
+        printf("%s: setup failed: %s\n", who,
+               cb->pageable ? pm_last_error_detail() : "malloc failed");
         copy_buffers_close(cb);
         return false;
     }
@@ -32,7 +28,7 @@ bool copy_buffers_open(copy_buffers *cb, const char *who, bool quick)
 void copy_buffers_close(copy_buffers *cb)
 {
     if (cb->dev)
-        cb->b->device_free(cb->dev);
+        pm_device_free(cb->dev);
     if (cb->pinned)
         pm_mem_free_host(cb->pinned);
     free(cb->pageable);

@@ -1,43 +1,40 @@
-/* Copies: pinmem's pm_memcpy_* against the backend's own copy (the driver's
- * cuMemcpyHtoD/DtoH) on the same buffers, sizes 4 KiB to 1 GiB, side by side
- * and interleaved; from page-locked memory; and repeated copies of one large
- * pageable buffer with the registration cache warm. --plot draws bandwidth
- * against size with gnuplot. */
+/* Copies: pinmem's pm_memcpy_* against the driver's own copy (cuMemcpyHtoD /
+ * DtoH; on posix a memcpy into simulated device memory) on the same
+ * buffers, sizes 4 KiB to 1 GiB, side by side and interleaved; from
+ * page-locked memory; and repeated copies of one large pageable buffer with
+ * the registration cache warm. --plot draws bandwidth against size with
+ * gnuplot. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "backend/backend.h"
 #include "commands.h"
-#include "instance.h"
-#include "pinmem.h"
 
-typedef pm_result (*copy_fn)(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n);
+typedef pm_result (*copy_fn)(const baseline *bl, pm_deviceptr d, uint8_t *h, size_t n);
 
 /* A synchronous copy from pageable memory may return once the source is
  * staged, before its last DMA lands (the driver's always may, and pinmem's
  * small ones go the driver's way): each host-to-device copy, pinmem's and
  * the driver's alike, is timed until its bytes are on the device, so that no
  * copy timed waits for the previous one's tail. */
-static pm_result driver_htod(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+static pm_result driver_htod(const baseline *bl, pm_deviceptr d, uint8_t *h, size_t n)
 {
-    pm_result r = b->copy_htod(d, h, n);
-    return r == PM_SUCCESS ? b->stream_synchronize(NULL) : r;
+    pm_result r = bl->copy_htod(d, h, n);
+    return r == PM_SUCCESS ? bl->synchronize() : r;
 }
-static pm_result driver_dtoh(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+static pm_result driver_dtoh(const baseline *bl, pm_deviceptr d, uint8_t *h, size_t n)
 {
-    return b->copy_dtoh(h, d, n);
+    return bl->copy_dtoh(h, d, n);
 }
-static pm_result pinmem_htod(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+static pm_result pinmem_htod(const baseline *bl, pm_deviceptr d, uint8_t *h, size_t n)
 {
     pm_result r = pm_memcpy_htod(d, h, n);
-    return r == PM_SUCCESS ? b->stream_synchronize(NULL) : r;
+    return r == PM_SUCCESS ? bl->synchronize() : r;
 }
-static pm_result pinmem_dtoh(const pm__backend *b, pm_deviceptr d, uint8_t *h, size_t n)
+static pm_result pinmem_dtoh(const baseline *bl, pm_deviceptr d, uint8_t *h, size_t n)
 {
-    (void)b;
+    (void)bl;
     return pm_memcpy_dtoh(h, d, n);
 }
 
@@ -47,7 +44,7 @@ static int reps_for(size_t n) { return n <= (1u << 20) ? 200 : n <= (64u << 20) 
  * and each first in every other round, so that neither always follows the
  * other (what the one before leaves behind, in the caches or the driver,
  * weighs on short copies). */
-static void time_pair(const pm__backend *b, copy_fn f1, copy_fn f2, pm_deviceptr d, uint8_t *h,
+static void time_pair(const baseline *b, copy_fn f1, copy_fn f2, pm_deviceptr d, uint8_t *h,
                       size_t n, double *t1, double *t2, bool *failed)
 {
     int reps = reps_for(n);
@@ -81,8 +78,10 @@ static void set_cache(bool on, size_t direct_max)
 static double gbps(size_t n, double ns) { return ns > 0 ? (double)n / ns : 0; }
 
 /* Writes FILE.dat and FILE.gp beside FILE and runs gnuplot on them; where
- * gnuplot is missing (the GPU machine), the two stay to be drawn elsewhere. */
-static void plot(const char *file, const char *device, const char *rows)
+ * gnuplot is missing (the GPU machine), the two stay to be drawn elsewhere.
+ * The sizes on the x axis read in KiB, MiB and GiB, and the legend sits
+ * below the plot, where it covers no curve. */
+static void plot(const char *file, const char *subtitle, const char *rows, size_t max)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s.dat", file);
@@ -100,21 +99,36 @@ static void plot(const char *file, const char *device, const char *rows)
     if (!f)
         return;
     fprintf(f,
-            "set terminal pngcairo size 1000,620\n"
+            "set terminal pngcairo size 1000,680\n"
             "set output '%s'\n"
-            "set title 'Copy bandwidth against size, pageable host memory (%s)'\n"
+            "set title \"Copy bandwidth against size, from and to pageable host memory\\n%s\" "
+            "noenhanced\n"
             "set logscale x 2\n"
-            "set format x '%%.0b%%B'\n"
+            "set xtics (",
+            base, subtitle);
+    for (size_t n = 4096; n <= max; n *= 4) {
+        char sz[32];
+        fprintf(f, "%s\"%s\" %zu", n > 4096 ? ", " : "", human_size(n, sz, sizeof sz), n);
+    }
+    fprintf(f,
+            ")\n"
+            "set xrange [3072:%zu]\n"
+            "set yrange [0:*]\n"
             "set xlabel 'bytes per copy'\n"
             "set ylabel 'GB/s'\n"
-            "set key top left\n"
+            "set key below center vertical maxrows 3 Left reverse width 4 noenhanced\n"
             "set grid\n"
-            "plot '%s.dat' using 1:2 with linespoints lw 2 title 'pinmem, host to device', "
-            "'' using 1:3 with linespoints lw 2 title 'driver, host to device', "
-            "'' using 1:4 with linespoints lw 2 title 'pinmem, device to host', "
-            "'' using 1:5 with linespoints lw 2 title 'driver, device to host', "
-            "'' using 1:6 with lines dt 2 lw 2 title 'driver from pinned memory, host to device'\n",
-            base, device, base);
+            "plot '%s.dat' using 1:2 with linespoints lw 2 lc rgb '#1f5fbf' pt 7 "
+            "title 'pinmem, host to device', "
+            "'' using 1:4 with linespoints lw 2 lc rgb '#c0392b' pt 5 "
+            "title 'pinmem, device to host', "
+            "'' using 1:6 with lines dt 3 lw 2 lc rgb '#555555' "
+            "title 'driver, host to device, from pinned memory', "
+            "'' using 1:3 with linespoints dt 2 lw 2 lc rgb '#1f5fbf' pt 6 "
+            "title 'driver, host to device', "
+            "'' using 1:5 with linespoints dt 2 lw 2 lc rgb '#c0392b' pt 4 "
+            "title 'driver, device to host'\n",
+            max + max / 3, base);
     fclose(f);
     char cmd[2300];
     snprintf(cmd, sizeof cmd, "cd \"$(dirname '%s')\" && gnuplot '%s.gp' 2>&1", file, base);
@@ -129,20 +143,28 @@ int bench_copy(bool quick, const char *plot_file)
     copy_buffers cb;
     if (!copy_buffers_open(&cb, "bench copy", quick))
         return 1;
-    const pm__backend *b = cb.b;
+    const baseline *b = cb.bl;
     const size_t max = cb.max;
     uint8_t *pageable = cb.pageable, *pinned = cb.pinned;
     pm_deviceptr dev = cb.dev;
     pm_copy_config cfg = {.struct_size = sizeof cfg};
     pm_copy_get_config(&cfg);
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    pm_get_capabilities(&caps);
     printf("copies, median (backend %s: %u workers, %u of them to the device, %u buffers of %zu "
-           "KiB, %zu KiB slices; driver's own path up to %zu KiB)\n",
-           b->name, cfg.workers, cfg.htod_workers, cfg.buffers, cfg.chunk_bytes >> 10,
-           cfg.slice_bytes >> 10, cfg.direct_max >> 10);
-    printf("%-9s | %-28s | %-28s | %-22s | %s\n", "size", "pageable -> device GB/s",
-           "device -> pageable GB/s", "pinned -> device GB/s", "staged only, -> device");
-    printf("%-9s | %8s %8s %9s | %8s %8s %9s | %8s %8s %6s | %s\n", "", "pinmem", "driver",
-           "ratio", "pinmem", "driver", "ratio", "pinmem", "driver", "%", "time vs driver");
+           "KiB, %zu KiB slices; driver's own path up to %zu KiB; driver: %s)\n",
+           caps.backend, cfg.workers, cfg.htod_workers, cfg.buffers, cfg.chunk_bytes >> 10,
+           cfg.slice_bytes >> 10, cfg.direct_max >> 10, b->copy_name);
+    if (b->meaning)
+        printf("(%s)\n", b->meaning);
+    printf("%-9s | %-33s | %-33s | %-33s | %s\n", "", "pageable -> device", "device -> pageable",
+           "pinned -> device", "staged only, -> device");
+    printf("%-9s | %7s %7s %17s | %7s %7s %17s | %7s %7s %17s | %s\n", "size", "pinmem", "driver",
+           "x driver", "pinmem", "driver", "x driver", "pinmem", "driver", "% of driver",
+           "time / driver");
+    printf("%-9s | %7s %7s %17s | %7s %7s %17s | %7s %7s %17s | %s\n", "", "GB/s", "GB/s",
+           "higher is better", "GB/s", "GB/s", "higher is better", "GB/s", "GB/s",
+           "higher is better", "lower is better");
     char rows[4096] = "", demoting[512] = "";
     bool failed = false;
     for (size_t n = 4096; n <= max; n *= 4) {
@@ -164,7 +186,7 @@ int bench_copy(bool quick, const char *plot_file)
         set_cache(false, (size_t)-1); /* everything through the staging ring */
         time_pair(b, pinmem_htod, driver_htod, dev, pageable, n, &sh, &dh2, &failed);
         set_cache(false, cfg.direct_max);
-        printf("%-9s | %8.1f %8.1f %8.2fx | %8.1f %8.1f %8.2fx | %8.1f %8.1f %5.1f%% | %.2fx\n",
+        printf("%-9s | %7.1f %7.1f %16.2fx | %7.1f %7.1f %16.2fx | %7.1f %7.1f %16.1f%% | %.2fx\n",
                human_size(n, sz, sizeof sz), gbps(n, ph), gbps(n, dh), dh / ph, gbps(n, pd),
                gbps(n, dd), dd / pd, gbps(n, pp), gbps(n, dp), 100 * dp / pp, sh / dh2);
         size_t used = strlen(rows);
@@ -173,6 +195,8 @@ int bench_copy(bool quick, const char *plot_file)
     }
     pm_copy_stats now = {.struct_size = sizeof now};
     pm_copy_get_stats(&now);
+    printf("(x driver: the driver's time over pinmem's; %% of driver: pinmem's rate as a share of "
+           "the driver's, 100%% is par; time / driver: pinmem's time over the driver's)\n");
     printf("(workers filling buffers for host-to-device copies at the end: %u of at most %u)\n",
            now.htod_fillers, cfg.htod_workers);
     if (demoting[0])
@@ -199,9 +223,13 @@ int bench_copy(bool quick, const char *plot_file)
            gbps(max, first), gbps(max, warm), st.cache_registrations, st.cache_hits);
     set_cache(false, cfg.direct_max);
     if (failed)
-        printf("(a copy failed: %s)\n", pm_last_error_detail());
+        printf("(a copy failed: pinmem's last error: %s; the driver's: %s)\n",
+               pm_last_error_detail(), baseline_detail());
     if (plot_file)
-        plot(plot_file, b->caps.device_name, rows);
+        plot(plot_file,
+             b->meaning ? "posix backend: device memory simulated by host memory, memcpy as the driver"
+                        : caps.device_name,
+             rows, max);
     copy_buffers_close(&cb);
     return failed;
 }

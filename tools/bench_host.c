@@ -1,15 +1,16 @@
 /* Cold alloc and free cost of pinned host memory: pinmem against the
- * backend's own way (the driver's cuMemHostAlloc, or mmap + mlock), side by
- * side in one run, alternating so drift hits both alike. */
+ * backend's plain way (the driver's cuMemHostAlloc, or mmap + mlock), side
+ * by side in one run, alternating so drift hits both alike. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
-#include "backend/backend.h"
 #include "commands.h"
-#include "instance.h"
-#include "pinmem.h"
 
 typedef struct sample {
     double alloc_ns, free_ns;
@@ -34,19 +35,18 @@ static bool run_pinmem(size_t bytes, sample *s)
     return r == PM_SUCCESS;
 }
 
-static bool run_baseline(const pm__backend *b, size_t bytes, sample *s)
+static bool run_baseline(const baseline *b, size_t bytes, sample *s)
 {
     void *p = NULL;
     double t0 = now_ns();
-    pm_result r = b->baseline_alloc(&p, bytes);
+    pm_result r = b->pin(&p, bytes);
     double t1 = now_ns();
     if (r != PM_SUCCESS) {
-        printf("    %s of %zu failed: %s: %s\n", b->baseline_name, bytes, pm_result_name(r),
-               pm_last_error_detail());
+        printf("    %s of %zu failed: %s\n", b->pin_name, bytes, baseline_detail());
         return false;
     }
     memset(p, 1, 64);
-    r = b->baseline_free(p, bytes);
+    r = b->unpin(p, bytes);
     double t2 = now_ns();
     s->alloc_ns = t1 - t0;
     s->free_ns = t2 - t1;
@@ -66,46 +66,90 @@ static unsigned long long anon_huge_kib(void)
     return kib;
 }
 
-/* How much of a large cold allocation is getting the pages at all (mapping
- * and faulting them in on several threads), before anything is pinned. */
-static void print_prefault_share(size_t bytes, int reps)
+/* Pages touched by several threads, 2 MiB at a time from one counter. */
+typedef struct touch_job {
+    uint8_t *base;
+    size_t len, page;
+    atomic_size_t next;
+} touch_job;
+
+static void *touch(void *arg)
+{
+    touch_job *j = arg;
+    const size_t chunk = (size_t)2 << 20;
+    for (size_t off; (off = atomic_fetch_add(&j->next, chunk)) < j->len;)
+        for (size_t i = off; i < off + chunk && i < j->len; i += j->page)
+            ((volatile uint8_t *)j->base)[i] = 0;
+    return NULL;
+}
+
+/* What the machine charges for the pages alone: len bytes mapped 2 MiB
+ * aligned with huge pages advised, then faulted in by this thread and up to
+ * 16 more (one per 32 MiB), as pinmem gets the pages of a large allocation
+ * before it pins them. Returns the pages (unmap *map, *map_len) or NULL. */
+static void *pages_alone(size_t len, void **map, size_t *map_len)
+{
+    const size_t align = (size_t)2 << 20;
+    *map_len = len + align;
+    *map = mmap(NULL, *map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (*map == MAP_FAILED)
+        return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)*map + align - 1) & ~(uintptr_t)(align - 1));
+    madvise(p, len, MADV_HUGEPAGE);
+    touch_job job = {.base = p, .len = len, .page = (size_t)sysconf(_SC_PAGESIZE)};
+    atomic_init(&job.next, 0);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t threads = len / ((size_t)32 << 20);
+    threads = threads > 16 ? 16 : threads;
+    threads = cpus > 0 && threads > (size_t)cpus ? (size_t)cpus : threads;
+    pthread_t tids[16];
+    size_t started = 0;
+    while (threads > 1 && started < threads &&
+           pthread_create(&tids[started], NULL, touch, &job) == 0)
+        started++;
+    touch(&job); /* this thread works too */
+    for (size_t i = 0; i < started; i++)
+        pthread_join(tids[i], NULL);
+    return p;
+}
+
+static void print_pages_share(size_t bytes, int reps)
 {
     enum { max_reps = 7 };
     double t[max_reps];
     unsigned long long huge_kib = 0;
     int n = reps < max_reps ? reps : max_reps;
     for (int k = 0; k < n; k++) {
-        size_t len = 0;
+        void *map = NULL;
+        size_t map_len = 0;
         double t0 = now_ns();
-        void *p = pm__map_anonymous(bytes, &len);
+        void *p = pages_alone(bytes, &map, &map_len);
+        t[k] = now_ns() - t0;
         if (!p)
             return;
-        pm__prefault(p, len);
-        t[k] = now_ns() - t0;
         huge_kib = anon_huge_kib();
-        munmap(p, len);
+        munmap(map, map_len);
     }
     char buf[32];
-    printf("          of which mmap + parallel pre-fault alone: %s (%llu MiB of it in huge pages)\n",
+    printf("          of which getting the pages alone (mmap, faulted in by several threads): %s "
+           "(%llu MiB of it in huge pages)\n",
            human_time(median(t, (size_t)n), buf, sizeof buf), huge_kib / 1024);
 }
 
 int bench_host(bool quick)
 {
-    pm_result r = PM_SUCCESS;
-    pm__instance *inst = pm__instance_get(&r);
-    if (!inst) {
-        printf("bench host: no backend: %s\n", pm_last_error_detail());
+    const baseline *b = baseline_open("bench host");
+    if (!b)
         return 1;
-    }
-    const pm__backend *b = &inst->backend;
     static const size_t sizes[] = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 256u << 20,
                                    1u << 30};
     enum { max_reps = 41 };
-    printf("host alloc + free, cold, median of N (backend %s; baseline %s)\n", b->name,
-           b->baseline_name);
-    printf("%-9s %4s | %11s %11s | %11s %11s | %8s %8s\n", "size", "N", "pinmem alloc",
-           "free", "baseline alloc", "free", "alloc x", "free x");
+    printf("host alloc + free, cold, median of N (backend %s; baseline %s)\n", pm_backend_name(),
+           b->pin_name);
+    printf("%-9s %4s | %12s %11s | %14s %11s | %17s %17s\n", "size", "N", "pinmem alloc", "free",
+           "baseline alloc", "free", "alloc, x faster", "free, x faster");
+    printf("%-9s %4s | %12s %11s | %14s %11s | %17s %17s\n", "", "", "", "", "", "",
+           "higher is better", "higher is better");
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         size_t bytes = sizes[i];
         int reps = bytes >= (256u << 20) ? (quick ? 3 : 7) : bytes >= (16u << 20) ? 11 : (quick ? 21 : max_reps);
@@ -128,13 +172,13 @@ int bench_host(bool quick)
         }
         double mpa = median(pa, reps), mpf = median(pf, reps), mba = median(ba, reps),
                mbf = median(bf, reps);
-        printf("%-9s %4d | %11s %11s | %11s %11s | %7.2fx %7.2fx\n",
+        printf("%-9s %4d | %12s %11s | %14s %11s | %16.2fx %16.2fx\n",
                human_size(bytes, sz, sizeof sz), reps, human_time(mpa, t1, sizeof t1),
                human_time(mpf, t2, sizeof t2), human_time(mba, t3, sizeof t3),
                human_time(mbf, t4, sizeof t4), mba / mpa, mbf / mpf);
         if (!quick && bytes >= (256u << 20))
-            print_prefault_share(bytes, reps);
+            print_pages_share(bytes, reps);
     }
-    printf("(x = baseline time / pinmem time: above 1 means pinmem is faster)\n");
+    printf("(x faster: the baseline's time over pinmem's; above 1, pinmem is faster)\n");
     return 0;
 }

@@ -10,10 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/backend.h"
 #include "commands.h"
-#include "instance.h"
-#include "pinmem.h"
 
 enum { pairs_per_batch = 20000, batches = 15 };
 
@@ -22,7 +19,7 @@ typedef enum { PINMEM_SYNC, PINMEM_ASYNC, BASELINE, MALLOC } pair_kind;
 /* Each on cache lines of its own: threads read their job on every pair. */
 typedef struct __attribute__((aligned(64))) pair_job {
     pair_kind kind;
-    const pm__backend *b;
+    const baseline *b;
     pm_mem_pool_t pool;
     void *baseline_pool;
     pm_stream_t stream;
@@ -44,8 +41,8 @@ static bool one_pair(pair_job *j)
         return pm_mem_alloc_from_pool_async(&p, j->size, j->pool, j->stream) == PM_SUCCESS &&
                pm_mem_free_async(p, j->stream) == PM_SUCCESS;
     case BASELINE:
-        return j->b->baseline_pool_alloc(j->baseline_pool, &p, j->size, j->stream) == PM_SUCCESS &&
-               j->b->baseline_pool_free(j->baseline_pool, p, j->stream) == PM_SUCCESS;
+        return j->b->pool_alloc(j->baseline_pool, &p, j->size, j->stream) == PM_SUCCESS &&
+               j->b->pool_free(j->baseline_pool, p, j->stream) == PM_SUCCESS;
     case MALLOC: /* shares nothing between threads: how far this machine scales */
         p = malloc(j->size);
         *(volatile char *)p = 0;
@@ -158,7 +155,7 @@ static void print_scaling(const char *name, const double rate[5], double unit)
     printf("\n");
 }
 
-static double copy_gbps(const pm__backend *b, pm_deviceptr d, const void *src, size_t bytes)
+static double copy_gbps(const baseline *b, pm_deviceptr d, const void *src, size_t bytes)
 {
     double t[10];
     b->copy_htod(d, src, bytes);
@@ -171,27 +168,35 @@ static double copy_gbps(const pm__backend *b, pm_deviceptr d, const void *src, s
     return (double)bytes / median(t, 10);
 }
 
-static void copy_speed(const pm__backend *b, pm_mem_pool_t pool)
+static void copy_speed(const baseline *b, pm_mem_pool_t pool)
 {
     const size_t bytes = 256u << 20;
     pm_deviceptr d = 0;
     void *from_pool = NULL, *from_baseline = NULL;
-    if (b->device_alloc(&d, bytes) != PM_SUCCESS ||
-        pm_mem_alloc_from_pool(&from_pool, bytes, pool) != PM_SUCCESS ||
-        b->baseline_alloc(&from_baseline, bytes) != PM_SUCCESS) {
-        printf("copy: skipped: %s\n", pm_last_error_detail());
+    if (pm_device_alloc(&d, bytes) != PM_SUCCESS ||
+        pm_mem_alloc_from_pool(&from_pool, bytes, pool) != PM_SUCCESS) {
+        printf("\ncopy: skipped: %s\n", pm_last_error_detail());
+        pm_device_free(d);
+        return;
+    }
+    if (b->pin(&from_baseline, bytes) != PM_SUCCESS) {
+        printf("\ncopy: skipped: %s\n", baseline_detail());
+        pm_mem_free(from_pool);
+        pm_device_free(d);
         return;
     }
     memset(from_pool, 1, bytes);
     memset(from_baseline, 1, bytes);
     double pool_rate = copy_gbps(b, d, from_pool, bytes);
     double base_rate = copy_gbps(b, d, from_baseline, bytes);
-    printf("\nH2D copy of 256 MiB (median of 10): from pool memory %.1f GB/s, from %s memory "
-           "%.1f GB/s: %.1f%%\n",
-           pool_rate, b->baseline_name, base_rate, 100 * pool_rate / base_rate);
+    printf("\nH2D copy of 256 MiB with %s (median of 10): from pool memory %.1f GB/s, from %s "
+           "memory %.1f GB/s: %.1f%% (100%% is par, higher is better)\n",
+           b->copy_name, pool_rate, b->pin_name, base_rate, 100 * pool_rate / base_rate);
+    if (b->meaning)
+        printf("(%s)\n", b->meaning);
     pm_mem_free(from_pool);
-    b->baseline_free(from_baseline, bytes);
-    b->device_free(d);
+    b->unpin(from_baseline, bytes);
+    pm_device_free(d);
 }
 
 static size_t mixed_size(uint64_t *rng)
@@ -282,7 +287,7 @@ static void steady_state(bool holding, bool threshold_zero)
         printf("\nsteady state (2048 live, 200k replacements, 64 B-1 MiB log-uniform, "
                "10%% 1-8 MiB), %s%s:\n", threshold, failed ? " (an allocation failed)" : "");
     printf("  requested %.1f MiB, used %.1f MiB (high %.1f), reserved %.1f MiB: reserved/used "
-           "%.3f, reserved/used high %.3f, reserved/requested %.3f\n",
+           "%.3f, reserved/used high %.3f, reserved/requested %.3f (lower is better)\n",
            st.requested / mib, used / mib, used_high / mib, reserved / mib,
            (double)reserved / (double)used, (double)reserved / (double)used_high,
            (double)reserved / (double)st.requested);
@@ -302,8 +307,9 @@ static void steady_state(bool holding, bool threshold_zero)
     pm_mem_pool_destroy(pool);
 }
 
-/* The first allocation from a fresh pool: best of three. */
-static double first_alloc_ns(size_t bytes, bool threshold_zero)
+/* The first allocation from a fresh pool: best of three. *granule: the
+ * pool's (0: chunks pinned whole). */
+static double first_alloc_ns(size_t bytes, bool threshold_zero, unsigned long long *granule)
 {
     double best = 1e30;
     for (int round = 0; round < 3; round++) {
@@ -319,6 +325,9 @@ static double first_alloc_ns(size_t bytes, bool threshold_zero)
             if (pm_mem_alloc_from_pool(&p, bytes, pool) == PM_SUCCESS) {
                 double t = now_ns() - t0;
                 best = t < best ? t : best;
+                pm_pool_stats st = {.struct_size = sizeof st};
+                if (pm_mem_pool_get_stats(pool, &st) == PM_SUCCESS)
+                    *granule = st.granule;
                 pm_mem_free(p);
             }
         }
@@ -327,45 +336,58 @@ static double first_alloc_ns(size_t bytes, bool threshold_zero)
     return best;
 }
 
+static const char *pinned_in(unsigned long long granule, char *buf, size_t cap)
+{
+    char sz[32];
+    if (granule == 0)
+        snprintf(buf, cap, "chunks pinned whole");
+    else
+        snprintf(buf, cap, "%s granules", human_size((size_t)granule, sz, sizeof sz));
+    return buf;
+}
+
 /* The first allocation of a fresh pool pins its memory: pinmem's pool (with
  * the default release threshold, and with 0, which on CUDA pins granules
  * that can go back one by one) and the baseline's (the driver's host pool,
  * its memory released at each round, or glibc), 4 KiB and 256 MiB, best of
  * three. */
-static void cold_first_alloc(const pm__backend *b)
+static void cold_first_alloc(const baseline *b)
 {
     static const size_t sizes[] = {4096, (size_t)256 << 20};
-    printf("\nfirst allocation from a fresh pool (best of 3):\n");
+    printf("\nfirst allocation from a fresh pool (best of 3; x faster: the baseline's time over "
+           "pinmem's, higher is better):\n");
     for (size_t i = 0; i < 2; i++) {
-        double best = first_alloc_ns(sizes[i], false), zero_best = first_alloc_ns(sizes[i], true);
+        unsigned long long keep_granule = 0, zero_granule = 0;
+        double best = first_alloc_ns(sizes[i], false, &keep_granule),
+               zero_best = first_alloc_ns(sizes[i], true, &zero_granule);
         double base_best = 1e30;
         for (int round = 0; round < 3; round++) {
             void *bp = NULL, *q = NULL;
-            if (b->baseline_pool_open(&bp) == PM_SUCCESS) {
+            if (b->pool_open(&bp) == PM_SUCCESS) {
                 double t0 = now_ns();
-                if (b->baseline_pool_alloc(bp, &q, sizes[i], NULL) == PM_SUCCESS) {
-                    pm_stream_synchronize(NULL);
+                if (b->pool_alloc(bp, &q, sizes[i], NULL) == PM_SUCCESS) {
+                    b->synchronize();
                     double t = now_ns() - t0;
                     base_best = t < base_best ? t : base_best;
-                    b->baseline_pool_free(bp, q, NULL);
-                    pm_stream_synchronize(NULL);
+                    b->pool_free(bp, q, NULL);
+                    b->synchronize();
                 }
-                b->baseline_pool_close(bp);
+                b->pool_close(bp);
             }
         }
-        char sz[32];
+        char sz[32], keep[48], zero[48];
         printf("  %-8s pinmem %9.3f ms (%s), with release threshold 0 %9.3f ms (%s); %s %9.3f ms "
-               "(%.1fx, %.1fx)\n",
-               human_size(sizes[i], sz, sizeof sz), best / 1e6, b->pool_keep.name, zero_best / 1e6,
-               b->pool_give_back.name, b->baseline_pool_name, base_best / 1e6, base_best / best,
-               base_best / zero_best);
+               "(%.1fx, %.1fx faster)\n",
+               human_size(sizes[i], sz, sizeof sz), best / 1e6,
+               pinned_in(keep_granule, keep, sizeof keep), zero_best / 1e6,
+               pinned_in(zero_granule, zero, sizeof zero), b->pool_name, base_best / 1e6,
+               base_best / best, base_best / zero_best);
     }
 }
 
 int bench_footprint(void)
 {
-    pm_result r = PM_SUCCESS;
-    if (!pm__instance_get(&r)) {
+    if (pm_init(0) != PM_SUCCESS) {
         printf("bench footprint: no backend: %s\n", pm_last_error_detail());
         return 1;
     }
@@ -378,27 +400,27 @@ int bench_footprint(void)
 
 int bench_pool(bool quick)
 {
-    pm_result r = PM_SUCCESS;
-    pm__instance *inst = pm__instance_get(&r);
-    if (!inst) {
-        printf("bench pool: no backend: %s\n", pm_last_error_detail());
+    const baseline *b = baseline_open("bench pool");
+    if (!b)
         return 1;
-    }
-    const pm__backend *b = &inst->backend;
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
     pm_mem_pool_t pool = NULL;
     void *baseline_pool = NULL;
     pm_stream_t stream = NULL;
-    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS || pm_stream_create(&stream) != PM_SUCCESS ||
-        b->baseline_pool_open(&baseline_pool) != PM_SUCCESS) {
+    if (pm_mem_pool_create(&pool, &props) != PM_SUCCESS || pm_stream_create(&stream) != PM_SUCCESS) {
         printf("bench pool: setup failed: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    if (b->pool_open(&baseline_pool) != PM_SUCCESS) {
+        printf("bench pool: %s: %s\n", b->pool_name, baseline_detail());
         return 1;
     }
     static const size_t sizes[] = {64, 4096, 65536, 1u << 20};
     printf("pool alloc + free pair, warm, one thread, median of %d x %d (backend %s; baseline %s)\n",
-           batches, pairs_per_batch, b->name, b->baseline_pool_name);
-    printf("%-9s | %12s %14s | %12s | %9s\n", "size", "pinmem", "pinmem async", "baseline",
-           "baseline/pinmem");
+           batches, pairs_per_batch, pm_backend_name(), b->pool_name);
+    printf("%-9s | %12s %14s | %12s | %16s\n", "size", "pinmem", "pinmem async", "baseline",
+           "x faster");
+    printf("%-9s | %12s %14s | %12s | %16s\n", "", "", "", "", "higher is better");
     /* Twice over, so an effect of order or warm-up shows as a difference. */
     for (size_t pass = 0; pass < 2 * sizeof sizes / sizeof sizes[0]; pass++) {
         size_t i = pass % (sizeof sizes / sizeof sizes[0]);
@@ -408,7 +430,7 @@ int bench_pool(bool quick)
         base.kind = BASELINE;
         double ns = pair_ns(&sync), ans = pair_ns(&async), bns = pair_ns(&base);
         char sz[32];
-        printf("%-9s | %9.1f ns %11.1f ns | %9.1f ns | %8.1fx%s\n", human_size(sizes[i], sz, sizeof sz),
+        printf("%-9s | %9.1f ns %11.1f ns | %9.1f ns | %15.1fx%s\n", human_size(sizes[i], sz, sizeof sz),
                ns, ans, bns, bns / ns,
                sync.failed || async.failed || base.failed ? "  (a call failed)" : "");
     }
@@ -419,7 +441,8 @@ int bench_pool(bool quick)
     base_one = pairs_per_second(proto, 1);
     base_sixteen = pairs_per_second(proto, 16);
     printf("\n4 KiB pairs per second, in total, all threads through one 300 ms window "
-           "(median of %d rounds; the driver's pool once):\n"
+           "(median of %d rounds; the baseline's pool once; x: over one thread, higher is "
+           "better):\n"
            "  %-8s%20s%20s%20s%20s%20s\n", scaling_rounds, "threads", "1", "2", "4", "8", "16");
     print_scaling("pinmem", pinmem_rate, 1e6);
     print_scaling("glibc", glibc_rate, 1e6);
@@ -439,7 +462,7 @@ int bench_pool(bool quick)
         steady_state(true, zero);
     }
     pm_stream_destroy(stream);
-    b->baseline_pool_close(baseline_pool);
+    b->pool_close(baseline_pool);
     pm_mem_pool_destroy(pool);
     return 0;
 }

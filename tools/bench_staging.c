@@ -7,9 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
 #include "commands.h"
-#include "pinmem.h"
 
 static void configure(pm_copy_stores stores, size_t direct_max)
 {
@@ -86,34 +84,37 @@ static void cold_rows(pm_deviceptr dev, uint8_t *host, size_t max, bool *failed)
 /* The DMA engine's own rate for pieces queued back to back from page-locked
  * memory, with and without a marker behind each piece as the ring records:
  * the ceiling for a staged copy of that piece size. */
-static void dma_ceiling(const pm__backend *b, pm_deviceptr dev, uint8_t *pinned, size_t total,
+static void dma_ceiling(const baseline *b, pm_deviceptr dev, uint8_t *pinned, size_t total,
                         bool *failed)
 {
     enum { REPS = 5 };
-    pm__marker mark = {0};
-    *failed |= b->marker_record(NULL, &mark) != PM_SUCCESS;
+    void *mark = NULL;
+    if (b->marker_open(&mark) != PM_SUCCESS) {
+        printf("\nDMA from page-locked memory: skipped: %s\n", baseline_detail());
+        *failed = true;
+        return;
+    }
     char sz[32];
-    printf("\nDMA from page-locked memory, %s in pieces queued on one stream (median of %d)\n",
-           human_size(total, sz, sizeof sz), REPS);
+    printf("\nDMA from page-locked memory, %s in pieces queued on one stream (%s, median of %d)\n",
+           human_size(total, sz, sizeof sz), b->queued_name, REPS);
     for (size_t piece = (size_t)256 << 10; piece <= ((size_t)4 << 20); piece *= 2) {
         double t[2][REPS];
         for (int k = 0; k < REPS; k++)
             for (int marked = 0; marked < 2; marked++) {
                 double t0 = now_ns();
                 for (size_t off = 0; off < total; off += piece) {
-                    *failed |= b->copy_htod_async(dev + off, pinned + off, piece, NULL, true) !=
-                               PM_SUCCESS;
+                    *failed |= b->copy_htod_queued(dev + off, pinned + off, piece) != PM_SUCCESS;
                     if (marked)
-                        *failed |= b->marker_rerecord(NULL, &mark) != PM_SUCCESS;
+                        *failed |= b->marker_record(mark) != PM_SUCCESS;
                 }
-                *failed |= b->stream_synchronize(NULL) != PM_SUCCESS;
+                *failed |= b->synchronize() != PM_SUCCESS;
                 t[marked][k] = now_ns() - t0;
             }
         printf("%-9s pieces: %5.1f GB/s, with a marker behind each %5.1f GB/s\n",
                human_size(piece, sz, sizeof sz), (double)total / median(t[0], REPS),
                (double)total / median(t[1], REPS));
     }
-    b->marker_release(&mark);
+    b->marker_close(mark);
 }
 
 int bench_staging(bool quick)
@@ -121,18 +122,20 @@ int bench_staging(bool quick)
     copy_buffers cb;
     if (!copy_buffers_open(&cb, "bench staging", quick))
         return 1;
-    const pm__backend *b = cb.b;
+    const baseline *b = cb.bl;
     const size_t max = cb.max;
     uint8_t *pageable = cb.pageable;
     pm_deviceptr dev = cb.dev;
     bool failed = false;
     pm_copy_config saved = {.struct_size = sizeof saved};
     pm_copy_get_config(&saved);
+    if (b->meaning)
+        printf("(%s)\n", b->meaning);
     dma_ceiling(b, dev, cb.pinned, max < ((size_t)256 << 20) ? max : (size_t)256 << 20, &failed);
     printf("\nstaged copies only (%s: %u workers, %u of them to the device, %u buffers of %zu KiB, "
            "%zu KiB slices), median of 7; time per piece (one DMA) summed over the threads that "
            "ran it\n",
-           b->name, saved.workers, saved.htod_workers, saved.buffers, saved.chunk_bytes >> 10,
+           pm_backend_name(), saved.workers, saved.htod_workers, saved.buffers, saved.chunk_bytes >> 10,
            saved.slice_bytes >> 10);
     printf("%-9s %-6s %-9s | %7s | %9s %9s %9s | %s | %s\n", "size", "dir", "stores", "GB/s",
            "copy us", "wait us", "queue us", "CPU GB/s per thread", "fillers after");
@@ -144,7 +147,8 @@ int bench_staging(bool quick)
     cold_rows(dev, pageable, max, &failed);
     pm_copy_set_config(&saved);
     if (failed)
-        printf("(a copy failed: %s)\n", pm_last_error_detail());
+        printf("(a copy failed: pinmem's last error: %s; the baseline's: %s)\n",
+               pm_last_error_detail(), baseline_detail());
     copy_buffers_close(&cb);
     return failed;
 }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "baseline.h"
 #include "pinmem.h"
 
 int cmd_info(void);
@@ -20,15 +21,13 @@ int bench_copy(bool quick, const char *plot_file);
  * staged copies of 16 MiB and up, cached against streaming stores, with the
  * engine's time counters. */
 int bench_staging(bool quick);
-/* Pageable copies split between the staging engine and registering in place. */
-int bench_split(bool quick);
 
 /* The copy benchmarks' buffers: pageable, page-locked and device memory of
- * max bytes each (64 MiB quick, else 1 GiB). open prints why it failed, as
- * who, and leaves nothing allocated then. */
-struct pm__backend;
+ * max bytes each (64 MiB quick, else 1 GiB), and the baseline to compare
+ * with. open prints why it failed, as who, and leaves nothing allocated
+ * then. */
 typedef struct copy_buffers {
-    const struct pm__backend *b;
+    const baseline *bl;
     uint8_t *pageable, *pinned;
     pm_deviceptr dev;
     size_t max;

@@ -59,10 +59,16 @@ def library_path():
 
 
 def backend():
-    """"cuda" or "posix": the backend the library chose (PINMEM_BACKEND picks)."""
+    """"cuda" or "posix": the backend the library chose (PINMEM_BACKEND picks).
+
+    Raises PinmemError when no backend could be initialised.
+    """
     lib = _lib.load()
     _check(lib.pm_init(0), "pinmem.backend")
-    return lib.pm_backend_name().decode()
+    name = lib.pm_backend_name()  # NULL, None here, when there is no backend
+    if name is None:
+        raise PinmemError("PM_ERROR_NOT_INITIALIZED", "pinmem.backend: no backend", 3)
+    return name.decode()
 
 
 def capabilities():

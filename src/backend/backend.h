@@ -123,21 +123,9 @@ typedef struct pm__backend {
      * without waiting for the device. The two may be the same. */
     pm__chunk_ops pool_keep, pool_give_back;
 
-    /* What benchmarks compare pinmem with: the plain way to pin memory on this
-     * backend (the driver's cuMemHostAlloc / cuMemFreeHost, or mmap + mlock). */
-    const char *baseline_name;
-    pm_result (*baseline_alloc)(void **p, size_t bytesize);
-    pm_result (*baseline_free)(void *p, size_t bytesize);
-    /* The pool benchmark's baseline: the driver's own host pool, with access
-     * granted and nothing released (cuda), or glibc malloc (posix). */
-    const char *baseline_pool_name;
-    pm_result (*baseline_pool_open)(void **pool);
-    pm_result (*baseline_pool_alloc)(void *pool, void **p, size_t bytesize, pm_stream_t s);
-    pm_result (*baseline_pool_free)(void *pool, void *p, pm_stream_t s);
-    void (*baseline_pool_close)(void *pool);
-    /* Device memory and a synchronous copy to it (posix: host memory). */
+    /* Device memory, and a synchronous copy to or from it (posix: host
+     * memory). */
     pm_result (*device_alloc)(pm_deviceptr *d, size_t bytesize);
-    void (*device_free)(pm_deviceptr d);
     pm_result (*copy_htod)(pm_deviceptr d, const void *src, size_t bytesize);
     pm_result (*copy_dtoh)(void *dst, pm_deviceptr d, size_t bytesize);
     /* Copies ordered on stream s. When the host side is page-locked

@@ -229,17 +229,6 @@ static pm_result cuda_foreign_get_address_range(pm_deviceptr *pbase, size_t *psi
     return PM_SUCCESS;
 }
 
-static pm_result cuda_baseline_alloc(void **p, size_t bytesize)
-{
-    DRIVER_CALL("cuMemHostAlloc", cu->mem_host_alloc(p, bytesize, 0));
-}
-
-static pm_result cuda_baseline_free(void *p, size_t bytesize)
-{
-    (void)bytesize;
-    DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(p));
-}
-
 /* pm_stream_t is the CUstream itself on this backend. */
 static pm_result cuda_stream_create(pm_stream_t *out)
 {
@@ -421,71 +410,6 @@ static void pick_pool_chunks(pm__backend *out)
     out->pool_keep = always && granule ? vmm : registered;
 }
 
-static pm_result driver_pool_open(void **pool)
-{
-    CUmemPoolProps props;
-    memset(&props, 0, sizeof props);
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
-    props.location.type = CU_MEM_LOCATION_TYPE_HOST;
-    CUmemoryPool p = NULL;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->mem_pool_create(&p, &props);
-    if (rc == CUDA_SUCCESS) {
-        /* Fair to the driver: device access granted, nothing given back. */
-        CUmemAccessDesc access;
-        memset(&access, 0, sizeof access);
-        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        access.location.id = (int)device;
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        cuuint64_t keep = UINT64_MAX;
-        rc = cu->mem_pool_set_access(p, &access, 1);
-        if (rc == CUDA_SUCCESS)
-            rc = cu->mem_pool_set_attribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
-        if (rc != CUDA_SUCCESS)
-            cu->mem_pool_destroy(p);
-    }
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuMemPoolCreate (host)");
-    *pool = p;
-    return PM_SUCCESS;
-}
-
-static pm_result driver_pool_alloc(void *pool, void **p, size_t bytesize, pm_stream_t s)
-{
-    CUdeviceptr d = 0;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->mem_alloc_from_pool_async(&d, bytesize, (CUmemoryPool)pool, (CUstream)s);
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuMemAllocFromPoolAsync");
-    *p = (void *)(uintptr_t)d;
-    return PM_SUCCESS;
-}
-
-static pm_result driver_pool_free(void *pool, void *p, pm_stream_t s)
-{
-    (void)pool;
-    DRIVER_CALL("cuMemFreeAsync", cu->mem_free_async((CUdeviceptr)(uintptr_t)p, (CUstream)s));
-}
-
-static void driver_pool_close(void *pool)
-{
-    ctx_scope scope;
-    if (ctx_enter(&scope) != PM_SUCCESS)
-        return;
-    cu->ctx_synchronize();
-    cu->mem_pool_destroy((CUmemoryPool)pool);
-    ctx_leave(&scope);
-}
-
 _Static_assert(sizeof(pm_deviceptr) == sizeof(CUdeviceptr), "pm_deviceptr mirrors CUdeviceptr");
 
 static pm_result cuda_device_alloc(pm_deviceptr *d, size_t bytesize)
@@ -495,15 +419,6 @@ static pm_result cuda_device_alloc(pm_deviceptr *d, size_t bytesize)
 
 /* The driver pins past RLIMIT_MEMLOCK (spec: 64 MiB under a 1 MiB limit). */
 static size_t cuda_pinnable_bytes(void) { return SIZE_MAX; }
-
-static void cuda_device_free(pm_deviceptr d)
-{
-    ctx_scope scope;
-    if (ctx_enter(&scope) != PM_SUCCESS)
-        return;
-    cu->mem_free((CUdeviceptr)d);
-    ctx_leave(&scope);
-}
 
 static pm_result cuda_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)
 {
@@ -699,14 +614,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->marker_synchronize = cuda_marker_synchronize;
     out->marker_rerecord = cuda_marker_rerecord;
     pick_pool_chunks(out);
-    out->baseline_name = "cuMemHostAlloc";
-    out->baseline_pool_name = "driver host pool";
-    out->baseline_pool_open = driver_pool_open;
-    out->baseline_pool_alloc = driver_pool_alloc;
-    out->baseline_pool_free = driver_pool_free;
-    out->baseline_pool_close = driver_pool_close;
     out->device_alloc = cuda_device_alloc;
-    out->device_free = cuda_device_free;
     out->pinnable_bytes = cuda_pinnable_bytes;
     out->copy_htod = cuda_copy_htod;
     out->copy_dtoh = cuda_copy_dtoh;
@@ -715,8 +623,6 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->cache_unregister = cuda_cache_unregister;
     out->copy_htod_async = cuda_copy_htod_async;
     out->copy_dtoh_async = cuda_copy_dtoh_async;
-    out->baseline_alloc = cuda_baseline_alloc;
-    out->baseline_free = cuda_baseline_free;
     out->pointer_kind = cuda_pointer_kind;
     out->device_release = cuda_device_release;
     out->stream_is_capturing = cuda_stream_is_capturing;

@@ -49,12 +49,6 @@ typedef struct pm__cuda_api {
     CUresult (*memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*event_synchronize)(CUevent);
-    CUresult (*mem_pool_create)(CUmemoryPool *, const CUmemPoolProps *);
-    CUresult (*mem_pool_destroy)(CUmemoryPool);
-    CUresult (*mem_pool_set_access)(CUmemoryPool, const CUmemAccessDesc *, size_t);
-    CUresult (*mem_pool_set_attribute)(CUmemoryPool, CUmemPool_attribute, void *);
-    CUresult (*mem_alloc_from_pool_async)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-    CUresult (*mem_free_async)(CUdeviceptr, CUstream);
     /* Virtual memory management, for pool chunks: NULL where the driver lacks them. */
     CUresult (*mem_address_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
     CUresult (*mem_address_free)(CUdeviceptr, size_t);

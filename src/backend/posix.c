@@ -250,26 +250,6 @@ static pm_result posix_foreign_get_address_range(pm_deviceptr *pbase, size_t *ps
                     dptr);
 }
 
-static pm_result posix_baseline_alloc(void **p, size_t bytesize)
-{
-    void *m = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap: %s", strerror(errno));
-    if (lock_pages(m, bytesize) != 0) {
-        int err = errno;
-        munmap(m, bytesize);
-        return memlock_failure(err, bytesize, "baseline mmap + mlock");
-    }
-    *p = m;
-    return PM_SUCCESS;
-}
-
-static pm_result posix_baseline_free(void *p, size_t bytesize)
-{
-    munmap(p, bytesize);
-    return PM_SUCCESS;
-}
-
 static pm_result posix_chunk_commit(void *p, size_t len, int numa_node)
 {
     (void)numa_node; /* bound when reserved */
@@ -294,30 +274,6 @@ static void posix_chunk_decommit(void *p, size_t len)
 }
 
 static void posix_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
-
-static pm_result malloc_pool_open(void **pool)
-{
-    *pool = NULL;
-    return PM_SUCCESS;
-}
-
-static pm_result malloc_pool_alloc(void *pool, void **p, size_t bytesize, pm_stream_t s)
-{
-    (void)pool;
-    (void)s;
-    *p = malloc(bytesize);
-    return *p ? PM_SUCCESS : pm__fail(PM_ERROR_OUT_OF_MEMORY, "malloc failed");
-}
-
-static pm_result malloc_pool_free(void *pool, void *p, pm_stream_t s)
-{
-    (void)pool;
-    (void)s;
-    free(p);
-    return PM_SUCCESS;
-}
-
-static void malloc_pool_close(void *pool) { (void)pool; }
 
 /* "Device" memory is host memory here: copies run through the same code.
  * Its ranges are recorded, so that pm_memcpy can tell device memory from
@@ -368,8 +324,6 @@ static pm_result posix_device_release(pm_deviceptr d)
     munmap((void *)r.pin_base, r.pin_len);
     return PM_SUCCESS;
 }
-
-static void posix_device_free(pm_deviceptr d) { posix_device_release(d); }
 
 static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
 {
@@ -532,22 +486,13 @@ pm_result pm__backend_posix_open(pm__backend *out)
                                      pm__reserve_chunk_range, posix_chunk_commit,
                                      posix_chunk_decommit, posix_chunk_unreserve};
     out->pool_give_back = out->pool_keep;
-    out->baseline_name = "mmap+mlock";
-    out->baseline_pool_name = "glibc malloc+free";
-    out->baseline_pool_open = malloc_pool_open;
-    out->baseline_pool_alloc = malloc_pool_alloc;
-    out->baseline_pool_free = malloc_pool_free;
-    out->baseline_pool_close = malloc_pool_close;
     out->device_alloc = posix_device_alloc;
-    out->device_free = posix_device_free;
     out->copy_htod = posix_copy_htod;
     out->copy_dtoh = posix_copy_dtoh;
     out->cache_register = posix_cache_register;
     out->cache_unregister = posix_cache_unregister;
     out->copy_htod_async = posix_copy_htod_async;
     out->copy_dtoh_async = posix_copy_dtoh_async;
-    out->baseline_alloc = posix_baseline_alloc;
-    out->baseline_free = posix_baseline_free;
     out->pointer_kind = posix_pointer_kind;
     out->device_release = posix_device_release;
     out->stream_is_capturing = posix_stream_is_capturing;

@@ -5,6 +5,6 @@
 
 /* A process exit status: 0 when printed, 1 (said on stderr) when the library
  * is not where it is installed. */
-int pm__preload_print_path(void);
+int print_preload_path(void);
 
 #endif

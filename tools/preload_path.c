@@ -9,7 +9,7 @@
 
 #include "preload_path.h"
 
-int pm__preload_print_path(void)
+int print_preload_path(void)
 {
     static const char *const relative[] = {"/../" PINMEM_PRELOAD_LIBDIR "/libpinmem_preload.so",
                                            "/../libpinmem_preload.so"};

@@ -1,0 +1,60 @@
+#!/bin/sh
+# The pinmem command's conventions: help and the version on stdout with
+# status 0; a command or option it does not know named on stderr, with the
+# usage, and status 2; --plot refused where nothing is plotted.
+set -u
+pinmem=$1 # and $2, the version it should print
+dir=$(mktemp -d "${TMPDIR:-/tmp}/pinmem-cli.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+failures=0
+
+fail() {
+    echo "FAILED: pinmem $1: $2"
+    failures=$((failures + 1))
+}
+
+# expect STATUS STREAM WORD ARGS...: the status, and WORD in STREAM (out or
+# err); the other stream must stay empty.
+expect() {
+    want=$1 stream=$2 word=$3
+    shift 3
+    "$pinmem" "$@" >"$dir/out" 2>"$dir/err"
+    got=$?
+    [ "$got" -eq "$want" ] || fail "$*" "status $got, not $want"
+    other=err
+    [ "$stream" = out ] || other=out
+    grep -qF -- "$word" "$dir/$stream" || fail "$*" "'$word' not on std$stream"
+    [ ! -s "$dir/$other" ] || fail "$*" "std$other is not empty: $(head -1 "$dir/$other")"
+}
+
+version=$2
+expect 0 out "pinmem $version" --version
+expect 0 out "pinmem $version" version
+expect 0 out "usage: pinmem" --help
+expect 0 out "usage: pinmem" -h
+expect 0 out "usage: pinmem" help
+expect 0 out "usage: pinmem bench" bench --help
+expect 0 out "usage: pinmem bench" bench copy -h
+expect 0 out "backend:" info
+expect 2 err "usage: pinmem" # no command at all
+expect 2 err "'frobnicate'" frobnicate
+expect 2 err "usage: pinmem" frobnicate
+expect 2 err "'--frobnicate'" --frobnicate
+expect 2 err "'--frobnicate'" bench --frobnicate
+expect 2 err "usage: pinmem bench" bench --frobnicate
+expect 2 err "'frobnicate'" bench frobnicate
+expect 2 err "'extra'" info extra
+expect 2 err "'extra'" --version extra
+expect 2 err "--plot" bench pool --plot "$dir/pool.png"
+expect 2 err "--plot" bench --quick --plot "$dir/host.png"
+expect 2 err "--plot" bench copy --plot
+expect 2 err "--plot" bench copy --plot "$dir/no/such/dir/copy.png"
+expect 2 err "--quick" bench footprint --quick
+expect 2 err "one benchmark" bench copy pool
+[ ! -e "$dir/pool.png" ] && [ ! -e "$dir/pool.png.dat" ] || fail "bench pool --plot" "wrote a file"
+
+if [ $failures -ne 0 ]; then
+    echo "$failures CLI check(s) failed"
+    exit 1
+fi
+echo "pinmem's help, version, errors and --plot behave"
