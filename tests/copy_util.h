@@ -23,7 +23,7 @@ static inline const pm__backend *test_backend(void)
 static inline pm_deviceptr device_alloc(size_t bytes)
 {
     pm_deviceptr d = 0;
-    CHECK_RESULT(test_backend()->device_alloc(&d, bytes), PM_SUCCESS);
+    CHECK_RESULT(pm_device_alloc(&d, bytes), PM_SUCCESS);
     return d;
 }
 

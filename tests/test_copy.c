@@ -148,7 +148,7 @@ static void *copy_thread(void *arg)
     uint8_t *src = malloc(n), *dst = malloc(n);
     pm_deviceptr dev = 0;
     pm_stream_t s = NULL;
-    if (!src || !dst || test_backend()->device_alloc(&dev, n) != PM_SUCCESS ||
+    if (!src || !dst || pm_device_alloc(&dev, n) != PM_SUCCESS ||
         pm_stream_create(&s) != PM_SUCCESS) {
         w->failures++;
         if (dev)

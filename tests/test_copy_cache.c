@@ -226,7 +226,7 @@ static bool doom_during_failed_registration(bool file, bool by_register)
     const char *how = file ? "private file mapping" : "registration refused";
     uint8_t *p = map_kind(n, file);
     pm_deviceptr dev = 0;
-    if (!p || test_backend()->device_alloc(&dev, n) != PM_SUCCESS) {
+    if (!p || pm_device_alloc(&dev, n) != PM_SUCCESS) {
         CHECK(!"mapping the buffer or allocating device memory failed");
         if (p)
             munmap(p, n);
@@ -272,7 +272,7 @@ static bool doom_during_failed_registration(bool file, bool by_register)
         free(back);
     }
     munmap(p, n);
-    test_backend()->device_free(dev);
+    pm_device_free(dev);
     return true;
 }
 
@@ -371,19 +371,19 @@ static void mremap_moved(void)
 {
     const size_t n = 4 << 20;
     pm_deviceptr dev = 0;
-    REQUIRE_RESULT(test_backend()->device_alloc(&dev, n), PM_SUCCESS);
+    REQUIRE_RESULT(pm_device_alloc(&dev, n), PM_SUCCESS);
     uint8_t *p = map_kind(n, false);
     /* where it moves to: reserved, then handed to mremap */
     uint8_t *target = mmap(NULL, 2 * n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (!p || target == MAP_FAILED) {
         CHECK(!"mmap failed");
-        test_backend()->device_free(dev);
+        pm_device_free(dev);
         return;
     }
     if (!cache_it(p, n, dev)) {
         munmap(p, n);
         munmap(target, 2 * n);
-        test_backend()->device_free(dev);
+        pm_device_free(dev);
         SKIP_CASE("the cache registered nothing");
     }
     unsigned long long invalidations = stats().cache_invalidations;
@@ -413,7 +413,7 @@ static void mremap_moved(void)
         munmap(p, n);
         munmap(target, 2 * n);
     }
-    test_backend()->device_free(dev);
+    pm_device_free(dev);
 }
 
 /* mremap grows a cached buffer in place: the kernel says nothing, the entry
@@ -423,18 +423,18 @@ static void mremap_grown_in_place(void)
 {
     const size_t n = 4 << 20;
     pm_deviceptr dev = 0;
-    REQUIRE_RESULT(test_backend()->device_alloc(&dev, n), PM_SUCCESS);
+    REQUIRE_RESULT(pm_device_alloc(&dev, n), PM_SUCCESS);
     /* room to grow into: reserved, the tail given back just before */
     uint8_t *p = mmap(NULL, 2 * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         CHECK(!"mmap failed");
-        test_backend()->device_free(dev);
+        pm_device_free(dev);
         return;
     }
     munmap(p + n, n);
     if (!cache_it(p, n, dev)) {
         munmap(p, n);
-        test_backend()->device_free(dev);
+        pm_device_free(dev);
         SKIP_CASE("the cache registered nothing");
     }
     bool missing;
@@ -444,7 +444,7 @@ static void mremap_grown_in_place(void)
     uint8_t *q = mremap(p, n, 2 * n, 0);
     if (q == MAP_FAILED) { /* another thread took the room meanwhile */
         munmap(p, n);
-        test_backend()->device_free(dev);
+        pm_device_free(dev);
         SKIP_CASE("the room after the buffer was taken");
     }
     CHECK_RESULT(pm_mem_invalidate(q + 2 * n - 1, 1), PM_SUCCESS); /* no entry there */
@@ -458,7 +458,7 @@ static void mremap_grown_in_place(void)
     CHECK_RESULT(pm_memcpy_htod(dev, q, n), PM_SUCCESS); /* the entry still serves */
     CHECK(stats().cache_hits == hits + 1);
     munmap(q, 2 * n);
-    test_backend()->device_free(dev);
+    pm_device_free(dev);
 }
 
 static void mremap_cases(void)

@@ -30,12 +30,12 @@ static void default_stream(void)
     CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
     uint8_t src[4096], dst[4096];
     pm_deviceptr dev = 0;
-    REQUIRE_RESULT(test_backend()->device_alloc(&dev, sizeof src), PM_SUCCESS);
+    REQUIRE_RESULT(pm_device_alloc(&dev, sizeof src), PM_SUCCESS);
     fill(src, sizeof src, 3);
     CHECK_RESULT(pm_memcpy_htod_async(dev, src, sizeof src, NULL), PM_SUCCESS);
     CHECK_RESULT(pm_memcpy_dtoh(dst, dev, sizeof dst), PM_SUCCESS);
     CHECK(first_mismatch(dst, sizeof dst, 3) == sizeof dst);
-    test_backend()->device_free(dev);
+    pm_device_free(dev);
     /* A stream of the user's own fails as plainly, and the next one starts. */
     pm_stream_t s = NULL;
     atomic_store(&pm__fault_thread_start, 1);
@@ -80,7 +80,7 @@ static void workers(void)
     const size_t n = 1 << 20;
     uint8_t *src = malloc(n), *dst = malloc(n);
     pm_deviceptr dev = 0;
-    if (!src || !dst || test_backend()->device_alloc(&dev, n) != PM_SUCCESS) {
+    if (!src || !dst || pm_device_alloc(&dev, n) != PM_SUCCESS) {
         CHECK(!"allocating the buffers failed");
         free(src);
         free(dst);
@@ -103,7 +103,7 @@ static void workers(void)
         CHECK(stats().staging_threads == c.workers);
     }
     atomic_store(&pm__fault_thread_start, 0);
-    test_backend()->device_free(dev);
+    pm_device_free(dev);
     free(src);
     free(dst);
 }

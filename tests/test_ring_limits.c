@@ -66,7 +66,7 @@ static bool round_trip(size_t n, unsigned seed)
 {
     uint8_t *src = malloc(n), *dst = malloc(n);
     pm_deviceptr dev = 0;
-    bool ok = src && dst && test_backend()->device_alloc(&dev, n) == PM_SUCCESS;
+    bool ok = src && dst && pm_device_alloc(&dev, n) == PM_SUCCESS;
     CHECK(ok);
     if (ok) {
         fill(src, n, seed);
@@ -76,7 +76,7 @@ static bool round_trip(size_t n, unsigned seed)
         CHECK(ok);
     }
     if (dev)
-        test_backend()->device_free(dev);
+        pm_device_free(dev);
     free(src);
     free(dst);
     return ok;
@@ -125,7 +125,7 @@ static void none_fits(void)
     const size_t n = 16 * MIB;
     uint8_t *src = malloc(n), *dst = malloc(n);
     pm_deviceptr dev = 0;
-    if (!src || !dst || test_backend()->device_alloc(&dev, n) != PM_SUCCESS) {
+    if (!src || !dst || pm_device_alloc(&dev, n) != PM_SUCCESS) {
         CHECK(!"allocating the buffers failed");
         free(src);
         free(dst);
@@ -153,7 +153,7 @@ static void none_fits(void)
                 grown);
     CHECK(grown <= 16 * 1024); /* nothing of the 512 MiB ring was touched */
     CHECK(took <= 2.0);
-    test_backend()->device_free(dev);
+    pm_device_free(dev);
     free(src);
     free(dst);
 }
