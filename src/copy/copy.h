@@ -1,9 +1,17 @@
 /* The copy engine: pm_memcpy_* split a host range into page-locked and
  * pageable pieces and send each the cheapest way (copy.c); pageable pieces go
  * through a ring of pinned staging buffers filled by worker threads
- * (staging.c), or through a cached registration (regcache.c). Settings and
- * counters live in config.c. All of it is part of the lazily created
- * process-wide instance. */
+ * (staging.c), or through a cached registration (regcache.c). All of it is
+ * part of the lazily created process-wide instance.
+ *
+ * The files call downwards only, in this order (docs/design.md, checked by
+ * tests/check_layers.sh):
+ *   memcopy, counters, backend_copy, store_choice   CPU copies, counters, the backend's copy calls
+ *   settings                                        the settings in effect and their gate
+ *   staging, regcache                               the staging engine, the registration cache
+ *   copy                                            pm_memcpy_htod/dtoh[_async]: the front end
+ *   memcpy                                          pm_memcpy[_async], pm_device_alloc/free
+ *   config, stats                                   pm_copy_get/set_config, pm_copy_get_stats */
 #ifndef PINMEM_COPY_H
 #define PINMEM_COPY_H
 
@@ -87,6 +95,7 @@ static inline pm_copy_stores pm__copy_stores_for(const pm__copy_settings *set,
     return bytes < ((size_t)256 << 20) ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED;
 }
 
+/* counters.c */
 typedef struct pm__copy_counters {
     _Atomic unsigned long long direct_bytes, staged_bytes, driver_bytes, cached_bytes;
     _Atomic unsigned long long cache_registrations, cache_hits, cache_invalidations;
@@ -96,11 +105,22 @@ typedef struct pm__copy_counters {
 
 extern pm__copy_counters pm__copy_count;
 
-/* config.c. Copies hold the gate for reading while they run, so that
+/* settings.c. Copies hold the gate for reading while they run, so that
  * pm_copy_set_config (which takes it for writing) never changes the engine
- * under them. */
+ * under them. Both take the defaults on first use; pm__copy_leave leaves
+ * either. */
 const pm__copy_settings *pm__copy_enter(void);
+pm__copy_settings *pm__copy_enter_to_change(void);
 void pm__copy_leave(void);
+/* The one check of a configuration, from code or the environment: each
+ * field against the options table, then every 0 resolved to the
+ * environment's value or else the machine's default, into *out (every field
+ * set) and *s. who names the caller in a failure's detail. */
+pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
+                           pm__copy_settings *s);
+/* For pm_get_setting: the values in effect (c), set by code where they
+ * differ from the defaults and by_code. */
+void pm__copy_publish(const pm_copy_config *c, bool by_code);
 
 /* staging.c. *no_ring: the failure was that no staging buffer could be
  * pinned (nothing was copied; the caller may take another way). sync: the
@@ -149,16 +169,16 @@ static inline void pm__regcache_evict(uintptr_t lo, uintptr_t hi)
 }
 bool pm__regcache_listening(void);
 
-/* Where a page-locked piece of a copy from at (in r's pinned bytes) must end,
- * at end at the latest: the end of r's pinned bytes, or of the registration
- * piece at lies in (backend.h). */
+/* copy.c. Where a page-locked piece of a copy from at (in r's pinned
+ * bytes) must end, at end at the latest: the end of r's pinned bytes, or of
+ * the registration piece at lies in (backend.h). */
 uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
                               uintptr_t end);
 
 /* How a piece reaches the backend: queued on the stream with the host side
  * page-locked or pageable, or through the driver's synchronous call. */
 typedef enum { PM__VIA_PINNED, PM__VIA_PAGEABLE, PM__VIA_SYNC } pm__copy_via;
-/* The backend's copy calls, with the test fault point in front. */
+/* backend_copy.c: the backend's copy calls, with the test fault point in front. */
 pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
                            size_t n, pm_stream_t s, pm__copy_via via);
 
