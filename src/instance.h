@@ -17,8 +17,10 @@ typedef struct pm__instance {
  * was initialised (pinmem.h, pm_init). The same answer on every call. */
 pm__instance *pm__instance_get(pm_result *r);
 
-/* The backend, for internal code that runs only after a public call has
- * initialised the instance. */
+/* The backend. There are two ways to it, one for each kind of code: a
+ * public call takes the instance its preamble (PM__INSTANCE_OR_RETURN)
+ * returned and uses inst->backend; internal code below the public calls,
+ * which runs only after one of them initialised the instance, calls this. */
 static inline const pm__backend *pm__instance_backend(void)
 {
     pm_result ignored;

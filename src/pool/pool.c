@@ -26,13 +26,6 @@ static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static pm__pool *default_pool;
 static pm_result default_result = PM_ERROR_NOT_INITIALIZED;
 
-const pm__backend *pm__pool_backend(void)
-{
-    pm_result r;
-    pm__instance *inst = pm__instance_get(&r);
-    return &inst->backend;
-}
-
 void pm__pools_after_fork(void)
 {
     atomic_fetch_add(&pools_epoch, 1);
@@ -46,7 +39,7 @@ void pm__pools_after_fork(void)
  * (backend.h). Chunks keep the way they were pinned. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
 {
-    const pm__backend *b = pm__pool_backend();
+    const pm__backend *b = pm__instance_backend();
     return pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD ? &b->pool_keep
                                                                            : &b->pool_give_back;
 }
@@ -617,7 +610,7 @@ static void add_stats(void *handle, void *stats)
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
     st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool)->granule,
-                                     pm__pool_backend()->pinnable_bytes());
+                                     pm__instance_backend()->pinnable_bytes());
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;
