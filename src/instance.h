@@ -28,6 +28,23 @@ static inline const pm__backend *pm__instance_backend(void)
     return &inst->backend;
 }
 
+/* What modules above the instance ask it to run at moments only it sees,
+ * so that it never names them: a module adds its hooks once, as it first
+ * initialises (the pools, when the first pool is made). Either function
+ * may be NULL. */
+typedef struct pm__instance_hooks {
+    /* In a child forked after the instance was initialised, on the child's
+     * one thread, once every call refuses: only lock-free work, as the
+     * parent's other threads may have held any lock. */
+    void (*after_fork_in_child)(void);
+    /* At exit, when PINMEM_STATS=1: prints the module's statistics. */
+    void (*print_stats)(void);
+    struct pm__instance_hooks *next; /* the instance's */
+} pm__instance_hooks;
+
+/* Adds a module's hooks, which must live as long as the process. */
+void pm__instance_add_hooks(pm__instance_hooks *hooks);
+
 /* Runs the preamble every public call starts with. */
 #define PM__INSTANCE_OR_RETURN(inst)          \
     pm_result init_result_ = PM_SUCCESS;      \

@@ -18,11 +18,5 @@ void pm__pools_after_sync(pm_stream_t s);
 /* Before an event is recorded on s: blocks freed on s so far go to their
  * pools' pending batches, so that the event follows them (stream_order.h). */
 void pm__pools_flush_stream(pm_stream_t s);
-/* PINMEM_STATS=1 */
-void pm__pool_stats_print_at_exit(void);
-/* In a forked child, on its one thread: the fast paths stop trusting what
- * this thread remembers, so every pool call takes the general way, which
- * refuses. Lock-free: the parent's other threads may have held any lock. */
-void pm__pools_after_fork(void);
 
 #endif
