@@ -187,10 +187,24 @@ static pm_result cuda_host_unregister(void *p, size_t bytesize)
     DRIVER_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
 }
 
-static pm_result cuda_device_pointer(pm_deviceptr *out, void *p)
+static pm_result cuda_foreign_get_device_pointer(pm_deviceptr *out, void *p)
 {
     DRIVER_CALL("cuMemHostGetDevicePointer",
                 cu->mem_host_get_device_pointer((CUdeviceptr *)out, p, 0));
+}
+
+static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node);
+
+/* VMM host granules are mapped for every device at their host address,
+ * where cuMemHostGetDevicePointer answers something else for VMM memory;
+ * all else pinmem pinned is the driver's to answer. */
+static pm_result cuda_device_pointer(pm_deviceptr *out, void *p, const pm__chunk_ops *pool_chunk)
+{
+    if (pool_chunk && pool_chunk->commit == vmm_chunk_commit) {
+        *out = (pm_deviceptr)(uintptr_t)p;
+        return PM_SUCCESS;
+    }
+    return cuda_foreign_get_device_pointer(out, p);
 }
 
 static pm_result cuda_foreign_free_host(void *p)
@@ -599,7 +613,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_free_host = cuda_foreign_free_host;
     out->foreign_unregister = cuda_foreign_unregister;
     out->foreign_get_flags = cuda_foreign_get_flags;
-    out->foreign_get_device_pointer = cuda_device_pointer; /* the driver answers both */
+    out->foreign_get_device_pointer = cuda_foreign_get_device_pointer;
     out->foreign_get_address_range = cuda_foreign_get_address_range;
     out->stream_create = cuda_stream_create;
     out->stream_check = cuda_stream_check;

@@ -61,10 +61,10 @@ const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
                                                                            : &b->pool_give_back;
 }
 
-bool pm__pool_in_granules(uintptr_t addr)
+const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr)
 {
     pm__chunk *c = NULL;
-    return pm__span_of(addr, &c) && c->ops && c->ops->granule != 0;
+    return pm__span_of(addr, &c) && c ? c->ops : NULL;
 }
 
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
