@@ -1,4 +1,4 @@
-/* The pool rows of spec/driver-behavior.md, what pinmem's pools answer beyond
+/* The pool rows of docs/driver-behavior.md, what pinmem's pools answer beyond
  * the driver's, and bad input. */
 #include <stdint.h>
 #include <sys/syscall.h>

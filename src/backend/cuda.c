@@ -401,11 +401,9 @@ static void registered_chunk_decommit(void *p, size_t len)
 static void registered_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
 
 /* Pools that keep their memory pin it in whole registered chunks: mapping,
- * faulting with all CPUs and one registration reach 20+ GB/s, where the
- * driver commits VMM host granules at about 3.5 GB/s on one thread (a fresh
- * pool's first allocation took 4.5 ms against 9.2 for 4 KiB, 11 ms against
- * 73 for 256 MiB; bench/results/2026-11-22-h100-580.159.04-granules/).
- * Pools with a release threshold pin VMM host granules, where the driver
+ * faulting with all CPUs and one registration pin several times faster than
+ * the driver commits VMM host granules, which it does on one thread at a
+ * time (docs/design.md, "Trade-offs"; docs/performance.md). Pools with a release threshold pin VMM host granules, where the driver
  * has them: a granule goes back without waiting for the device (giving back
  * a registration waits for all of it), and the pages of holes go back too.
  * PINMEM_POOL_VMM=1 asks for granules for every pool, =0 for registered
@@ -431,7 +429,7 @@ static pm_result cuda_device_alloc(pm_deviceptr *d, size_t bytesize)
     DRIVER_CALL("cuMemAlloc", cu->mem_alloc((CUdeviceptr *)d, bytesize));
 }
 
-/* The driver pins past RLIMIT_MEMLOCK (spec: 64 MiB under a 1 MiB limit). */
+/* The driver pins past RLIMIT_MEMLOCK (docs/driver-behavior.md). */
 static size_t cuda_pinnable_bytes(void) { return SIZE_MAX; }
 
 static pm_result cuda_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)

@@ -40,9 +40,9 @@ typedef struct pm__copy_settings {
     bool cpu_demotes; /* the CPU has cldemote (memcopy.c) */
 } pm__copy_settings;
 
-/* The largest ring that demoting stores are used for by default: 16 and 32
- * MiB rings stayed in the cache of an H100 host (300 MiB, shared with the
- * source streaming through), a 128 MiB one did less well. */
+/* The largest ring that demoting stores are used for by default: the ring
+ * must stay in the CPU's last-level cache while the source streams through
+ * that cache too, and larger rings do not. */
 #define PM__DEMOTING_RING_MAX ((size_t)32 << 20)
 /* The smallest host-to-device copy that may use demoting stores by default
  * (pm__copy_may_demote). */
@@ -59,12 +59,10 @@ static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
  * into the ring, from 64 MiB, wherever the CPU has them and the ring fits its
  * cache with room to spare (memcopy.c says why), unless the configuration
  * names the stores. Whether it does is learnt per machine (store_choice.h):
- * on one H100 host demoting stores made 64 MiB 42.1-43.9 GB/s against
- * 40.2-41.6, 256 MiB 44.9-48.7 against 44.0-45.4 and 1 GiB 49.0-51.8 against
- * 50.1-50.8 (four passes), while on a busier one they lost up to 9.4 GB/s at
- * 64 MiB (4.5-9.4 in four passes of five), as they cost each thread about twice the time a piece
- * (cached stores read each ring line first). Small copies feel that most
- * (16 MiB 26.8-28.7 against 36.8-37.7 on the first host), so they never do. */
+ * they cost each thread about twice the time a piece (cached stores read
+ * each ring line first), which a host with threads to spare wins back in the
+ * DMA engine's rate and a busy host does not. Small copies feel that cost
+ * most, so they never demote. */
 static inline bool pm__copy_may_demote(const pm__copy_settings *set, pm__direction dir,
                                        size_t bytes)
 {
@@ -74,17 +72,12 @@ static inline bool pm__copy_may_demote(const pm__copy_settings *set, pm__directi
 }
 
 /* How the CPU copies of a staged copy of bytes in direction dir store when
- * they do not demote. By default (measured on the H100, bench/results):
- * - into the ring, streaming stores below 256 MiB, cached from there, as the
- *   DMA then finds part of the bytes in the CPU's cache (1 GiB: 50.9-51.9
- *   against 42.1-49.6 GB/s with the fillers steered, on three machines; 256
- *   MiB: 46.8 against 45.1 on average over 20 passes in 14 recorded runs,
- *   ahead in 12), while at 64 MiB streaming stores do (41.4-47.1 against
- *   32.5-36.8);
- * - out of the ring into the user's memory, with the DMAs queued ahead,
- *   cached stores were ahead or level in every pass from 64 MiB (five
- *   passes on one machine; 1 GiB: 48.1-52.6 against 38.6-49.2 GB/s; 256 MiB:
- *   47.0-50.7 against 42.2-47.0), and at 16 MiB in four of the five. */
+ * they do not demote, by default (docs/design.md, "Copies"):
+ * - into the ring, streaming stores below 256 MiB, which leave memory to the
+ *   DMA engine reading the ring, and cached stores from there, as a copy
+ *   that long lets the DMA find part of the bytes in the CPU's cache;
+ * - out of the ring into the user's memory, cached stores: with the DMAs
+ *   queued ahead of the threads, streaming ones were the slower there. */
 static inline pm_copy_stores pm__copy_stores_for(const pm__copy_settings *set,
                                                  pm__direction dir, size_t bytes)
 {
