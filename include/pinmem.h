@@ -11,6 +11,14 @@
  * read or filled as far as it goes (a set call leaves the fields it lacks as
  * they are), a larger one than this library knows is refused with
  * PM_ERROR_INVALID_VALUE.
+ *
+ * Every call checks its arguments before it changes anything. A NULL pointer
+ * the call would write through or read from, flag bits it does not know, a
+ * struct pointer that is NULL or whose struct_size is out of range, and the
+ * other cases each declaration names fail with PM_ERROR_INVALID_VALUE, or
+ * PM_ERROR_INVALID_HANDLE for a stream or event handle that is not live.
+ * Every call but those of the version and results sections may also fail as
+ * pm_init does.
  */
 #ifndef PINMEM_H
 #define PINMEM_H
@@ -35,8 +43,9 @@ extern "C" {
 #define PM_VERSION_PATCH 0
 #define PM_VERSION_NUMBER (PM_VERSION_MAJOR * 10000 + PM_VERSION_MINOR * 100 + PM_VERSION_PATCH)
 
-/* PM_VERSION_NUMBER of the library actually loaded. */
+/* PM_VERSION_NUMBER of the library actually loaded; needs no initialisation. */
 PM_API int pm_version(void);
+/* The loaded library's version as "major.minor.patch". */
 PM_API const char *pm_version_string(void);
 
 /* ---------------------------------------------------------------- results */
@@ -72,9 +81,10 @@ typedef enum pm_result {
 #undef PM_RESULT_ENUM_
 } pm_result;
 
-/* "PM_ERROR_INVALID_VALUE"; "PM_ERROR_UNRECOGNIZED" for a value not in the list. */
+/* "PM_ERROR_INVALID_VALUE"; "PM_ERROR_UNRECOGNIZED" for a value not in the list.
+ * These four need no initialisation. */
 PM_API const char *pm_result_name(pm_result r);
-/* A sentence describing r. */
+/* A sentence describing r; "unrecognized result code" for a value not in the list. */
 PM_API const char *pm_result_string(pm_result r);
 /* Per thread: why the last failing call of this thread failed ("" if none did). */
 PM_API const char *pm_last_error_detail(void);
@@ -84,8 +94,12 @@ PM_API int pm_last_driver_error(void);
 
 /* ------------------------------------------------------ init, capabilities */
 
-/* Optional: every call initialises lazily. flags must be 0. Returns the result
- * of backend selection, the same on every call.
+/* Optional: every call initialises lazily, reading the PINMEM_* variables
+ * and choosing the backend (PINMEM_BACKEND). flags must be 0. Returns the
+ * result of initialisation, the same on every call, and every other call
+ * fails the same way when it failed: PM_ERROR_INVALID_VALUE for a bad
+ * PINMEM_* value (the detail names it), PM_ERROR_NO_DEVICE when
+ * PINMEM_BACKEND=cuda and the driver cannot be used.
  *
  * fork(): a child of a process that has initialised pinmem cannot use it, as
  * the CUDA driver cannot be used after fork (and the parent's streams,
@@ -123,7 +137,8 @@ typedef struct pm_capabilities {
     char huge_page_mode[16];              /* "always", "madvise", "never" or "unavailable" */
 } pm_capabilities;
 
-/* Fills *caps as far as caps->struct_size goes. */
+/* Fills *caps as far as caps->struct_size goes (caps and its struct_size are
+ * checked). */
 PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
 
 /* ----------------------------------------------------------- pinned budget */
@@ -134,8 +149,9 @@ PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
  * Past it, calls that would pin more fail with PM_ERROR_OUT_OF_MEMORY and a
  * detail, the registration cache stops registering and staged copies go on.
  * A cap below what is pinned now unpins nothing: it only refuses more.
- * pm_copy_config.pinned_budget is the same setting. */
+ * pm_copy_config.pinned_budget is the same setting. Any value is accepted. */
 PM_API pm_result pm_set_pinned_budget(unsigned long long bytes);
+/* bytes must not be NULL. */
 PM_API pm_result pm_get_pinned_budget(unsigned long long *bytes);
 
 /* --------------------------------------------------------------- settings */
@@ -155,7 +171,8 @@ typedef struct pm_setting {
 } pm_setting;
 
 /* The settings in effect, one per index from 0; PM_ERROR_NOT_FOUND past the
- * last. The strings are the library's own and live as long as it does. */
+ * last (setting and its struct_size are checked). The strings are the
+ * library's own and live as long as it does. */
 PM_API pm_result pm_get_setting(unsigned index, pm_setting *setting);
 
 /* ------------------------------------------- host allocation, registration */
@@ -171,37 +188,71 @@ typedef unsigned long long pm_deviceptr;
 #define PM_MEMHOSTREGISTER_IOMEMORY 0x04u
 #define PM_MEMHOSTREGISTER_READ_ONLY 0x08u
 
-/* cuMemAllocHost: bytesize bytes of page-locked, mapped memory; size 0 gives NULL. */
+/* Each of these answers as the driver's call it names does, edge cases
+ * included (docs/driver-behavior.md). Memory pinmem did not pin gets the
+ * driver's own answer (on posix: that of ordinary pageable memory). The
+ * driver answers for bytes, not pages: the rest of an allocation's last page
+ * is pageable memory to these calls. */
+
+/* cuMemAllocHost: bytesize bytes of page-locked, mapped memory; size 0 gives
+ * NULL. pp must not be NULL; past the pinned budget or what the system lets
+ * the process pin, PM_ERROR_OUT_OF_MEMORY. */
 PM_API pm_result pm_mem_alloc_host(void **pp, size_t bytesize);
-/* cuMemHostAlloc: as above with PM_MEMHOSTALLOC_* flags. */
+/* cuMemHostAlloc: as above; flags may hold PORTABLE, DEVICEMAP and
+ * WRITECOMBINED only. */
 PM_API pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags);
-/* cuMemFreeHost: p must be the base of a host allocation; NULL is a no-op. */
+/* cuMemFreeHost: p must be the base of a host allocation; an interior
+ * pointer, the pages past its bytes, pool memory and registered memory are
+ * PM_ERROR_INVALID_VALUE (for the last two the detail names the call that
+ * frees them). NULL is a no-op. */
 PM_API pm_result pm_mem_free_host(void *p);
-/* cuMemHostRegister: page-lock an existing range, any alignment. */
+/* cuMemHostRegister: page-lock an existing range, any alignment. p must not
+ * be NULL, bytesize not 0, flags only PM_MEMHOSTREGISTER_*, and the range
+ * must not wrap around the address space (PM_ERROR_INVALID_VALUE); a range
+ * that reaches the address space's last page, or READ_ONLY where the device
+ * lacks it, is PM_ERROR_NOT_SUPPORTED. A range that overlaps a registration
+ * or the pages of a host allocation past its bytes is
+ * PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED; one that overlaps the bytes of a
+ * host allocation or pool memory, PM_ERROR_INVALID_VALUE. */
 PM_API pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags);
-/* cuMemHostUnregister: p must be the pointer that was registered. */
+/* cuMemHostUnregister: p must be the pointer that was registered. NULL, an
+ * interior pointer, a host allocation and pool memory are
+ * PM_ERROR_INVALID_VALUE; memory not registered,
+ * PM_ERROR_HOST_MEMORY_NOT_REGISTERED. */
 PM_API pm_result pm_mem_host_unregister(void *p);
-/* cuMemHostGetDevicePointer: flags must be 0. */
+/* cuMemHostGetDevicePointer: pdptr must not be NULL and flags must be 0; p
+ * must lie in the bytes of pinned memory (in pool memory, of an allocated
+ * block), else PM_ERROR_INVALID_VALUE. */
 PM_API pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned flags);
-/* cuMemHostGetFlags: the allocation's flags, DEVICEMAP always included. */
+/* cuMemHostGetFlags: the allocation's flags, DEVICEMAP always included.
+ * pflags must not be NULL; p as for pm_mem_host_get_device_pointer. */
 PM_API pm_result pm_mem_host_get_flags(unsigned *pflags, void *p);
-/* cuMemGetAddressRange: base and size as allocated or registered (not page-rounded). */
+/* cuMemGetAddressRange: base and size as allocated or registered (not
+ * page-rounded); a pool block's as allocated. Either output may be NULL
+ * (both: PM_SUCCESS, nothing done). In pinmem's memory, an address past an
+ * allocation's bytes or in a pool block that is not allocated is
+ * PM_ERROR_NOT_FOUND. */
 PM_API pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr);
 
 /* ------------------------------------------------------------------ streams */
 
 /* cuda backend: a CUstream or cudaStream_t; NULL is the legacy default stream.
- * posix backend: an ordered queue of work run by a thread of its own. */
+ * posix backend: an ordered queue of work run by a thread of its own. Every
+ * call that takes a stream checks it on posix (PM_ERROR_INVALID_HANDLE when
+ * it is not a live stream); the cuda backend passes it to the driver, which
+ * trusts it. */
 typedef void *pm_stream_t;
 
+/* stream must not be NULL. */
 PM_API pm_result pm_stream_create(pm_stream_t *stream);
-/* Waits for the stream's work, then destroys it. */
+/* Waits for the stream's work, then destroys it. NULL (the default stream)
+ * is PM_ERROR_INVALID_HANDLE. */
 PM_API pm_result pm_stream_destroy(pm_stream_t stream);
 /* Waits for the stream's work; then pools above their release threshold
  * give memory back (see PM_MEMPOOL_ATTR_RELEASE_THRESHOLD). */
 PM_API pm_result pm_stream_synchronize(pm_stream_t stream);
 /* Enqueues fn(arg) on the stream, after the work before it (cuLaunchHostFunc).
- * fn must not call pinmem's stream functions. */
+ * fn must not be NULL, and must not call pinmem's stream functions. */
 PM_API pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg);
 
 /* ------------------------------------------------------------------- events */
@@ -212,9 +263,12 @@ PM_API pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void 
  * before an event recorded on A serves allocations on stream B at once, once B
  * waits for that event, directly or through other streams' events. Waits
  * pinmem does not see (cuStreamWaitEvent called on the driver, the legacy
- * default stream's implicit ones) create no such reuse. */
+ * default stream's implicit ones) create no such reuse. Every call that
+ * takes an event checks that it is live (created and not destroyed):
+ * PM_ERROR_INVALID_HANDLE otherwise. */
 typedef struct pm_event_s *pm_event_t;
 
+/* event must not be NULL. */
 PM_API pm_result pm_event_create(pm_event_t *event);
 /* The event may still be pending: its resources go when it completes. */
 PM_API pm_result pm_event_destroy(pm_event_t event);
@@ -272,27 +326,45 @@ typedef enum {
  * POSIX: 2 MiB mlock granules, for every pool), and granules with nothing in
  * them go back as soon as they go idle while the pool holds more than the
  * threshold, besides at synchronization and trim as the driver does. That
- * costs pinning again when memory is needed again (about 0.6 ms a 2 MiB
- * granule on CUDA): allocations larger than 1 MiB that come and go pin and
- * release each time. */
+ * costs pinning again when memory is needed again (a driver call for each 2
+ * MiB granule on CUDA; docs/performance.md, "Pool footprint"): allocations
+ * larger than 1 MiB that come and go pin and release each time. */
 #define PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD UINT64_MAX
 
+/* Every call that takes a pool checks that it is live (created and not
+ * destroyed): PM_ERROR_INVALID_VALUE otherwise, as with the driver. */
+
+/* pool and props must not be NULL; props: reserved all zero, handle_types 0,
+ * location HOST, or HOST_NUMA with a node that exists. */
 PM_API pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props);
 /* Destroying a pool with live allocations succeeds; their memory goes back
- * when the last one is freed. */
+ * when the last one is freed. The default pool cannot be destroyed. */
 PM_API pm_result pm_mem_pool_destroy(pm_mem_pool_t pool);
-/* The process-wide pool of location HOST. */
+/* The process-wide pool of location HOST. pool must not be NULL. */
 PM_API pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool);
+/* pp must not be NULL; bytesize 0 gives NULL. Past the pool's max_size, the
+ * pinned budget or what the system lets the process pin,
+ * PM_ERROR_OUT_OF_MEMORY. */
 PM_API pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool);
+/* As above, for use in stream order (the stream is checked). */
 PM_API pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t pool,
                                               pm_stream_t stream);
-/* The caller guarantees no device work still uses p. */
+/* The caller guarantees no device work still uses p. p must be the start of
+ * an allocated pool block: any other pointer, and a second free, are
+ * PM_ERROR_INVALID_VALUE (the detail names the call that frees memory pinmem
+ * pinned another way). NULL is a no-op. */
 PM_API pm_result pm_mem_free(void *p);
-/* p is reusable once the stream's work before this call is done. */
+/* p is reusable once the stream's work before this call is done. p as for
+ * pm_mem_free; the stream is checked. */
 PM_API pm_result pm_mem_free_async(void *p, pm_stream_t stream);
+/* Gives back free memory until at most min_bytes_to_keep stay reserved. */
 PM_API pm_result pm_mem_pool_trim_to(pm_mem_pool_t pool, size_t min_bytes_to_keep);
+/* value must not be NULL. The REUSE_* attributes and RELEASE_THRESHOLD can be
+ * set; the high-water marks only reset to 0; other attributes are
+ * PM_ERROR_INVALID_VALUE. */
 PM_API pm_result pm_mem_pool_set_attribute(pm_mem_pool_t pool, pm_mem_pool_attribute attr,
                                            void *value);
+/* value must not be NULL; attr must be one of pm_mem_pool_attribute. */
 PM_API pm_result pm_mem_pool_get_attribute(pm_mem_pool_t pool, pm_mem_pool_attribute attr,
                                            void *value);
 
@@ -324,10 +396,11 @@ typedef struct pm_pool_stats {
     unsigned long long idle_granules; /* bytes in committed granules no allocation touches */
 } pm_pool_stats;
 
+/* pool live or NULL (all pools); stats and its struct_size are checked. */
 PM_API pm_result pm_mem_pool_get_stats(pm_mem_pool_t pool, pm_pool_stats *stats);
 /* Writes the statistics as one JSON object into buf (always NUL-terminated);
- * *needed receives the length without the NUL. PM_ERROR_INVALID_VALUE when
- * buf is too small. */
+ * *needed (needed may be NULL) receives the length without the NUL.
+ * PM_ERROR_INVALID_VALUE when buf is NULL or too small, with *needed set. */
 PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size_t *needed);
 
 /* ------------------------------------------------------------------ copies */
@@ -343,7 +416,11 @@ PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t ca
  * Asynchronous forms: host to device returns once the source has been read
  * (the caller may reuse it; page-locked sources are read by the DMA engine
  * later, as with the driver); device to host into pageable memory completes
- * before returning, and into page-locked memory runs in stream order. */
+ * before returning, and into page-locked memory runs in stream order.
+ *
+ * bytes 0 succeeds and does nothing; otherwise a NULL pointer on either side
+ * and a range that wraps around are PM_ERROR_INVALID_VALUE, and the stream
+ * is checked. */
 PM_API pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes);
 PM_API pm_result pm_memcpy_dtoh(void *dst, pm_deviceptr src, size_t bytes);
 PM_API pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes,
@@ -353,7 +430,8 @@ PM_API pm_result pm_memcpy_dtoh_async(void *dst, pm_deviceptr src, size_t bytes,
 
 /* Drops every cached registration that overlaps [p, p + bytes). Call it after
  * changing what memory backs an address range by means the registration cache
- * cannot hear (see pm_copy_config.registration_cache). */
+ * cannot hear (see pm_copy_config.registration_cache). bytes 0 does nothing;
+ * p NULL with bytes, or a range that wraps around, is PM_ERROR_INVALID_VALUE. */
 PM_API pm_result pm_mem_invalidate(void *p, size_t bytes);
 
 /* How staging workers write into or out of their buffers. */
@@ -401,9 +479,9 @@ typedef struct pm_copy_config {
                                          setting; 0 here means the default (none, unless
                                          PINMEM_PINNED_BUDGET names one) */
     pm_copy_stores staging_stores; /* DEFAULT: into the ring, streaming stores for copies
-                                      below 256 MiB, cached stores otherwise (the DMA then
-                                      finds the bytes in the CPU's cache), as measured; from
-                                      64 MiB, demoting stores instead where the CPU has them
+                                      below 256 MiB, cached stores from there (the DMA then
+                                      finds part of the bytes in the CPU's cache); from 64
+                                      MiB, demoting stores instead where the CPU has them
                                       and the ring is at most 32 MiB, if synchronous copies
                                       timed with each kind show them faster on this machine.
                                       Out of the ring: cached stores */
@@ -415,8 +493,12 @@ typedef struct pm_copy_config {
                                     copy through, and too many threads copying slow it */
 } pm_copy_config;
 
+/* config and its struct_size are checked. */
 PM_API pm_result pm_copy_get_config(pm_copy_config *config);
-/* Waits for copies in flight, then applies config to the copies after it. */
+/* Waits for copies in flight, then applies config to the copies after it.
+ * config and its struct_size are checked, and each field against its limits
+ * (above): a field outside them is PM_ERROR_INVALID_VALUE, with a detail
+ * naming it, and nothing changes. */
 PM_API pm_result pm_copy_set_config(const pm_copy_config *config);
 
 /* What the copy engine has done since the process started. */
@@ -454,6 +536,7 @@ typedef struct pm_copy_stats {
     char ring_note[224];
 } pm_copy_stats;
 
+/* stats and its struct_size are checked. */
 PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);
 
 /* ------------------------------------ device memory, copies in any direction */
@@ -463,8 +546,9 @@ PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);
  * backend, ordinary memory that pinmem records as device memory: there an
  * address is device memory exactly when it lies in a live pm_device_alloc
  * range, and every other address is host memory (pageable unless pinmem
- * pinned it). bytes 0 is INVALID_VALUE, as with the driver; pm_device_free(0)
- * succeeds and does nothing; any other pointer must be an allocation's base. */
+ * pinned it). dptr must not be NULL and bytes 0 is INVALID_VALUE, as with the
+ * driver; pm_device_free(0) succeeds and does nothing; any other pointer must
+ * be an allocation's base. */
 PM_API pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes);
 PM_API pm_result pm_device_free(pm_deviceptr dptr);
 

@@ -328,13 +328,8 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
     case PM__PLACE_BYTES:
         if (r.kind == PM__RANGE_POOL && !pm__pool_find((uintptr_t)p, &base, &size))
             return not_allocated("pm_mem_host_get_device_pointer", p);
-        /* Granules are mapped for every device at the pool's own addresses
-         * (cuMemHostGetDevicePointer answers something else for VMM memory). */
-        if (r.kind == PM__RANGE_POOL && pm__pool_in_granules((uintptr_t)p)) {
-            *pdptr = (pm_deviceptr)(uintptr_t)p;
-            return PM_SUCCESS;
-        }
-        return inst->backend.device_pointer(pdptr, p);
+        return inst->backend.device_pointer(
+            pdptr, p, r.kind == PM__RANGE_POOL ? pm__pool_chunk_ops_at((uintptr_t)p) : NULL);
     case PM__PLACE_SLACK:
         return past_the_bytes(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_device_pointer", p, &r);
     case PM__PLACE_NONE:

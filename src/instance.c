@@ -11,8 +11,6 @@
 #include "budget.h"
 #include "errors.h"
 #include "options.h"
-#include "pool/classes.h"
-#include "pool/pool.h"
 #include "versioned.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -24,6 +22,17 @@ static char init_detail[512];
  * every call refuses. The pid is the process that initialised. */
 static atomic_bool forked_child;
 static pid_t init_pid;
+/* The modules' hooks, newest first: pushed with a compare-and-swap and read
+ * without a lock, so that the child of a fork can walk them. */
+static _Atomic(pm__instance_hooks *) hooks;
+
+void pm__instance_add_hooks(pm__instance_hooks *h)
+{
+    h->next = atomic_load_explicit(&hooks, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&hooks, &h->next, h, memory_order_release,
+                                                  memory_order_relaxed))
+        ;
+}
 
 /* Runs in the child, on its one thread: only atomic stores, no locks (the
  * parent's other threads may have held any). */
@@ -31,7 +40,17 @@ static void after_fork_in_child(void)
 {
     atomic_store_explicit(&ready, false, memory_order_relaxed);
     atomic_store_explicit(&forked_child, true, memory_order_relaxed);
-    pm__pools_after_fork();
+    for (pm__instance_hooks *h = atomic_load_explicit(&hooks, memory_order_acquire); h; h = h->next)
+        if (h->after_fork_in_child)
+            h->after_fork_in_child();
+}
+
+/* PINMEM_STATS=1, at exit: every module's statistics. */
+static void print_stats_at_exit(void)
+{
+    for (pm__instance_hooks *h = atomic_load_explicit(&hooks, memory_order_acquire); h; h = h->next)
+        if (h->print_stats)
+            h->print_stats();
 }
 
 /* PINMEM_BACKEND: auto (default) tries the driver, then POSIX. */
@@ -75,12 +94,11 @@ static void initialise(void)
     }
     if (init_result != PM_SUCCESS)
         snprintf(init_detail, sizeof init_detail, "%s", pm_last_error_detail());
-    pm__classes_init();
     pm__budget_init_from_env();
     if (init_result == PM_SUCCESS)
         atomic_store_explicit(&ready, true, memory_order_release);
     if (init_result == PM_SUCCESS && pm__option_value(PM__OPT_STATS) == 1)
-        atexit(pm__pool_stats_print_at_exit);
+        atexit(print_stats_at_exit);
     if (init_result == PM_SUCCESS)
         pm__detail_restore(&before);
 }

@@ -17,14 +17,33 @@ typedef struct pm__instance {
  * was initialised (pinmem.h, pm_init). The same answer on every call. */
 pm__instance *pm__instance_get(pm_result *r);
 
-/* The backend, for internal code that runs only after a public call has
- * initialised the instance. */
+/* The backend. There are two ways to it, one for each kind of code: a
+ * public call takes the instance its preamble (PM__INSTANCE_OR_RETURN)
+ * returned and uses inst->backend; internal code below the public calls,
+ * which runs only after one of them initialised the instance, calls this. */
 static inline const pm__backend *pm__instance_backend(void)
 {
     pm_result ignored;
     pm__instance *inst = pm__instance_get(&ignored);
     return &inst->backend;
 }
+
+/* What modules above the instance ask it to run at moments only it sees,
+ * so that it never names them: a module adds its hooks once, as it first
+ * initialises (the pools, when the first pool is made). Either function
+ * may be NULL. */
+typedef struct pm__instance_hooks {
+    /* In a child forked after the instance was initialised, on the child's
+     * one thread, once every call refuses: only lock-free work, as the
+     * parent's other threads may have held any lock. */
+    void (*after_fork_in_child)(void);
+    /* At exit, when PINMEM_STATS=1: prints the module's statistics. */
+    void (*print_stats)(void);
+    struct pm__instance_hooks *next; /* the instance's */
+} pm__instance_hooks;
+
+/* Adds a module's hooks, which must live as long as the process. */
+void pm__instance_add_hooks(pm__instance_hooks *hooks);
 
 /* Runs the preamble every public call starts with. */
 #define PM__INSTANCE_OR_RETURN(inst)          \

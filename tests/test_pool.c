@@ -1,4 +1,4 @@
-/* The pool rows of spec/driver-behavior.md, what pinmem's pools answer beyond
+/* The pool rows of docs/driver-behavior.md, what pinmem's pools answer beyond
  * the driver's, and bad input. */
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -125,11 +125,17 @@ static void destroy_with_live_allocation(void)
         CHECK(locked_kib() + 32 * 1024 <= before); /* the chunk went back */
 }
 
-/* Beyond the driver: pool memory answers every host-memory query. */
-static void pool_memory_queries(void)
+/* Beyond the driver: pool memory answers every host-memory query, however
+ * its chunks are pinned (a release threshold pins them in pieces that go
+ * back one by one: VMM host granules on CUDA). */
+static void pool_memory_queries(bool threshold)
 {
     pm_mem_pool_t pool = make_pool(0);
     REQUIRE(pool != NULL);
+    uint64_t zero = 0;
+    if (threshold)
+        CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero),
+                     PM_SUCCESS);
     static const size_t sizes[] = {64, 100, 4096, 70000, MiB, 3 * MiB + 5};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         uint8_t *p = NULL;
@@ -348,7 +354,8 @@ int main(void)
     size_rows();
     attribute_rows();
     destroy_with_live_allocation();
-    pool_memory_queries();
+    pool_memory_queries(false);
+    pool_memory_queries(true);
     bad_input();
     free_of_other_memory();
     rounding();

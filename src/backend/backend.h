@@ -86,8 +86,13 @@ typedef struct pm__backend {
      * RLIMIT_MEMLOCK headroom); SIZE_MAX when nothing binds (cuda: the driver
      * ignores the limit). Pools and the staging ring size themselves by it. */
     size_t (*pinnable_bytes)(void);
-    /* p lies in a range pinmem pinned through this backend. */
-    pm_result (*device_pointer)(pm_deviceptr *out, void *p);
+    /* The device pointer of p, which lies in a range pinmem pinned through
+     * this backend; pool_chunk: for pool memory, the chunk ops its chunk was
+     * pinned with (NULL for host allocations and registrations), since how
+     * memory was pinned can decide where devices see it (cuda: VMM host
+     * granules are mapped at their host address, where the driver's query
+     * answers otherwise). */
+    pm_result (*device_pointer)(pm_deviceptr *out, void *p, const pm__chunk_ops *pool_chunk);
 
     pm_result (*foreign_free_host)(void *p);
     pm_result (*foreign_unregister)(void *p);

@@ -187,10 +187,24 @@ static pm_result cuda_host_unregister(void *p, size_t bytesize)
     DRIVER_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
 }
 
-static pm_result cuda_device_pointer(pm_deviceptr *out, void *p)
+static pm_result cuda_foreign_get_device_pointer(pm_deviceptr *out, void *p)
 {
     DRIVER_CALL("cuMemHostGetDevicePointer",
                 cu->mem_host_get_device_pointer((CUdeviceptr *)out, p, 0));
+}
+
+static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node);
+
+/* VMM host granules are mapped for every device at their host address,
+ * where cuMemHostGetDevicePointer answers something else for VMM memory;
+ * all else pinmem pinned is the driver's to answer. */
+static pm_result cuda_device_pointer(pm_deviceptr *out, void *p, const pm__chunk_ops *pool_chunk)
+{
+    if (pool_chunk && pool_chunk->commit == vmm_chunk_commit) {
+        *out = (pm_deviceptr)(uintptr_t)p;
+        return PM_SUCCESS;
+    }
+    return cuda_foreign_get_device_pointer(out, p);
 }
 
 static pm_result cuda_foreign_free_host(void *p)
@@ -387,11 +401,9 @@ static void registered_chunk_decommit(void *p, size_t len)
 static void registered_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
 
 /* Pools that keep their memory pin it in whole registered chunks: mapping,
- * faulting with all CPUs and one registration reach 20+ GB/s, where the
- * driver commits VMM host granules at about 3.5 GB/s on one thread (a fresh
- * pool's first allocation took 4.5 ms against 9.2 for 4 KiB, 11 ms against
- * 73 for 256 MiB; bench/results/2026-11-22-h100-580.159.04-granules/).
- * Pools with a release threshold pin VMM host granules, where the driver
+ * faulting with all CPUs and one registration pin several times faster than
+ * the driver commits VMM host granules, which it does on one thread at a
+ * time (docs/design.md, "Trade-offs"; docs/performance.md). Pools with a release threshold pin VMM host granules, where the driver
  * has them: a granule goes back without waiting for the device (giving back
  * a registration waits for all of it), and the pages of holes go back too.
  * PINMEM_POOL_VMM=1 asks for granules for every pool, =0 for registered
@@ -417,7 +429,7 @@ static pm_result cuda_device_alloc(pm_deviceptr *d, size_t bytesize)
     DRIVER_CALL("cuMemAlloc", cu->mem_alloc((CUdeviceptr *)d, bytesize));
 }
 
-/* The driver pins past RLIMIT_MEMLOCK (spec: 64 MiB under a 1 MiB limit). */
+/* The driver pins past RLIMIT_MEMLOCK (docs/driver-behavior.md). */
 static size_t cuda_pinnable_bytes(void) { return SIZE_MAX; }
 
 static pm_result cuda_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)
@@ -599,7 +611,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_free_host = cuda_foreign_free_host;
     out->foreign_unregister = cuda_foreign_unregister;
     out->foreign_get_flags = cuda_foreign_get_flags;
-    out->foreign_get_device_pointer = cuda_device_pointer; /* the driver answers both */
+    out->foreign_get_device_pointer = cuda_foreign_get_device_pointer;
     out->foreign_get_address_range = cuda_foreign_get_address_range;
     out->stream_create = cuda_stream_create;
     out->stream_check = cuda_stream_check;

@@ -211,8 +211,9 @@ static pm_result posix_host_unregister(void *p, size_t bytesize)
     return PM_SUCCESS;
 }
 
-static pm_result posix_device_pointer(pm_deviceptr *out, void *p)
+static pm_result posix_device_pointer(pm_deviceptr *out, void *p, const pm__chunk_ops *pool_chunk)
 {
+    (void)pool_chunk; /* "device" memory is host memory: every address is its own */
     *out = (pm_deviceptr)(uintptr_t)p;
     return PM_SUCCESS;
 }

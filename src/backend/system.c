@@ -128,8 +128,7 @@ pm_result pm__bind_to_node(void *p, size_t len, int node)
 
 /* Workers take 2 MiB chunks from one counter, so a slow thread never leaves a
  * large slice for the others to wait on. (Starting to pin behind the faulted
- * front was measured on an H100 and gained nothing: 34.7 against 34.9 ms for
- * 1 GiB.) */
+ * front gained nothing: docs/design.md, "Tried and not adopted".) */
 typedef struct prefault_job {
     uint8_t *base;
     size_t len, chunk, n_chunks, step;

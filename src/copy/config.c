@@ -1,195 +1,14 @@
-/* Copy settings: the defaults the machine and the environment give, changed
- * by pm_copy_set_config between copies. One function checks and resolves a
- * pm_copy_config wherever it comes from (the environment's values arrive
- * as one). Also the engine's counters and the backend's copy calls. */
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
+/* pm_copy_get_config and pm_copy_set_config: the copy engine's settings read
+ * and changed between copies. The settings themselves, their defaults and
+ * their check live below the engine (settings.c); a change that reshapes the
+ * engine stops it here, above it, so that the next staged copy starts the
+ * new one. */
 #include <string.h>
-#include <unistd.h>
 
 #include "../budget.h"
-#include "../errors.h"
 #include "../instance.h"
-#include "../options.h"
-#include "../test_hooks.h"
 #include "../versioned.h"
 #include "copy.h"
-
-pm__copy_counters pm__copy_count;
-
-static pthread_rwlock_t gate = PTHREAD_RWLOCK_INITIALIZER;
-static pthread_once_t defaults_once = PTHREAD_ONCE_INIT;
-static pm__copy_settings settings;
-/* The environment's values (0 where it names none), and the configuration
- * in effect before any call changes it. */
-static pm_copy_config from_env, defaults;
-
-/* One worker per core but the caller's, which works on its own copy as
- * well, up to 15; any of them may fill buffers for host-to-device copies (the
- * engine steers how many do). */
-static unsigned machine_workers(void)
-{
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus > 16 ? 15 : cpus > 2 ? (unsigned)cpus - 1 : 1;
-}
-
-/* Enough buffers for every thread to fill a slice while as many again wait
- * in the DMA queue (at most 518, within the limit of 1024). */
-static unsigned machine_buffers(unsigned workers, size_t slice, size_t chunk)
-{
-    size_t per_thread = slice < chunk ? slice : chunk; /* a slice never spans buffers */
-    size_t filling = ((workers + 1) * per_thread + chunk - 1) / chunk;
-    return (unsigned)(2 * filling + 4);
-}
-
-/* A quarter of the memory, at most 8 GiB, in whole MiB. */
-static size_t machine_cache_max(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    size_t quarter = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 4 : (size_t)1 << 30;
-    quarter = quarter < ((size_t)8 << 30) ? quarter : (size_t)8 << 30;
-    return quarter > ((size_t)1 << 20) ? quarter & ~(((size_t)1 << 20) - 1) : (size_t)1 << 20;
-}
-
-/* A value given (not 0), else the environment's, else the machine's. */
-static unsigned long long pick(unsigned long long given, unsigned long long env,
-                               unsigned long long machine)
-{
-    return given ? given : env ? env : machine;
-}
-
-/* The one check of a configuration, from code or the environment: each
- * field against the options table (options.h: the same limits as the
- * PINMEM_* variables), then every 0 resolved to the environment's value or
- * else the machine's default: into *out (every field set) and *s. The
- * machine's defaults: buffers of 4 MiB, one DMA each, as DMAs that large
- * keep the copy engine near its peak; CPU copies of 512 KiB slices, so that
- * a buffer fills from several cores at once and the first DMA starts early;
- * pageable copies up to 2 MiB take the backend's own path, which is cheaper
- * than staging for them. */
-static pm_result resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
-                         pm__copy_settings *s)
-{
-    struct {
-        pm__option id;
-        long long shown; /* the value as given, for the detail */
-        unsigned long long given, checked;
-    } f[] = {
-        {PM__OPT_COPY_WORKERS, c->workers, c->workers, 0},
-        {PM__OPT_COPY_HTOD_WORKERS, c->htod_workers, c->htod_workers, 0},
-        {PM__OPT_COPY_CHUNK, (long long)c->chunk_bytes, c->chunk_bytes, 0},
-        {PM__OPT_COPY_SLICE, (long long)c->slice_bytes, c->slice_bytes, 0},
-        {PM__OPT_COPY_BUFFERS, c->buffers, c->buffers, 0},
-        {PM__OPT_COPY_DIRECT_MAX, (long long)c->direct_max, c->direct_max, 0},
-        {PM__OPT_COPY_STORES, c->staging_stores,
-         (unsigned long long)(long long)c->staging_stores, 0},
-        {PM__OPT_REGISTRATION_CACHE, c->registration_cache,
-         (unsigned long long)(long long)c->registration_cache, 0},
-        {PM__OPT_REGISTRATION_CACHE_MIN, (long long)c->cache_min_bytes, c->cache_min_bytes, 0},
-        {PM__OPT_REGISTRATION_CACHE_MAX, (long long)c->cache_max_bytes, c->cache_max_bytes, 0},
-        {PM__OPT_PINNED_BUDGET, (long long)c->pinned_budget, c->pinned_budget, 0},
-    };
-    enum { W, HW, CHUNK, SLICE, BUF, DIRECT, STORES, CACHE, CMIN, CMAX, BUDGET, N };
-    for (int i = 0; i < N; i++) {
-        char name[128];
-        snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id), f[i].shown);
-        pm_result r = pm__option_check(f[i].id, f[i].given, name, &f[i].checked);
-        if (r != PM_SUCCESS)
-            return r;
-    }
-    const pm_copy_config *e = &from_env;
-    *out = (pm_copy_config){.struct_size = sizeof *out};
-    out->workers = (unsigned)pick(f[W].checked, e->workers, machine_workers());
-    out->htod_workers = (unsigned)pick(f[HW].checked, e->htod_workers, 0); /* 0: all */
-    out->chunk_bytes = pick(f[CHUNK].checked, e->chunk_bytes, (size_t)4 << 20);
-    out->slice_bytes = pick(f[SLICE].checked, e->slice_bytes, (size_t)512 << 10);
-    unsigned buffers = machine_buffers(out->workers, out->slice_bytes, out->chunk_bytes);
-    out->buffers = (unsigned)pick(f[BUF].checked, e->buffers, buffers);
-    out->direct_max = pick(f[DIRECT].checked, e->direct_max, (size_t)2 << 20); /* -1: none */
-    out->staging_stores = (pm_copy_stores)pick(f[STORES].checked, e->staging_stores, 0);
-    out->registration_cache = (int)f[CACHE].checked;
-    out->cache_min_bytes = pick(f[CMIN].checked, e->cache_min_bytes, (size_t)64 << 20);
-    out->cache_max_bytes = pick(f[CMAX].checked, e->cache_max_bytes, machine_cache_max());
-    out->pinned_budget = pick(f[BUDGET].checked, e->pinned_budget, 0);
-    *s = (pm__copy_settings){
-        .workers = out->workers,
-        .htod_workers = out->htod_workers,
-        .chunk_bytes = out->chunk_bytes,
-        .slice_bytes = out->slice_bytes,
-        .buffers = out->buffers,
-        .direct_max = out->direct_max == (size_t)-1 ? 0 : out->direct_max,
-        .registration_cache = out->registration_cache == 1,
-        .cache_min_bytes = out->cache_min_bytes,
-        .cache_max_bytes = out->cache_max_bytes,
-        .stores = out->staging_stores,
-        .default_stores = e->staging_stores,
-        .cpu_demotes = pm__copy_cpu_demotes(),
-    };
-    return PM_SUCCESS;
-}
-
-/* For pm_get_setting: the values in effect, set by code where they differ
- * from the defaults. */
-static void publish(const pm_copy_config *c, bool by_code)
-{
-    const pm_copy_config *d = &defaults;
-    pm__option_publish(PM__OPT_COPY_WORKERS, c->workers, d->workers, by_code);
-    pm__option_publish(PM__OPT_COPY_HTOD_WORKERS, c->htod_workers ? c->htod_workers : c->workers,
-                       d->htod_workers ? d->htod_workers : d->workers, by_code);
-    pm__option_publish(PM__OPT_COPY_CHUNK, c->chunk_bytes, d->chunk_bytes, by_code);
-    pm__option_publish(PM__OPT_COPY_SLICE, c->slice_bytes, d->slice_bytes, by_code);
-    pm__option_publish(PM__OPT_COPY_BUFFERS, c->buffers, d->buffers, by_code);
-    pm__option_publish(PM__OPT_COPY_DIRECT_MAX,
-                       c->direct_max == (size_t)-1 ? PM__OPT_NONE : c->direct_max,
-                       d->direct_max == (size_t)-1 ? PM__OPT_NONE : d->direct_max, by_code);
-    pm__option_publish(PM__OPT_COPY_STORES, (unsigned long long)c->staging_stores,
-                       (unsigned long long)d->staging_stores, by_code);
-    pm__option_publish(PM__OPT_REGISTRATION_CACHE, (unsigned long long)c->registration_cache,
-                       (unsigned long long)d->registration_cache, by_code);
-    pm__option_publish(PM__OPT_REGISTRATION_CACHE_MIN, c->cache_min_bytes, d->cache_min_bytes,
-                       by_code);
-    pm__option_publish(PM__OPT_REGISTRATION_CACHE_MAX, c->cache_max_bytes, d->cache_max_bytes,
-                       by_code);
-}
-
-static void choose_defaults(void)
-{
-    unsigned long long v;
-    pm_copy_config *e = &from_env;
-    *e = (pm_copy_config){.struct_size = sizeof *e};
-    /* The environment was checked as the instance was made. */
-    e->workers = pm__option_env(PM__OPT_COPY_WORKERS, &v) ? (unsigned)v : 0;
-    e->htod_workers = pm__option_env(PM__OPT_COPY_HTOD_WORKERS, &v) ? (unsigned)v : 0;
-    e->chunk_bytes = pm__option_env(PM__OPT_COPY_CHUNK, &v) ? (size_t)v : 0;
-    e->slice_bytes = pm__option_env(PM__OPT_COPY_SLICE, &v) ? (size_t)v : 0;
-    e->buffers = pm__option_env(PM__OPT_COPY_BUFFERS, &v) ? (unsigned)v : 0;
-    e->direct_max = pm__option_env(PM__OPT_COPY_DIRECT_MAX, &v) ? (size_t)v : 0;
-    e->staging_stores = (pm_copy_stores)pm__option_value(PM__OPT_COPY_STORES);
-    e->registration_cache = (int)pm__option_value(PM__OPT_REGISTRATION_CACHE);
-    e->cache_min_bytes = pm__option_env(PM__OPT_REGISTRATION_CACHE_MIN, &v) ? (size_t)v : 0;
-    e->cache_max_bytes = pm__option_env(PM__OPT_REGISTRATION_CACHE_MAX, &v) ? (size_t)v : 0;
-    e->pinned_budget = pm__option_env(PM__OPT_PINNED_BUDGET, &v) ? v : 0;
-    pm_copy_config asked = {.struct_size = sizeof asked,
-                            .registration_cache = e->registration_cache};
-    if (resolve(&asked, "PINMEM_COPY_*", &defaults, &settings) != PM_SUCCESS) {
-        /* Cannot be (the same values passed the same check at pm_init);
-         * the machine's defaults, should it ever be. */
-        *e = (pm_copy_config){.struct_size = sizeof *e};
-        asked.registration_cache = 0;
-        resolve(&asked, "PINMEM_COPY_*", &defaults, &settings);
-    }
-    publish(&defaults, false);
-}
-
-const pm__copy_settings *pm__copy_enter(void)
-{
-    pthread_once(&defaults_once, choose_defaults);
-    pthread_rwlock_rdlock(&gate);
-    return &settings;
-}
-
-void pm__copy_leave(void) { pthread_rwlock_unlock(&gate); }
 
 /* The configuration in effect, every field filled (gate held). */
 static pm_copy_config config_of(const pm__copy_settings *s)
@@ -231,80 +50,29 @@ pm_result pm_copy_set_config(const pm_copy_config *given)
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_set_config", given);
     if (r != PM_SUCCESS)
         return r;
-    pthread_once(&defaults_once, choose_defaults);
-    pthread_rwlock_wrlock(&gate);
+    pm__copy_settings *settings = pm__copy_enter_to_change();
     /* An older, smaller struct leaves the fields it lacks as they are. */
-    pm_copy_config whole = config_of(&settings), resolved;
+    pm_copy_config whole = config_of(settings), resolved;
     memcpy(&whole, given, given->struct_size);
     pm__copy_settings fresh;
-    r = resolve(&whole, "pm_copy_set_config", &resolved, &fresh);
+    r = pm__copy_resolve(&whole, "pm_copy_set_config", &resolved, &fresh);
     if (r != PM_SUCCESS) {
-        pthread_rwlock_unlock(&gate);
+        pm__copy_leave();
         return r;
     }
     /* A new shape of engine starts with the next staged copy; otherwise the
      * ring stays (it keeps staged copies working under a new budget). */
-    if (fresh.workers != settings.workers || fresh.htod_workers != settings.htod_workers ||
-        fresh.chunk_bytes != settings.chunk_bytes || fresh.buffers != settings.buffers)
+    if (fresh.workers != settings->workers || fresh.htod_workers != settings->htod_workers ||
+        fresh.chunk_bytes != settings->chunk_bytes || fresh.buffers != settings->buffers)
         pm__staging_stop();
-    settings = fresh;
+    *settings = fresh;
     /* The budget as it is stays so, even where it is 0 by pm_set_pinned_budget
      * and 0 here would mean PINMEM_PINNED_BUDGET's. */
     if (whole.pinned_budget != pm__budget_cap())
         pm__budget_set_cap(resolved.pinned_budget, true);
-    publish(&resolved, true);
-    pthread_rwlock_unlock(&gate);
+    pm__copy_publish(&resolved, true);
+    pm__copy_leave();
     if (!fresh.registration_cache)
         pm__regcache_invalidate(0, UINTPTR_MAX, false);
     return PM_SUCCESS;
-}
-
-pm_result pm_copy_get_stats(pm_copy_stats *stats)
-{
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_get_stats", stats);
-    if (r != PM_SUCCESS)
-        return r;
-    pm__copy_counters *c = &pm__copy_count;
-    pm__ring_plan ring = pm__staging_ring(pm__copy_enter());
-    pm__copy_leave();
-    pm_copy_stats full = {
-        .struct_size = stats->struct_size,
-        .direct_bytes = atomic_load(&c->direct_bytes),
-        .staged_bytes = atomic_load(&c->staged_bytes),
-        .driver_bytes = atomic_load(&c->driver_bytes),
-        .cached_bytes = atomic_load(&c->cached_bytes),
-        .cache_registrations = atomic_load(&c->cache_registrations),
-        .cache_hits = atomic_load(&c->cache_hits),
-        .cache_invalidations = atomic_load(&c->cache_invalidations),
-        .pinned_bytes = pm__budget_pinned(),
-        .cache_listening = pm__regcache_listening(),
-        .staged_pieces = atomic_load(&c->staged_pieces),
-        .staging_copy_ns = atomic_load(&c->staging_copy_ns),
-        .staging_wait_ns = atomic_load(&c->staging_wait_ns),
-        .staging_queue_ns = atomic_load(&c->staging_queue_ns),
-        .htod_fillers = pm__staging_fillers(),
-        .demoted_bytes = atomic_load(&c->demoted_bytes),
-        .staging_threads = pm__staging_threads(),
-        .ring_pinned = ring.pinned,
-        .ring_buffers = ring.fits ? ring.buffers : 0,
-        .ring_buffer_bytes = ring.fits ? ring.chunk : 0,
-    };
-    snprintf(full.ring_note, sizeof full.ring_note, "%s", ring.note);
-    memcpy(stats, &full, stats->struct_size);
-    return PM_SUCCESS;
-}
-
-pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
-                           size_t n, pm_stream_t s, pm__copy_via via)
-{
-    if (PM__TEST_FAULT(pm__fault_backend_copy))
-        return pm__fail(PM_ERROR_UNKNOWN, "%s copy failed (injected fault)",
-                        dir == PM__HTOD ? "host-to-device" : "device-to-host");
-    if (via == PM__VIA_SYNC)
-        return dir == PM__HTOD ? b->copy_htod(dev, host, n) : b->copy_dtoh(host, dev, n);
-    bool pinned = via == PM__VIA_PINNED;
-    return dir == PM__HTOD ? b->copy_htod_async(dev, host, n, s, pinned)
-                           : b->copy_dtoh_async(host, dev, n, s, pinned);
 }

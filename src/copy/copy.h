@@ -1,9 +1,17 @@
 /* The copy engine: pm_memcpy_* split a host range into page-locked and
  * pageable pieces and send each the cheapest way (copy.c); pageable pieces go
  * through a ring of pinned staging buffers filled by worker threads
- * (staging.c), or through a cached registration (regcache.c). Settings and
- * counters live in config.c. All of it is part of the lazily created
- * process-wide instance. */
+ * (staging.c), or through a cached registration (regcache.c). All of it is
+ * part of the lazily created process-wide instance.
+ *
+ * The files call downwards only, in this order (docs/design.md, checked by
+ * tests/check_layers.sh):
+ *   memcopy, counters, backend_copy, store_choice   CPU copies, counters, the backend's copy calls
+ *   settings                                        the settings in effect and their gate
+ *   staging, regcache                               the staging engine, the registration cache
+ *   copy                                            pm_memcpy_htod/dtoh[_async]: the front end
+ *   memcpy                                          pm_memcpy[_async], pm_device_alloc/free
+ *   config, stats                                   pm_copy_get/set_config, pm_copy_get_stats */
 #ifndef PINMEM_COPY_H
 #define PINMEM_COPY_H
 
@@ -32,9 +40,9 @@ typedef struct pm__copy_settings {
     bool cpu_demotes; /* the CPU has cldemote (memcopy.c) */
 } pm__copy_settings;
 
-/* The largest ring that demoting stores are used for by default: 16 and 32
- * MiB rings stayed in the cache of an H100 host (300 MiB, shared with the
- * source streaming through), a 128 MiB one did less well. */
+/* The largest ring that demoting stores are used for by default: the ring
+ * must stay in the CPU's last-level cache while the source streams through
+ * that cache too, and larger rings do not. */
 #define PM__DEMOTING_RING_MAX ((size_t)32 << 20)
 /* The smallest host-to-device copy that may use demoting stores by default
  * (pm__copy_may_demote). */
@@ -51,12 +59,10 @@ static inline unsigned pm__copy_htod_workers(const pm__copy_settings *set)
  * into the ring, from 64 MiB, wherever the CPU has them and the ring fits its
  * cache with room to spare (memcopy.c says why), unless the configuration
  * names the stores. Whether it does is learnt per machine (store_choice.h):
- * on one H100 host demoting stores made 64 MiB 42.1-43.9 GB/s against
- * 40.2-41.6, 256 MiB 44.9-48.7 against 44.0-45.4 and 1 GiB 49.0-51.8 against
- * 50.1-50.8 (four passes), while on a busier one they lost up to 9.4 GB/s at
- * 64 MiB (4.5-9.4 in four passes of five), as they cost each thread about twice the time a piece
- * (cached stores read each ring line first). Small copies feel that most
- * (16 MiB 26.8-28.7 against 36.8-37.7 on the first host), so they never do. */
+ * they cost each thread about twice the time a piece (cached stores read
+ * each ring line first), which a host with threads to spare wins back in the
+ * DMA engine's rate and a busy host does not. Small copies feel that cost
+ * most, so they never demote. */
 static inline bool pm__copy_may_demote(const pm__copy_settings *set, pm__direction dir,
                                        size_t bytes)
 {
@@ -66,17 +72,12 @@ static inline bool pm__copy_may_demote(const pm__copy_settings *set, pm__directi
 }
 
 /* How the CPU copies of a staged copy of bytes in direction dir store when
- * they do not demote. By default (measured on the H100, bench/results):
- * - into the ring, streaming stores below 256 MiB, cached from there, as the
- *   DMA then finds part of the bytes in the CPU's cache (1 GiB: 50.9-51.9
- *   against 42.1-49.6 GB/s with the fillers steered, on three machines; 256
- *   MiB: 46.8 against 45.1 on average over 20 passes in 14 recorded runs,
- *   ahead in 12), while at 64 MiB streaming stores do (41.4-47.1 against
- *   32.5-36.8);
- * - out of the ring into the user's memory, with the DMAs queued ahead,
- *   cached stores were ahead or level in every pass from 64 MiB (five
- *   passes on one machine; 1 GiB: 48.1-52.6 against 38.6-49.2 GB/s; 256 MiB:
- *   47.0-50.7 against 42.2-47.0), and at 16 MiB in four of the five. */
+ * they do not demote, by default (docs/design.md, "Copies"):
+ * - into the ring, streaming stores below 256 MiB, which leave memory to the
+ *   DMA engine reading the ring, and cached stores from there, as a copy
+ *   that long lets the DMA find part of the bytes in the CPU's cache;
+ * - out of the ring into the user's memory, cached stores: with the DMAs
+ *   queued ahead of the threads, streaming ones were the slower there. */
 static inline pm_copy_stores pm__copy_stores_for(const pm__copy_settings *set,
                                                  pm__direction dir, size_t bytes)
 {
@@ -87,6 +88,7 @@ static inline pm_copy_stores pm__copy_stores_for(const pm__copy_settings *set,
     return bytes < ((size_t)256 << 20) ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED;
 }
 
+/* counters.c */
 typedef struct pm__copy_counters {
     _Atomic unsigned long long direct_bytes, staged_bytes, driver_bytes, cached_bytes;
     _Atomic unsigned long long cache_registrations, cache_hits, cache_invalidations;
@@ -96,11 +98,22 @@ typedef struct pm__copy_counters {
 
 extern pm__copy_counters pm__copy_count;
 
-/* config.c. Copies hold the gate for reading while they run, so that
+/* settings.c. Copies hold the gate for reading while they run, so that
  * pm_copy_set_config (which takes it for writing) never changes the engine
- * under them. */
+ * under them. Both take the defaults on first use; pm__copy_leave leaves
+ * either. */
 const pm__copy_settings *pm__copy_enter(void);
+pm__copy_settings *pm__copy_enter_to_change(void);
 void pm__copy_leave(void);
+/* The one check of a configuration, from code or the environment: each
+ * field against the options table, then every 0 resolved to the
+ * environment's value or else the machine's default, into *out (every field
+ * set) and *s. who names the caller in a failure's detail. */
+pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
+                           pm__copy_settings *s);
+/* For pm_get_setting: the values in effect (c), set by code where they
+ * differ from the defaults and by_code. */
+void pm__copy_publish(const pm_copy_config *c, bool by_code);
 
 /* staging.c. *no_ring: the failure was that no staging buffer could be
  * pinned (nothing was copied; the caller may take another way). sync: the
@@ -149,16 +162,16 @@ static inline void pm__regcache_evict(uintptr_t lo, uintptr_t hi)
 }
 bool pm__regcache_listening(void);
 
-/* Where a page-locked piece of a copy from at (in r's pinned bytes) must end,
- * at end at the latest: the end of r's pinned bytes, or of the registration
- * piece at lies in (backend.h). */
+/* copy.c. Where a page-locked piece of a copy from at (in r's pinned
+ * bytes) must end, at end at the latest: the end of r's pinned bytes, or of
+ * the registration piece at lies in (backend.h). */
 uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
                               uintptr_t end);
 
 /* How a piece reaches the backend: queued on the stream with the host side
  * page-locked or pageable, or through the driver's synchronous call. */
 typedef enum { PM__VIA_PINNED, PM__VIA_PAGEABLE, PM__VIA_SYNC } pm__copy_via;
-/* The backend's copy calls, with the test fault point in front. */
+/* backend_copy.c: the backend's copy calls, with the test fault point in front. */
 pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
                            size_t n, pm_stream_t s, pm__copy_via via);
 

@@ -10,11 +10,10 @@
  * its lines there, and `cldemote` pushes each line out of the core's private
  * caches as soon as it is written, where the DMA engine's reads find it
  * without a trip to memory. Every byte then crosses memory once (the source
- * read) instead of three times. Measured on an H100 host (bench/results,
- * bench/probe/ring_cache.c): with twelve threads filling a 16 or 32 MiB ring,
- * the DMA engine read it at 53 GB/s, as from an idle ring, against 37-39 with
- * streaming stores; without the demotion, at 21-46 (it had to take each line
- * from a core's private cache, presumably). */
+ * read) instead of three times, and the DMA engine reads a ring that threads
+ * are filling about as fast as an idle one (bench/probe/ring_cache.c
+ * measures it). Without the demotion, cached stores lose to streaming ones:
+ * the DMA engine must then take each line from a core's private cache. */
 #include <stdint.h>
 #include <string.h>
 
@@ -60,9 +59,8 @@ static inline __attribute__((always_inline)) void copy_blocks(uint8_t *dst, cons
     for (size_t i = 0; i < blocks; i++, dst += 64, src += 64) {
         /* The hardware prefetchers stop at every 4 KiB page boundary of the
          * source; asking for the line a page ahead keeps the loads streaming
-         * across them (on an H100 machine: 12-34% less CPU time per staged
-         * piece, bench/results). A prefetch never faults, past the end
-         * included. */
+         * across them, so a thread copies a piece in less time. A prefetch
+         * never faults, past the end included. */
         _mm_prefetch((const char *)src + PREFETCH_AHEAD, _MM_HINT_T1);
         __m128i a = _mm_loadu_si128((const __m128i *)src);
         __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));

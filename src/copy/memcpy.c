@@ -28,8 +28,9 @@ pm_result pm_device_free(pm_deviceptr dptr)
     return inst->backend.device_release(dptr);
 }
 
-/* Memory pinmem pinned is host memory for the engine, whatever the driver
- * calls it (pool memory in VMM granules included). */
+/* Memory pinmem pinned is host memory for the engine, whatever the
+ * backend's pointer_kind would call it (the driver may call some pool
+ * memory device memory). */
 static pm_result kind_of(pm__instance *inst, pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
 {
     pm__range r;

@@ -1,9 +1,9 @@
 /* The staging engine: copies from and to pageable memory through a ring of
  * pinned buffers. A copy becomes a job of buffer-sized pieces, each moved by
  * one DMA; the CPU side of a piece is cut into slices that several threads
- * copy at once. Large DMAs keep the copy engine near its peak (on the H100,
- * 1 MiB DMAs queued back to back reach 47 GB/s, 4 MiB ones 53), while small
- * slices keep every core busy and let the first DMA start early.
+ * copy at once. Large DMAs keep the copy engine near its peak (its rate by
+ * piece size is in docs/performance.md), while small slices keep every core
+ * busy and let the first DMA start early.
  *
  * Worker threads (started on first use, never per call) take slices from all
  * jobs in turn, so several callers are served at once and fairly, and each
@@ -12,9 +12,8 @@
  * Only some of the workers (the fillers) take slices of host-to-device
  * copies: the DMA engine reads the buffers from the memory the threads copy
  * through, and too many threads copying at once slow it down, while too few
- * leave it waiting. How many is right differs from machine to machine (on
- * H100 machines, 4 to 6 of 15 on some and 8 to 15 on others), so the engine
- * steers it after each large copy by how long its threads waited for DMAs
+ * leave it waiting. How many is right differs from machine to machine, so
+ * the engine steers it after each large copy by how long its threads waited for DMAs
  * against how long they copied: threads that hardly wait are too few, and
  * threads that wait much are more than the DMA engine needs.
  *
@@ -756,9 +755,9 @@ static pm_result start_locked(const pm__copy_settings *set)
     }
     eng.n_buffers = eng.queue_count = n;
     eng.chunk = eng.plan.chunk;
-    /* Half the ring: measured on the H100 against none (bench/results), 256 MiB
-     * and 1 GiB device-to-host copies gained 3-9 GB/s a pass on one machine;
-     * the other half is left for other callers' copies. */
+    /* Half the ring: enough that the DMA engine never waits for a thread to
+     * come back from copying out; the other half is left for other callers'
+     * copies. */
     eng.dtoh_ahead = eng.n_buffers / 2 < AHEAD_MAX ? eng.n_buffers / 2 : AHEAD_MAX;
     eng.htod_workers = pm__copy_htod_workers(set);
     eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
@@ -780,8 +779,9 @@ static bool steers_fillers(const job *j) { return j->dir == PM__HTOD && j->bytes
 /* lock held, after a host-to-device job: one filler more when its threads
  * hardly waited for DMAs (the CPU side could not keep up), one fewer when
  * they waited for more than a third of the time they copied (the DMA engine
- * needed fewer, and fewer threads copying let it read faster). Measured
- * bands: bench/results. Each kind of stores keeps its own count. */
+ * needed fewer, and fewer threads copying let it read faster). Narrower
+ * bands gained nothing (docs/design.md). Each kind of stores keeps its own
+ * count. */
 static void steer_fillers(job *j)
 {
     if (!steers_fillers(j))

@@ -29,8 +29,8 @@ unsigned pm__store_choose(pm__store_choice *sc, unsigned c, bool timed)
 void pm__store_report(pm__store_choice *sc, unsigned c, unsigned kind, double gbps)
 {
     pm__store_class *cl = &sc->classes[c];
-    /* A quarter for each new copy: single copies swing by several GB/s on a
-     * busy host, and a host that changes still shows within a few copies. */
+    /* A quarter for each new copy: single copies vary widely on a busy
+     * host, and a host that changes still shows within a few copies. */
     if (cl->samples[kind] == 1)
         cl->gbps[kind] = gbps;
     else if (cl->samples[kind] > 1)

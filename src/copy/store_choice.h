@@ -29,8 +29,7 @@ enum { PM__STORE_CLASSES = 2 };
  * and once they do, every PM__STORE_EXPLORE_EVERY-th timed copy of a class
  * uses the kind that lost. The first copy of each kind only warms up: the
  * ring's lines and the kind's filler count are not yet where the kind keeps
- * them. Without that, on one H100 host the choice stayed with plain stores at
- * 64 MiB where forced demoting ones ran 46.8 GB/s against 42.3 (bench/results). */
+ * them, and a choice that counted it could settle on the slower kind. */
 enum { PM__STORE_FIRST_TRIALS = 3, PM__STORE_EXPLORE_EVERY = 16 };
 
 typedef struct pm__store_class {

@@ -16,6 +16,7 @@
 #include "../budget.h"
 #include "../clock.h"
 #include "../errors.h"
+#include "../instance.h"
 #include "pool_internal.h"
 
 static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__POOL_PAGE; }
@@ -23,7 +24,7 @@ static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__
 size_t pm__granule_to_fit(size_t granule, size_t pinnable)
 {
     if (granule == 0 || pinnable == SIZE_MAX ||
-        !pm__pool_backend()->caps.pinning_limited_by_memlock_rlimit)
+        !pm__instance_backend()->caps.pinning_limited_by_memlock_rlimit)
         return granule;
     while (granule > PM__POOL_PAGE && granule > pinnable / 4)
         granule /= 2;
@@ -156,11 +157,11 @@ static pm_result commit(pm__pool *pool, pm__chunk *c, size_t g, size_t n)
  * dooms fails at once, with nothing locked and no page touched. */
 static pm_result check_pinnable(size_t bytes, size_t movable)
 {
-    size_t can = pm__pool_backend()->pinnable_bytes();
+    size_t can = pm__instance_backend()->pinnable_bytes();
     if (can == SIZE_MAX || bytes <= can || bytes - can <= movable)
         return PM_SUCCESS;
     struct rlimit rl;
-    if (pm__pool_backend()->caps.pinning_limited_by_memlock_rlimit &&
+    if (pm__instance_backend()->caps.pinning_limited_by_memlock_rlimit &&
         getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY,
                         "pool memory: pinning %zu more bytes would pass RLIMIT_MEMLOCK "

@@ -196,7 +196,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
                         pool->props.max_size, pool->reserved, need);
 
     const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
-    const size_t pinnable = pm__pool_backend()->pinnable_bytes();
+    const size_t pinnable = pm__instance_backend()->pinnable_bytes();
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
     pm__span *span = new_span(pool);
     if (pool->n_chunks == pool->cap_chunks) {

@@ -26,18 +26,28 @@ static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static pm__pool *default_pool;
 static pm_result default_result = PM_ERROR_NOT_INITIALIZED;
 
-const pm__backend *pm__pool_backend(void)
-{
-    pm_result r;
-    pm__instance *inst = pm__instance_get(&r);
-    return &inst->backend;
-}
-
-void pm__pools_after_fork(void)
+/* In a forked child, on its one thread: the fast paths stop trusting what
+ * this thread remembers, so every pool call takes the general way, which
+ * refuses. Lock-free: the parent's other threads may have held any lock. */
+static void after_fork_in_child(void)
 {
     atomic_fetch_add(&pools_epoch, 1);
     for (unsigned i = 0; i < PM__MAX_CACHED_POOLS; i++)
         pm__thread_caches[i] = NULL;
+}
+
+static void print_stats(void);
+
+/* The pools' part of the instance, set up as the first pool is made (no
+ * pool call reaches a size class or a thread cache before that). */
+static pm__instance_hooks hooks = {.after_fork_in_child = after_fork_in_child,
+                                   .print_stats = print_stats};
+static pthread_once_t module_once = PTHREAD_ONCE_INIT;
+
+static void module_init(void)
+{
+    pm__classes_init();
+    pm__instance_add_hooks(&hooks);
 }
 
 /* The default threshold keeps everything, so its chunks are pinned the
@@ -46,15 +56,15 @@ void pm__pools_after_fork(void)
  * (backend.h). Chunks keep the way they were pinned. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
 {
-    const pm__backend *b = pm__pool_backend();
+    const pm__backend *b = pm__instance_backend();
     return pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD ? &b->pool_keep
                                                                            : &b->pool_give_back;
 }
 
-bool pm__pool_in_granules(uintptr_t addr)
+const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr)
 {
     pm__chunk *c = NULL;
-    return pm__span_of(addr, &c) && c->ops && c->ops->granule != 0;
+    return pm__span_of(addr, &c) && c ? c->ops : NULL;
 }
 
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
@@ -134,6 +144,7 @@ static void release_slot(const pm__pool *pool)
 
 static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default)
 {
+    pthread_once(&module_once, module_init);
     int numa_node = -1;
     pm_result r = check_props(props, &numa_node);
     if (r != PM_SUCCESS)
@@ -617,7 +628,7 @@ static void add_stats(void *handle, void *stats)
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
     st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool)->granule,
-                                     pm__pool_backend()->pinnable_bytes());
+                                     pm__instance_backend()->pinnable_bytes());
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;
@@ -677,7 +688,8 @@ pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size
     return PM_SUCCESS;
 }
 
-void pm__pool_stats_print_at_exit(void)
+/* PINMEM_STATS=1, at exit. */
+static void print_stats(void)
 {
     char json[768];
     if (pm_mem_pool_stats_json(NULL, json, sizeof json, NULL) == PM_SUCCESS)

@@ -6,23 +6,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../backend/backend.h"
 #include "pinmem.h"
 
 /* The live pool allocation holding addr: its start and requested size. */
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
-/* Whether addr is pool memory pinned in granules (mapped for every device
- * at its own address, where the driver's queries may answer otherwise). */
-bool pm__pool_in_granules(uintptr_t addr);
+/* The chunk ops the pool chunk holding addr was pinned with; NULL when
+ * addr is in no pool chunk. */
+const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr);
 /* After a stream synchronized: hand its frees back, release above thresholds. */
 void pm__pools_after_sync(pm_stream_t s);
 /* Before an event is recorded on s: blocks freed on s so far go to their
  * pools' pending batches, so that the event follows them (stream_order.h). */
 void pm__pools_flush_stream(pm_stream_t s);
-/* PINMEM_STATS=1 */
-void pm__pool_stats_print_at_exit(void);
-/* In a forked child, on its one thread: the fast paths stop trusting what
- * this thread remembers, so every pool call takes the general way, which
- * refuses. Lock-free: the parent's other threads may have held any lock. */
-void pm__pools_after_fork(void);
 
 #endif

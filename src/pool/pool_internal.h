@@ -297,7 +297,6 @@ void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, 
 void pm__pending_release_all(pm__pool *pool);
 
 /* pool.c */
-const pm__backend *pm__pool_backend(void);
 /* How the pool pins the chunks it adds now: by its release threshold. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool);
 /* The block holding addr and its requested size: the pool-memory answer to

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../instance.h"
 #include "pool_internal.h"
 
 /* Process-wide (part of the lazily created instance). */
@@ -49,7 +50,7 @@ int pm__retire_fail_starts;  /* reap_lock */
 /* Every stream free of the pool's is done. */
 static bool markers_done(pm__pool *pool)
 {
-    const pm__backend *b = pm__pool_backend();
+    const pm__backend *b = pm__instance_backend();
     for (pm__pending *p = pool->pending; p; p = p->next)
         if (!b->marker_done(&p->marker))
             return false;
