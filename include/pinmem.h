@@ -194,6 +194,8 @@ PM_API pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm
  * posix backend: an ordered queue of work run by a thread of its own. */
 typedef void *pm_stream_t;
 
+/* A stream whose work is not ordered with the default stream's (cuda:
+ * CU_STREAM_NON_BLOCKING, as PyTorch creates its streams). */
 PM_API pm_result pm_stream_create(pm_stream_t *stream);
 /* Waits for the stream's work, then destroys it. */
 PM_API pm_result pm_stream_destroy(pm_stream_t stream);
@@ -338,7 +340,10 @@ PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t ca
  * threads while earlier chunks are in flight. A range that mixes them is
  * split where they meet, so a copy never fails for crossing the end of a
  * registration. The synchronous forms are ordered on the default stream and
- * return when the copy is done.
+ * return when the copy is done, but for host to device from pageable memory,
+ * which may return once the source has been read, as cuMemcpyHtoD does: the
+ * bytes then land before the default stream's later work, not necessarily
+ * before that of a stream from pm_stream_create (cuda: non-blocking).
  *
  * Asynchronous forms: host to device returns once the source has been read
  * (the caller may reuse it; page-locked sources are read by the DMA engine

@@ -92,7 +92,11 @@ static void mem_free(mem *m)
     }
 }
 
-/* Writes and reads through the engine's own entry points, not the calls under test. */
+/* Writes and reads through the engine's own entry points, not the calls under
+ * test. They run on the default stream: a write of device memory from
+ * pageable memory returns once the source is read (as cuMemcpyHtoD does),
+ * possibly before the bytes land, and ordered only before the default
+ * stream's later work. */
 static void mem_write(mem *m, size_t off, const uint8_t *data, size_t n)
 {
     if (m->kind == DEVICE)
@@ -132,6 +136,9 @@ static void check_copy(mem *dst, size_t doff, mem *src, size_t so, size_t n, boo
     mem_write(dst, 0, got, dst->n);
     pm_deviceptr to = addr(dst, doff), from = addr(src, so);
     if (async) {
+        /* s does not wait for the default stream (on cuda it is created
+         * non-blocking), so the writes above must be done before the copy. */
+        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
         CHECK_RESULT(pm_memcpy_async(to, from, n, s), PM_SUCCESS);
         /* a pageable source may be reused as soon as the call returns */
         if (src->kind == PAGEABLE)
@@ -343,6 +350,7 @@ static void *copy_thread(void *arg)
         if (i % 2)
             CHECK_RESULT(pm_memcpy(addr(&dst, 0), addr(&src, 0), n), PM_SUCCESS);
         else {
+            CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS); /* the write, as in check_copy */
             CHECK_RESULT(pm_memcpy_async(addr(&dst, 0), addr(&src, 0), n, s), PM_SUCCESS);
             CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
         }
