@@ -62,8 +62,10 @@ static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_devic
     if (r != PM_SUCCESS)
         return r;
     /* Staged pieces cannot be captured (the CPU part would not replay), so a
-     * capture gets the driver's own copy, and with it the driver's answer. */
-    if (b->stream_is_capturing(s))
+     * capture gets the driver's own copy, and with it the driver's answer
+     * (also when the stream cannot be asked). */
+    bool capturing = false;
+    if (b->stream_capture_status(s, &capturing) != PM_SUCCESS || capturing)
         return b->copy_any(dst, src, bytes, s, sync, false);
     pm__memory_kind to, from;
     if ((r = kind_of(inst, dst, bytes, &to)) != PM_SUCCESS ||
