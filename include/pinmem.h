@@ -348,7 +348,15 @@ PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t ca
  * Asynchronous forms: host to device returns once the source has been read
  * (the caller may reuse it; page-locked sources are read by the DMA engine
  * later, as with the driver); device to host into pageable memory completes
- * before returning, and into page-locked memory runs in stream order. */
+ * before returning, and into page-locked memory runs in stream order.
+ *
+ * On a stream that is capturing a graph (cuda), the host side must be all
+ * page-locked (pinmem's memory, or memory the driver page-locked itself):
+ * the copy is then captured as the driver captures it. Otherwise the call
+ * fails with PM_ERROR_STREAM_CAPTURE_UNSUPPORTED before anything is
+ * captured or moved, since a replay would not repeat the CPU's part of a
+ * copy of pageable memory (the driver accepts such a copy; PyTorch refuses
+ * it, as pinmem does). */
 PM_API pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes);
 PM_API pm_result pm_memcpy_dtoh(void *dst, pm_deviceptr src, size_t bytes);
 PM_API pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes,
@@ -485,10 +493,8 @@ PM_API pm_result pm_device_free(pm_deviceptr dptr);
  * before the call returns, after the work queued before it on the stream.
  * Host memory the driver page-locked itself (cuda: cuMemHostAlloc,
  * cuMemHostRegister called directly, other libraries' pinned memory) goes to
- * the driver's own copy. On a stream that is capturing a graph (cuda), the
- * whole copy is the driver's cuMemcpyAsync, so a capture gets exactly the
- * driver's answer (a pageable host side fails the capture, as the driver's
- * own copy does).
+ * the driver's own copy. A stream that is capturing a graph (cuda) takes
+ * page-locked host memory only, as pm_memcpy_htod_async does.
  *
  * bytes 0 succeeds and does nothing; otherwise NULL on either side, ranges
  * that wrap around the address space or overlap each other, a device range
