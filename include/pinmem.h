@@ -243,7 +243,9 @@ PM_API pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm
  * trusts it. */
 typedef void *pm_stream_t;
 
-/* stream must not be NULL. */
+/* A stream whose work is not ordered with the default stream's (cuda:
+ * CU_STREAM_NON_BLOCKING, as PyTorch creates its streams).
+ * stream must not be NULL. */
 PM_API pm_result pm_stream_create(pm_stream_t *stream);
 /* Waits for the stream's work, then destroys it. NULL (the default stream)
  * is PM_ERROR_INVALID_HANDLE. */
@@ -411,7 +413,10 @@ PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t ca
  * threads while earlier chunks are in flight. A range that mixes them is
  * split where they meet, so a copy never fails for crossing the end of a
  * registration. The synchronous forms are ordered on the default stream and
- * return when the copy is done.
+ * return when the copy is done, but for host to device from pageable memory,
+ * which may return once the source has been read, as cuMemcpyHtoD does: the
+ * bytes then land before the default stream's later work, not necessarily
+ * before that of a stream from pm_stream_create (cuda: non-blocking).
  *
  * Asynchronous forms: host to device returns once the source has been read
  * (the caller may reuse it; page-locked sources are read by the DMA engine
@@ -420,7 +425,15 @@ PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t ca
  *
  * bytes 0 succeeds and does nothing; otherwise a NULL pointer on either side
  * and a range that wraps around are PM_ERROR_INVALID_VALUE, and the stream
- * is checked. */
+ * is checked.
+ *
+ * On a stream that is capturing a graph (cuda), the host side must be all
+ * page-locked (pinmem's memory, or memory the driver page-locked itself):
+ * the copy is then captured as the driver captures it. Otherwise the call
+ * fails with PM_ERROR_STREAM_CAPTURE_UNSUPPORTED before anything is
+ * captured or moved, since a replay would not repeat the CPU's part of a
+ * copy of pageable memory (the driver accepts such a copy; PyTorch refuses
+ * it, as pinmem does). */
 PM_API pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes);
 PM_API pm_result pm_memcpy_dtoh(void *dst, pm_deviceptr src, size_t bytes);
 PM_API pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes,
@@ -564,10 +577,8 @@ PM_API pm_result pm_device_free(pm_deviceptr dptr);
  * before the call returns, after the work queued before it on the stream.
  * Host memory the driver page-locked itself (cuda: cuMemHostAlloc,
  * cuMemHostRegister called directly, other libraries' pinned memory) goes to
- * the driver's own copy. On a stream that is capturing a graph (cuda), the
- * whole copy is the driver's cuMemcpyAsync, so a capture gets exactly the
- * driver's answer (a pageable host side fails the capture, as the driver's
- * own copy does).
+ * the driver's own copy. A stream that is capturing a graph (cuda) takes
+ * page-locked host memory only, as pm_memcpy_htod_async does.
  *
  * bytes 0 succeeds and does nothing; otherwise NULL on either side, ranges
  * that wrap around the address space or overlap each other, a device range

@@ -1,10 +1,11 @@
 /* Fault injection for the tests, one style everywhere: a countdown set to k
- * makes the k-th pass through its point fail (0: never).
+ * makes the k-th pass through its point fail (0: never). One point names a
+ * stream instead (pm__fault_capturing_stream).
  *
  * The points exist only in test builds: CMake compiles a second copy of the
  * library with PINMEM_TEST_HOOKS for the tests to link. In the shipped
- * library PM__TEST_FAULT is the constant false and the countdowns do not
- * exist. */
+ * library PM__TEST_FAULT and PM__TEST_CAPTURING are the constant false and
+ * the points do not exist. */
 #ifndef PINMEM_TEST_HOOKS_H
 #define PINMEM_TEST_HOOKS_H
 
@@ -20,8 +21,13 @@ extern pm__countdown pm__fault_thread_start; /* starting a thread of the library
 /* Counts countdown down; true on the pass that takes it from 1 to 0. */
 bool pm__countdown_fires(pm__countdown *countdown);
 #define PM__TEST_FAULT(countdown) pm__countdown_fires(&(countdown))
+/* A stream the posix backend says is capturing a graph (NULL: none), so that
+ * the rules for captures can be tested where nothing captures. */
+extern void *_Atomic pm__fault_capturing_stream;
+#define PM__TEST_CAPTURING(s) ((s) != NULL && atomic_load(&pm__fault_capturing_stream) == (s))
 #else
 #define PM__TEST_FAULT(countdown) false
+#define PM__TEST_CAPTURING(s) false
 #endif
 
 #endif

@@ -3,9 +3,16 @@
  * pointers that are mapped but not pinmem's, unmapped ones, sizes 0 and huge,
  * bad flags, destroyed pools), each answer checked against a reference model
  * of what is allocated, registered and pooled. The seed is printed and can be
- * given back (PINMEM_TEST_SEED; PINMEM_TEST_STEPS sets the length). Pins at
- * most a few MiB, so that it runs under an 8 MiB RLIMIT_MEMLOCK; where the
- * limit refuses pool memory, the model accepts that refusal and counts it. */
+ * given back (PINMEM_TEST_SEED; PINMEM_TEST_STEPS sets the length). Each
+ * step draws from numbers of its own, made from the seed and the step's
+ * index, so that a step makes the same choices on every backend even where
+ * earlier answers differed (whether a destroyed pool's handle comes back for
+ * a new pool depends on the allocator): a failure on a GPU replays on POSIX
+ * with the same seed. A failed registration describes itself and its
+ * neighbours. Before the sequence, the situations it reaches only rarely are
+ * tried once each. Pins at most a few MiB, so that it runs under an 8 MiB
+ * RLIMIT_MEMLOCK; where the limit refuses pool memory, the model accepts
+ * that refusal and counts it. */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -25,6 +32,8 @@ typedef struct object {
     uintptr_t ext_lo, ext_hi; /* what pinmem claims for it: an allocation's pages, a
                                  registration's bytes */
     bool driver_placed;       /* CUDA write-combined: the driver placed it, exactly its bytes */
+    unsigned register_flags;  /* registrations: the flags given */
+    unsigned long long step;  /* the step that made it */
 } object;
 
 typedef struct pool_alloc {
@@ -50,7 +59,7 @@ static struct model {
     unsigned n_stale;
 } m;
 
-static uint64_t rng;
+static uint64_t rng, seed;
 static size_t page;
 static bool cuda, limit_binds, read_only_supported;
 static uint8_t *arena, *pageable, *in_out;
@@ -62,6 +71,16 @@ static int data_anchor;
 static const size_t dev_bytes = 64 << 10;
 
 static uint64_t rnd(uint64_t n) { return n ? xorshift64(&rng) % n : 0; }
+
+/* The numbers of one step (splitmix64 of the seed and the step). */
+static void rng_for_step(unsigned long long step)
+{
+    uint64_t z = seed + (step + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    rng = z ? z : 1; /* xorshift's one fixed point */
+}
 static bool one_in(unsigned n) { return rnd(n) == 0; }
 static uintptr_t page_down(uintptr_t a) { return a & ~(uintptr_t)(page - 1); }
 static uintptr_t page_up(uintptr_t a) { return page_down(a + page - 1); }
@@ -181,6 +200,85 @@ static bool beside_driver_placed(uintptr_t lo, uintptr_t hi)
 static bool is_mapped(uintptr_t page_addr)
 {
     return msync((void *)page_addr, page, MS_ASYNC) == 0;
+}
+
+/* ------------------------------------------------- what happened to the arena */
+
+/* The last few registrations, refusals and unregistrations that touched each
+ * arena page, so that a surprising answer can be told with its history. */
+enum { history_len = 4 };
+typedef struct page_event {
+    unsigned long long step;
+    const char *call;
+    size_t offset, bytes; /* the range, from the arena's start */
+    unsigned flags;
+    pm_result result;
+} page_event;
+static struct {
+    page_event events[history_len];
+    unsigned count;
+} history[arena_pages];
+
+static bool in_arena(uintptr_t u, size_t n)
+{
+    const size_t len = arena_pages * page;
+    return u >= (uintptr_t)arena && u - (uintptr_t)arena <= len && n <= len - (u - (uintptr_t)arena);
+}
+
+static void remember_pages(const char *call, const uint8_t *q, size_t n, unsigned flags,
+                           pm_result r)
+{
+    const uintptr_t u = (uintptr_t)q;
+    if (!q || !n || !in_arena(u, n))
+        return;
+    const page_event e = {steps_done, call, u - (uintptr_t)arena, n, flags, r};
+    for (uintptr_t a = page_down(u); a < u + n; a += page) {
+        size_t i = (a - (uintptr_t)arena) / page;
+        history[i].events[history[i].count++ % history_len] = e;
+    }
+}
+
+static void print_range(const char *indent, size_t offset, size_t bytes, unsigned flags)
+{
+    fprintf(stderr, "%sarena page %zu + %zu, %zu bytes (pages %zu-%zu), flags %#x\n", indent,
+            offset / page, offset % page, bytes, offset / page, (offset + bytes - 1) / page, flags);
+}
+
+/* A registration whose answer surprised the model: where it lies, what else
+ * is registered on its pages, and what happened to those pages before. */
+static void describe_registration(const uint8_t *q, size_t n, unsigned flags)
+{
+    const uintptr_t u = (uintptr_t)q;
+    if (!in_arena(u, n)) {
+        fprintf(stderr, "  %p, %zu bytes, flags %#x: not in the arena (%p)\n", (const void *)q,
+                n, flags, (void *)arena);
+        return;
+    }
+    print_range("  the range: ", u - (uintptr_t)arena, n, flags);
+    const uintptr_t lo = page_down(u), hi = page_up(u + n);
+    const uintptr_t ro = (uintptr_t)arena + ro_page * page, hole = (uintptr_t)arena + hole_page * page;
+    if (lo <= ro && hi > ro)
+        fprintf(stderr, "  it covers the read-only page (%d)\n", ro_page);
+    if (lo <= hole && hi > hole)
+        fprintf(stderr, "  it covers the hole (page %d), %s now\n", hole_page,
+                is_mapped(hole) ? "mapped" : "unmapped");
+    for (int i = 0; i < m.n_regs; i++) {
+        const object *o = &m.regs[i];
+        if (page_down((uintptr_t)o->p) < hi && lo < page_up((uintptr_t)o->p + o->size)) {
+            fprintf(stderr, "  registered on its pages since step %llu: ", o->step);
+            print_range("", (uintptr_t)o->p - (uintptr_t)arena, o->size, o->register_flags);
+        }
+    }
+    for (uintptr_t a = lo; a < hi; a += page) {
+        size_t i = (a - (uintptr_t)arena) / page;
+        unsigned c = history[i].count, first = c > history_len ? c - history_len : 0;
+        for (unsigned k = first; k < c; k++) {
+            const page_event *e = &history[i].events[k % history_len];
+            fprintf(stderr, "  page %zu, step %llu: %s gave %s for ", i, e->step, e->call,
+                    pm_result_name(e->result));
+            print_range("", e->offset, e->bytes, e->flags);
+        }
+    }
 }
 
 static bool pool_is_live(pm_mem_pool_t pool)
@@ -407,10 +505,14 @@ static void op_register(void)
             return;
     }
     expect_result(r, want, "pm_mem_host_register", q);
+    if (r != want)
+        describe_registration(q, n, f);
+    remember_pages("register", q, n, f, r);
     if (r != PM_SUCCESS)
         return;
     if (m.n_regs == max_regs || foreign) {
         CHECK_RESULT(pm_mem_host_unregister(q), PM_SUCCESS);
+        remember_pages("unregister", q, n, f, PM_SUCCESS);
         return;
     }
     m.regs[m.n_regs++] = (object){
@@ -419,6 +521,8 @@ static void op_register(void)
         .flags = (f & PM_MEMHOSTREGISTER_PORTABLE) | 2,
         .ext_lo = u,
         .ext_hi = u + n,
+        .register_flags = f,
+        .step = steps_done,
     };
 }
 
@@ -442,6 +546,7 @@ static void op_unregister(void)
         want = PM_ERROR_INVALID_VALUE;
     expect_result(r, want, "pm_mem_host_unregister", q);
     if (hit >= 0 && r == PM_SUCCESS) {
+        remember_pages("unregister", q, m.regs[hit].size, m.regs[hit].register_flags, r);
         remember_stale(q, false);
         m.regs[hit] = m.regs[--m.n_regs];
     }
@@ -739,6 +844,147 @@ static void op_invalidate(void)
     }
 }
 
+/* ------------------------------------------------ rare situations, once each */
+
+/* What the sequence reaches only a few times a run or less, on pages that
+ * other registrations share or touched before, each tried once in a mapping
+ * of its own and answered as the model answers it: a failure names the
+ * situation. */
+typedef struct situation {
+    const char *name;
+    uint8_t *map;
+    size_t len;
+    void *registered[4];
+    int n_registered;
+} situation;
+
+static bool situation_start(situation *s, const char *name, size_t pages)
+{
+    *s = (situation){.name = name, .len = pages * page};
+    s->map = mmap(NULL, s->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s->map == MAP_FAILED) {
+        s->map = NULL;
+        CHECK(!"a mapping for a rare situation");
+    }
+    return s->map != NULL;
+}
+
+static void situation_expect(const situation *s, const char *call, pm_result got, pm_result want)
+{
+    if (got != want && check_failed_())
+        fprintf(stderr, "rare situation \"%s\": %s gave %s, the model expected %s (%s)\n",
+                s->name, call, pm_result_name(got), pm_result_name(want),
+                pm_last_error_detail());
+}
+
+static void situation_register(situation *s, size_t offset, size_t n, unsigned flags,
+                               pm_result want)
+{
+    char call[96];
+    snprintf(call, sizeof call, "register(+%zu, %zu bytes, flags %#x)", offset, n, flags);
+    pm_result r = pm_mem_host_register(s->map + offset, n, flags);
+    situation_expect(s, call, r, want);
+    if (r == PM_SUCCESS && s->n_registered < 4)
+        s->registered[s->n_registered++] = s->map + offset;
+    else if (r == PM_SUCCESS)
+        pm_mem_host_unregister(s->map + offset);
+}
+
+static void situation_unregister(situation *s, size_t offset, pm_result want)
+{
+    char call[64];
+    snprintf(call, sizeof call, "unregister(+%zu)", offset);
+    pm_result r = pm_mem_host_unregister(s->map + offset);
+    situation_expect(s, call, r, want);
+    for (int i = 0; r == PM_SUCCESS && i < s->n_registered; i++)
+        if (s->registered[i] == s->map + offset)
+            s->registered[i] = s->registered[--s->n_registered];
+}
+
+static void situation_end(situation *s)
+{
+    while (s->n_registered)
+        CHECK_RESULT(pm_mem_host_unregister(s->registered[--s->n_registered]), PM_SUCCESS);
+    if (s->map)
+        munmap(s->map, s->len);
+}
+
+static void rare_situations(void)
+{
+    const size_t P = page;
+    const unsigned RO = PM_MEMHOSTREGISTER_READ_ONLY;
+    const pm_result ro_answer = read_only_supported ? PM_SUCCESS : PM_ERROR_NOT_SUPPORTED;
+    situation s;
+
+    if (situation_start(&s, "READ_ONLY over writable pages and a read-only one", 3)) {
+        mprotect(s.map + P, P, PROT_READ);
+        situation_register(&s, 100, 3 * P - 200, 0, PM_ERROR_INVALID_VALUE);
+        situation_register(&s, 100, 3 * P - 200, RO, ro_answer);
+        situation_end(&s);
+    }
+    if (situation_start(&s, "three registrations in one page, the last from its start", 2)) {
+        situation_register(&s, 2000, 100, 0, PM_SUCCESS);
+        situation_register(&s, 3000, 100, 0, PM_SUCCESS);
+        situation_register(&s, 0, 1000, 0, PM_SUCCESS);
+        situation_register(&s, 3500, P, PM_MEMHOSTREGISTER_PORTABLE, PM_SUCCESS);
+        situation_end(&s);
+    }
+    if (read_only_supported &&
+        situation_start(&s, "registrations sharing pages with a READ_ONLY one", 3)) {
+        situation_register(&s, P + 2000, 100, RO, PM_SUCCESS);
+        situation_register(&s, P, 1000, 0, PM_SUCCESS);
+        situation_register(&s, P + 3000, P, 0, PM_SUCCESS);
+        situation_register(&s, 100, P - 200, 0, PM_SUCCESS);
+        situation_register(&s, P - 50, 40, RO, PM_SUCCESS);
+        situation_end(&s);
+    }
+    if (situation_start(&s, "over the bytes of one unregistered while it shared a page", 2)) {
+        situation_register(&s, 100, 100, 0, PM_SUCCESS);
+        situation_register(&s, 1000, 100, 0, PM_SUCCESS);
+        situation_unregister(&s, 100, PM_SUCCESS);
+        situation_register(&s, 0, 500, 0, PM_SUCCESS);
+        situation_unregister(&s, 1000, PM_SUCCESS);
+        situation_register(&s, 600, P, 0, PM_SUCCESS);
+        situation_end(&s);
+    }
+    if (situation_start(&s, "on a page where registrations were refused", 3)) {
+        situation_register(&s, 3000, 100, 0, PM_SUCCESS);
+        situation_register(&s, 0, 2 * P, 0, PM_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        situation_register(&s, 0, 1000, PM_MEMHOSTREGISTER_IOMEMORY, PM_ERROR_INVALID_VALUE);
+        munmap(s.map + 2 * P, P);
+        situation_register(&s, 3200, 2 * P, 0, PM_ERROR_INVALID_VALUE); /* over the hole */
+        situation_register(&s, 0, 1000, 0, PM_SUCCESS);
+        situation_register(&s, 3200, P, 0, PM_SUCCESS);
+        situation_end(&s);
+    }
+    if (situation_start(&s, "pages registered READ_ONLY, written, registered again", 2)) {
+        situation_register(&s, 0, 2 * P, RO, ro_answer);
+        memset(s.map + P, 1, P); /* written while registered */
+        if (read_only_supported)
+            situation_unregister(&s, 0, PM_SUCCESS);
+        memset(s.map, 2, 2 * P);
+        situation_register(&s, 0, 2 * P, 0, PM_SUCCESS);
+        situation_end(&s);
+    }
+    if (situation_start(&s, "frees and unregisters beside an unaligned registration", 2)) {
+        situation_register(&s, 100, 100, 0, PM_SUCCESS);
+        situation_expect(&s, "free_host(page start)", pm_mem_free_host(s.map),
+                         PM_ERROR_INVALID_VALUE);
+        situation_expect(&s, "free(page start)", pm_mem_free(s.map), PM_ERROR_INVALID_VALUE);
+        situation_unregister(&s, 0, PM_ERROR_HOST_MEMORY_NOT_REGISTERED);
+        situation_unregister(&s, 150, PM_ERROR_INVALID_VALUE);
+        situation_register(&s, 1000, 100, 0, PM_SUCCESS);
+        situation_register(&s, 0, 50, 0, PM_SUCCESS);
+        situation_end(&s);
+    }
+    if (situation_start(&s, "page-aligned, its last page holding another registration", 3)) {
+        situation_register(&s, P + 500, 100, 0, PM_SUCCESS);
+        situation_register(&s, 0, P + 200, 0, PM_SUCCESS);
+        situation_register(&s, P + 700, P, PM_MEMHOSTREGISTER_PORTABLE, PM_SUCCESS);
+        situation_end(&s);
+    }
+}
+
 /* ------------------------------------------------------------ the run */
 
 static void setup(void)
@@ -790,13 +1036,12 @@ static unsigned long long env_number(const char *name, unsigned long long fallba
 
 int main(void)
 {
-    rng = env_number("PINMEM_TEST_SEED", 0x5eed0f9a11ull);
+    seed = env_number("PINMEM_TEST_SEED", 0x5eed0f9a11ull);
     const unsigned long long steps = env_number("PINMEM_TEST_STEPS", 20000);
-    printf("seed %#" PRIx64 " (PINMEM_TEST_SEED), %llu steps\n", rng, steps);
-    if (rng == 0)
-        rng = 1; /* xorshift's one fixed point */
+    printf("seed %#" PRIx64 " (PINMEM_TEST_SEED), %llu steps\n", seed, steps);
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     setup();
+    rare_situations();
     void (*const ops[])(void) = {
         op_host_alloc, op_host_alloc, op_free_host, op_free_host, op_register, op_register,
         op_register,   op_unregister, op_unregister, op_query,    op_query,    op_query,
@@ -804,8 +1049,10 @@ int main(void)
         op_pool_alloc, op_pool_free,  op_pool_free,  op_pool_misc, op_copy,    op_copy,
         op_invalidate,
     };
-    for (steps_done = 0; steps_done < steps && check_failures < 100; steps_done++)
+    for (steps_done = 0; steps_done < steps && check_failures < 100; steps_done++) {
+        rng_for_step(steps_done);
         ops[rnd(sizeof ops / sizeof ops[0])]();
+    }
     teardown();
     if (refusals)
         printf("%llu requests refused by RLIMIT_MEMLOCK (accepted: the limit binds here)\n",

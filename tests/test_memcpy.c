@@ -2,7 +2,8 @@
  * pair of memory kinds (pageable, host allocation, pool, registered, device)
  * both ways, synchronous and asynchronous, sizes from 1 byte to 64 MiB at
  * random offsets, byte for byte with the bytes around the destination
- * checked untouched; stream order; eight threads at once; bad arguments. */
+ * checked untouched; stream order; eight threads at once; bad arguments;
+ * streams that capture a graph. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -12,6 +13,12 @@
 #include <unistd.h>
 
 #include "copy_util.h"
+#include "test_hooks.h"
+
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+#include <cuda.h>
+#include <dlfcn.h>
+#endif
 
 enum kind { PAGEABLE, HOST_ALLOC, POOL, REGISTERED, DEVICE, KINDS };
 static const char *const kind_names[KINDS] = {"pageable", "host alloc", "pool", "registered",
@@ -92,7 +99,11 @@ static void mem_free(mem *m)
     }
 }
 
-/* Writes and reads through the engine's own entry points, not the calls under test. */
+/* Writes and reads through the engine's own entry points, not the calls under
+ * test. They run on the default stream: a write of device memory from
+ * pageable memory returns once the source is read (as cuMemcpyHtoD does),
+ * possibly before the bytes land, and ordered only before the default
+ * stream's later work. */
 static void mem_write(mem *m, size_t off, const uint8_t *data, size_t n)
 {
     if (m->kind == DEVICE)
@@ -132,6 +143,9 @@ static void check_copy(mem *dst, size_t doff, mem *src, size_t so, size_t n, boo
     mem_write(dst, 0, got, dst->n);
     pm_deviceptr to = addr(dst, doff), from = addr(src, so);
     if (async) {
+        /* s does not wait for the default stream (on cuda it is created
+         * non-blocking), so the writes above must be done before the copy. */
+        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
         CHECK_RESULT(pm_memcpy_async(to, from, n, s), PM_SUCCESS);
         /* a pageable source may be reused as soon as the call returns */
         if (src->kind == PAGEABLE)
@@ -343,6 +357,7 @@ static void *copy_thread(void *arg)
         if (i % 2)
             CHECK_RESULT(pm_memcpy(addr(&dst, 0), addr(&src, 0), n), PM_SUCCESS);
         else {
+            CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS); /* the write, as in check_copy */
             CHECK_RESULT(pm_memcpy_async(addr(&dst, 0), addr(&src, 0), n, s), PM_SUCCESS);
             CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
         }
@@ -391,6 +406,243 @@ static void engine_takes_host_device(void)
     mem_free(&d);
     mem_free(&d2);
 }
+
+/* ------------------------------------------------------------- captures */
+
+#define AT(p) ((pm_deviceptr)(uintptr_t)(p))
+
+static bool all_bytes(const uint8_t *p, size_t n, uint8_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
+
+static bool device_holds(pm_deviceptr d, size_t n, uint8_t v)
+{
+    uint8_t *out = malloc(n);
+    bool ok = out && pm_memcpy_dtoh(out, d, n) == PM_SUCCESS && all_bytes(out, n, v);
+    free(out);
+    return ok;
+}
+
+/* What a capture holds: device memory d (n bytes of 0x11), pageable memory
+ * (0x3C), memory whose first page is registered and the rest pageable
+ * (0x3C), and page-locked memory from pm_mem_alloc_host (0x5A, and an empty
+ * one for results). */
+typedef struct capture_case {
+    size_t n;
+    pm_deviceptr d;
+    uint8_t *pageable, *mixed, *pinned, *pinned_out;
+    bool registered; /* mixed's first page */
+} capture_case;
+
+static bool capture_case_make(capture_case *c, size_t n)
+{
+    *c = (capture_case){.n = n};
+    c->d = device_alloc(n);
+    c->pageable = malloc(n);
+    c->mixed = aligned_alloc(4096, n);
+    if (!c->d || !c->pageable || !c->mixed ||
+        pm_mem_alloc_host((void **)&c->pinned, n) != PM_SUCCESS ||
+        pm_mem_alloc_host((void **)&c->pinned_out, n) != PM_SUCCESS ||
+        !(c->registered = pm_mem_host_register(c->mixed, 4096, 0) == PM_SUCCESS))
+        return false;
+    memset(c->pageable, 0x11, n);
+    CHECK_RESULT(pm_memcpy_htod(c->d, c->pageable, n), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    memset(c->pageable, 0x3C, n);
+    memset(c->mixed, 0x3C, n);
+    memset(c->pinned, 0x5A, n);
+    memset(c->pinned_out, 0, n);
+    return true;
+}
+
+static void capture_case_free(capture_case *c)
+{
+    if (c->registered)
+        CHECK_RESULT(pm_mem_host_unregister(c->mixed), PM_SUCCESS);
+    free(c->mixed);
+    free(c->pageable);
+    pm_mem_free_host(c->pinned);
+    pm_mem_free_host(c->pinned_out);
+    device_free(c->d);
+}
+
+/* On s, which captures: every copy with pageable host memory on a side, all
+ * of it or past a page-locked first piece, is refused, naming the rule. */
+static void pageable_refused(const capture_case *c, pm_stream_t s)
+{
+    const pm_result no = PM_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    const size_t n = c->n;
+    CHECK_RESULT(pm_memcpy_async(c->d, AT(c->pageable), n, s), no);
+    CHECK(strstr(pm_last_error_detail(), "page-locked") != NULL);
+    CHECK_RESULT(pm_memcpy_async(AT(c->pageable), c->d, n, s), no);
+    CHECK_RESULT(pm_memcpy_htod_async(c->d, c->pageable, n, s), no);
+    CHECK(strstr(pm_last_error_detail(), "page-locked") != NULL);
+    CHECK_RESULT(pm_memcpy_dtoh_async(c->pageable, c->d, n, s), no);
+    CHECK_RESULT(pm_memcpy_htod_async(c->d, c->mixed, n, s), no);
+    CHECK_RESULT(pm_memcpy_dtoh_async(c->mixed, c->d, n, s), no);
+    CHECK_RESULT(pm_memcpy_async(c->d, AT(c->mixed), n, s), no);
+    CHECK_RESULT(pm_memcpy_async(AT(c->pinned_out), AT(c->pageable), n, s), no);
+    CHECK_RESULT(pm_memcpy_async(AT(c->pageable), AT(c->pinned), n, s), no);
+}
+
+/* Nothing a refused copy was given moved. */
+static void nothing_moved(const capture_case *c)
+{
+    CHECK(device_holds(c->d, c->n, 0x11));
+    CHECK(all_bytes(c->pageable, c->n, 0x3C));
+    CHECK(all_bytes(c->mixed, c->n, 0x3C));
+}
+
+/* The posix backend captures nothing; the test build's hook makes it say
+ * that one stream does. Page-locked host memory and device memory are
+ * copied as the backend takes them (at once, there being no graph). */
+static void capture_refuses_pageable(void)
+{
+    if (!on_backend("posix"))
+        SKIP_CASE("the hook is the posix backend's; capture_on_the_gpu covers cuda");
+    pm_stream_t s SCOPED_STREAM = NULL, other SCOPED_STREAM = NULL;
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&other), PM_SUCCESS);
+    capture_case c;
+    const size_t n = 3 * 4096;
+    if (!capture_case_make(&c, n)) {
+        capture_case_free(&c);
+        if (memlock_binds())
+            SKIP_CASE("the page-locked memory needs more than RLIMIT_MEMLOCK leaves");
+        CHECK(!"capture_case_make");
+        return;
+    }
+    pm_deviceptr d2 = device_alloc(n);
+    atomic_store(&pm__fault_capturing_stream, s);
+    pageable_refused(&c, s);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    nothing_moved(&c);
+    CHECK_RESULT(pm_memcpy_async(d2, AT(c.pinned), n, s), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod_async(d2, c.pinned, n / 2, s), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_dtoh_async(c.pinned_out, d2, n, s), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_async(c.d, d2, n, s), PM_SUCCESS); /* device to device */
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    CHECK(all_bytes(c.pinned_out, n, 0x5A));
+    CHECK(device_holds(c.d, n, 0x5A));
+    /* a stream that does not capture takes pageable memory as ever */
+    CHECK_RESULT(pm_memcpy_async(d2, AT(c.pageable), n, other), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(other), PM_SUCCESS);
+    CHECK(device_holds(d2, n, 0x3C));
+    atomic_store(&pm__fault_capturing_stream, NULL);
+    device_free(d2);
+    capture_case_free(&c);
+}
+
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+/* The driver's graph calls, which pinmem does not wrap. */
+typedef struct graph_api {
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*primary_retain)(CUcontext *, CUdevice);
+    CUresult (*primary_release)(CUdevice);
+    CUresult (*ctx_push)(CUcontext);
+    CUresult (*ctx_pop)(CUcontext *);
+    CUresult (*begin)(CUstream, CUstreamCaptureMode);
+    CUresult (*end)(CUstream, CUgraph *);
+    CUresult (*nodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*launch)(CUgraphExec, CUstream);
+    CUresult (*exec_destroy)(CUgraphExec);
+    CUresult (*destroy)(CUgraph);
+    CUresult (*host_alloc)(void **, size_t, unsigned);
+    CUresult (*free_host)(void *);
+} graph_api;
+
+static bool graph_api_load(graph_api *g)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib)
+        lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib)
+        return false;
+    static const char *const names[] = {
+        "cuDeviceGet",      "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2",
+        "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",   "cuStreamBeginCapture_v2",
+        "cuStreamEndCapture", "cuGraphGetNodes",        "cuGraphInstantiateWithFlags",
+        "cuGraphLaunch",    "cuGraphExecDestroy",       "cuGraphDestroy",
+        "cuMemHostAlloc",   "cuMemFreeHost",
+    };
+    void **slots = (void **)g;
+    _Static_assert(sizeof(graph_api) == sizeof names / sizeof names[0] * sizeof(void *),
+                   "one name a slot");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(slots[i] = dlsym(lib, names[i])))
+            return false;
+    return true;
+}
+
+/* A real capture: the refused copies add nothing to the graph, the copies
+ * of page-locked memory (pinmem's, and the driver's own from cuMemHostAlloc)
+ * are its nodes, and a replay moves the bytes the host memory holds at the
+ * replay. */
+static void capture_on_the_gpu(void)
+{
+    if (!on_backend("cuda"))
+        SKIP_CASE("needs the cuda backend");
+    graph_api g;
+    REQUIRE(graph_api_load(&g));
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    REQUIRE_RESULT(pm_get_capabilities(&caps), PM_SUCCESS);
+    CUdevice dev;
+    CUcontext ctx, popped;
+    REQUIRE(g.device_get(&dev, caps.device_ordinal) == CUDA_SUCCESS);
+    REQUIRE(g.primary_retain(&ctx, dev) == CUDA_SUCCESS);
+    CHECK(g.ctx_push(ctx) == CUDA_SUCCESS); /* pinmem works in the calling thread's context */
+    pm_stream_t s = NULL;
+    capture_case c = {0};
+    const size_t n = (1 << 20) + 4096;
+    uint8_t *theirs = NULL;
+    if (g.host_alloc((void **)&theirs, n, 0) != CUDA_SUCCESS)
+        theirs = NULL;
+    if (theirs && pm_stream_create(&s) == PM_SUCCESS && capture_case_make(&c, n)) {
+        CUgraph graph = NULL;
+        CUgraphExec exec = NULL;
+        size_t nodes = 0;
+        CHECK(g.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+        pageable_refused(&c, s);
+        CHECK_RESULT(pm_memcpy_async(c.d, AT(c.pinned), n, s), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh_async(c.pinned_out, c.d, n, s), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_htod_async(c.d, theirs, n, s), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_async(c.d, AT(theirs), n, s), PM_SUCCESS);
+        CHECK(g.end((CUstream)s, &graph) == CUDA_SUCCESS);
+        CHECK(graph && g.nodes(graph, NULL, &nodes) == CUDA_SUCCESS && nodes == 4);
+        if (nodes != 4)
+            fprintf(stderr, "capture_on_the_gpu: the graph has %zu nodes, not 4\n", nodes);
+        nothing_moved(&c);
+        CHECK(all_bytes(c.pinned_out, n, 0));
+        memset(c.pinned, 0x77, n);
+        memset(theirs, 0x66, n);
+        CHECK(graph && g.instantiate(&exec, graph, 0) == CUDA_SUCCESS);
+        CHECK(exec && g.launch(exec, (CUstream)s) == CUDA_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        CHECK(all_bytes(c.pinned_out, n, 0x77));
+        CHECK(device_holds(c.d, n, 0x66));
+        if (exec)
+            g.exec_destroy(exec);
+        if (graph)
+            g.destroy(graph);
+    } else {
+        CHECK(!"a stream and the memory of the case");
+    }
+    capture_case_free(&c);
+    if (s)
+        CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    if (theirs)
+        g.free_host(theirs);
+    CHECK(g.ctx_pop(&popped) == CUDA_SUCCESS);
+    g.primary_release(dev);
+}
+#else
+static void capture_on_the_gpu(void) { CHECK(!on_backend("cuda")); }
+#endif
 
 static void bad_arguments(void)
 {
@@ -461,6 +713,8 @@ int main(void)
     large();
     ordering();
     sync_after_default_stream();
+    capture_refuses_pageable();
+    capture_on_the_gpu();
     eight_threads();
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
     return check_finish("test_memcpy");

@@ -61,7 +61,11 @@ def copy(dst, src, nbytes=None, *, stream=None):
     stream, with pm_memcpy_async's semantics: a pageable source may be
     reused when the call returns; a pageable destination holds the bytes
     when it returns; page-locked and device memory are copied in stream
-    order. Returns dst.
+    order. On a stream that is capturing a CUDA graph, the host side must be
+    page-locked (pinmem's memory, or pinned by the driver, as a pinned torch
+    tensor is): a pageable one raises PinmemError
+    (PM_ERROR_STREAM_CAPTURE_UNSUPPORTED) before anything is captured, as
+    PyTorch raises for a pageable tensor. Returns dst.
     """
     handle = stream_handle(stream, "pinmem.copy: stream")
     d = resolve(dst, writable=True, what="pinmem.copy: destination", consumer_stream=handle)

@@ -150,10 +150,12 @@ typedef struct pm__backend {
     pm_result (*pointer_kind)(pm_deviceptr p, size_t bytes, pm__memory_kind *kind);
     /* pm_device_free: INVALID_VALUE unless d is the base of live device memory. */
     pm_result (*device_release)(pm_deviceptr d);
-    /* Whether work enqueued on s now goes into a graph capture (cuda; an
-     * error from the query also counts, so the driver's copy then answers);
-     * posix streams never capture. */
-    bool (*stream_is_capturing)(pm_stream_t s);
+    /* *capturing: whether work enqueued on s now goes into a graph capture
+     * (cuda: the capture is active or was invalidated). The query's own
+     * failure is returned, such as the legacy stream while another stream
+     * captures in global mode. posix streams never capture; test builds can
+     * name one that answers as if it did (test_hooks.h). */
+    pm_result (*stream_capture_status)(pm_stream_t s, bool *capturing);
     /* Called first on each thread pinmem starts that may call the driver (the
      * staging workers, the registration cache's listener): such threads must
      * not disturb a graph capture another thread has in progress (cuda: the

@@ -496,15 +496,19 @@ static pm_result cuda_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind
     return PM_SUCCESS;
 }
 
-static bool cuda_stream_is_capturing(pm_stream_t s)
+static pm_result cuda_stream_capture_status(pm_stream_t s, bool *capturing)
 {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     ctx_scope scope; /* the legacy stream is the current context's */
-    if (ctx_enter(&scope) != PM_SUCCESS)
-        return true;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
     CUresult rc = cu->stream_is_capturing((CUstream)s, &status);
     ctx_leave(&scope);
-    return rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuStreamIsCapturing");
+    *capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+    return PM_SUCCESS;
 }
 
 /* Relaxed: the driver then checks nothing this thread does against captures
@@ -637,7 +641,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->copy_dtoh_async = cuda_copy_dtoh_async;
     out->pointer_kind = cuda_pointer_kind;
     out->device_release = cuda_device_release;
-    out->stream_is_capturing = cuda_stream_is_capturing;
+    out->stream_capture_status = cuda_stream_capture_status;
     out->own_thread_start = cuda_own_thread_start;
     out->copy_any = cuda_copy_any;
     return PM_SUCCESS;

@@ -15,6 +15,7 @@
 
 #include "../errors.h"
 #include "../ranges.h"
+#include "../test_hooks.h"
 #include "backend.h"
 #include "posix_pages.h"
 #include "posix_stream.h"
@@ -343,10 +344,11 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
 
 static void posix_own_thread_start(void) {}
 
-static bool posix_stream_is_capturing(pm_stream_t s)
+static pm_result posix_stream_capture_status(pm_stream_t s, bool *capturing)
 {
     (void)s;
-    return false;
+    *capturing = PM__TEST_CAPTURING(s);
+    return PM_SUCCESS;
 }
 
 /* The synchronous copies are ordered on the default stream, as the driver's
@@ -496,7 +498,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->copy_dtoh_async = posix_copy_dtoh_async;
     out->pointer_kind = posix_pointer_kind;
     out->device_release = posix_device_release;
-    out->stream_is_capturing = posix_stream_is_capturing;
+    out->stream_capture_status = posix_stream_capture_status;
     out->own_thread_start = posix_own_thread_start;
     out->copy_any = posix_copy_any;
     return PM_SUCCESS;

@@ -1,7 +1,8 @@
 /* pm_memcpy_*: a host range is cut where page-locked and pageable memory
  * meet, and each piece goes the cheapest way: page-locked pieces straight to
  * the DMA engine, pageable ones through a cached registration, the driver's
- * own path (small ones) or the staging engine. */
+ * own path (small ones) or the staging engine. A stream that is capturing a
+ * graph takes page-locked memory only. */
 #include <stdint.h>
 
 #include "../errors.h"
@@ -117,8 +118,37 @@ static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *
     return r;
 }
 
-static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_deviceptr dev,
-                      size_t bytes, pm_stream_t s, bool sync)
+/* A graph replays only what the device does: the CPU's part of a copy of
+ * pageable memory (staging, or the driver's own bounce buffers) would happen
+ * once, at capture, and each replay would move stale bytes. The driver takes
+ * such a copy into a capture without complaint; PyTorch refuses it, and so
+ * does pinmem, before anything is enqueued. */
+pm_result pm__copy_capturable(pm__instance *inst, const char *name, uintptr_t start, size_t bytes)
+{
+    const pm__backend *b = &inst->backend;
+    const uintptr_t end = start + bytes;
+    for (uintptr_t at = start; at < end;) {
+        piece p = next_piece(inst->ranges, b->registration_piece, at, end);
+        if (!p.pinned) {
+            pm__memory_kind kind = PM__MEMORY_HOST;
+            pm_result r = b->pointer_kind((pm_deviceptr)at, p.end - at, &kind);
+            if (r != PM_SUCCESS)
+                return r;
+            if (kind != PM__MEMORY_HOST_DRIVER_PINNED)
+                return pm__fail(PM_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                                "%s: the stream is capturing a graph, and the host memory at %p "
+                                "(of %zu bytes from %p) is pageable; a captured copy needs "
+                                "page-locked host memory (pinmem's allocations, pools or "
+                                "registrations, or the driver's own)",
+                                name, (void *)at, bytes, (void *)start);
+        }
+        at = p.end;
+    }
+    return PM_SUCCESS;
+}
+
+pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_deviceptr dev,
+                   size_t bytes, pm_stream_t s, bool sync, pm__capture capture)
 {
     PM__INSTANCE_OR_RETURN(inst);
     if (bytes == 0)
@@ -138,10 +168,22 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
     const pm__copy_settings *set = NULL;
     bool queued = false;
     const uintptr_t start = (uintptr_t)host, end = start + bytes;
-    for (uintptr_t at = start; at < end && r == PM_SUCCESS;) {
-        piece p = next_piece(inst->ranges, b->registration_piece, at, end);
+    piece p = next_piece(inst->ranges, b->registration_piece, start, end);
+    /* A copy that is one page-locked piece is captured as the driver
+     * captures it, without asking (the common case costs nothing more);
+     * any other asks, and is refused by a capture unless all of it is
+     * page-locked (then its pieces the driver pinned go as page-locked). */
+    bool captured = capture == PM__CAPTURE_ACTIVE;
+    if (capture == PM__CAPTURE_ASK && !(p.pinned && p.end == end)) {
+        r = b->stream_capture_status(s, &captured);
+        if (r != PM_SUCCESS)
+            return r;
+    }
+    if (captured && (r = pm__copy_capturable(inst, name, start, bytes)) != PM_SUCCESS)
+        return r;
+    for (uintptr_t at = start;;) {
         size_t n = p.end - at, off = at - start;
-        if (p.pinned) {
+        if (p.pinned || captured) {
             /* A synchronous copy that is one page-locked piece is the driver's
              * synchronous call, which costs what the driver's own copy costs
              * (a queued DMA and a wait for the stream are two calls). */
@@ -157,6 +199,9 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
             r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s, sync, &queued);
         }
         at = p.end;
+        if (at == end || r != PM_SUCCESS)
+            break;
+        p = next_piece(inst->ranges, b->registration_piece, at, end);
     }
     if (set)
         pm__copy_leave();
@@ -165,24 +210,28 @@ static pm_result copy(const char *name, pm__direction dir, uint8_t *host, pm_dev
     return r;
 }
 
+/* The synchronous forms run on the legacy stream, which never captures. */
 pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes)
 {
-    return copy("pm_memcpy_htod", PM__HTOD, (uint8_t *)src, dst, bytes, NULL, true);
+    return pm__copy("pm_memcpy_htod", PM__HTOD, (uint8_t *)src, dst, bytes, NULL, true,
+                    PM__CAPTURE_NONE);
 }
 
 pm_result pm_memcpy_dtoh(void *dst, pm_deviceptr src, size_t bytes)
 {
-    return copy("pm_memcpy_dtoh", PM__DTOH, dst, src, bytes, NULL, true);
+    return pm__copy("pm_memcpy_dtoh", PM__DTOH, dst, src, bytes, NULL, true, PM__CAPTURE_NONE);
 }
 
 pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes, pm_stream_t stream)
 {
-    return copy("pm_memcpy_htod_async", PM__HTOD, (uint8_t *)src, dst, bytes, stream, false);
+    return pm__copy("pm_memcpy_htod_async", PM__HTOD, (uint8_t *)src, dst, bytes, stream, false,
+                    PM__CAPTURE_ASK);
 }
 
 pm_result pm_memcpy_dtoh_async(void *dst, pm_deviceptr src, size_t bytes, pm_stream_t stream)
 {
-    return copy("pm_memcpy_dtoh_async", PM__DTOH, dst, src, bytes, stream, false);
+    return pm__copy("pm_memcpy_dtoh_async", PM__DTOH, dst, src, bytes, stream, false,
+                    PM__CAPTURE_ASK);
 }
 
 pm_result pm_mem_invalidate(void *p, size_t bytes)

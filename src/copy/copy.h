@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../instance.h"
 #include "../ranges.h"
 #include "pinmem.h"
 
@@ -167,6 +168,17 @@ bool pm__regcache_listening(void);
  * the registration piece at lies in (backend.h). */
 uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
                               uintptr_t end);
+
+/* Whether the stream of a copy captures a graph: not known yet (the copy
+ * asks when it must), or known to the caller. */
+typedef enum { PM__CAPTURE_ASK, PM__CAPTURE_NONE, PM__CAPTURE_ACTIVE } pm__capture;
+/* pm_memcpy_htod and friends, with the name its errors give. */
+pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_deviceptr dev,
+                   size_t bytes, pm_stream_t s, bool sync, pm__capture capture);
+/* PM_SUCCESS when all of [start, start + bytes) is page-locked host memory
+ * (pinmem's, or the driver's own), as a copy on a capturing stream needs;
+ * otherwise PM_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
+pm_result pm__copy_capturable(pm__instance *inst, const char *name, uintptr_t start, size_t bytes);
 
 /* How a piece reaches the backend: queued on the stream with the host side
  * page-locked or pageable, or through the driver's synchronous call. */

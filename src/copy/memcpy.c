@@ -62,21 +62,26 @@ static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_devic
     pm_result r = b->stream_check(s);
     if (r != PM_SUCCESS)
         return r;
-    /* Staged pieces cannot be captured (the CPU part would not replay), so a
-     * capture gets the driver's own copy, and with it the driver's answer. */
-    if (b->stream_is_capturing(s))
-        return b->copy_any(dst, src, bytes, s, sync, false);
+    bool capturing = false;
+    if ((r = b->stream_capture_status(s, &capturing)) != PM_SUCCESS)
+        return r;
     pm__memory_kind to, from;
     if ((r = kind_of(inst, dst, bytes, &to)) != PM_SUCCESS ||
         (r = kind_of(inst, src, bytes, &from)) != PM_SUCCESS)
         return r;
-    void *dst_host = (void *)(uintptr_t)dst, *src_host = (void *)(uintptr_t)src;
+    /* A capture takes page-locked host memory only (copy.c says why), and
+     * says so before anything is captured. */
+    if (capturing && ((to == PM__MEMORY_HOST &&
+                       (r = pm__copy_capturable(inst, name, dst, bytes)) != PM_SUCCESS) ||
+                      (from == PM__MEMORY_HOST &&
+                       (r = pm__copy_capturable(inst, name, src, bytes)) != PM_SUCCESS)))
+        return r;
+    const pm__capture capture = capturing ? PM__CAPTURE_ACTIVE : PM__CAPTURE_NONE;
+    uint8_t *dst_host = (uint8_t *)(uintptr_t)dst, *src_host = (uint8_t *)(uintptr_t)src;
     if (to == PM__MEMORY_DEVICE && from == PM__MEMORY_HOST)
-        return sync ? pm_memcpy_htod(dst, src_host, bytes)
-                    : pm_memcpy_htod_async(dst, src_host, bytes, s);
+        return pm__copy(name, PM__HTOD, src_host, dst, bytes, s, sync, capture);
     if (to == PM__MEMORY_HOST && from == PM__MEMORY_DEVICE)
-        return sync ? pm_memcpy_dtoh(dst_host, src, bytes)
-                    : pm_memcpy_dtoh_async(dst_host, src, bytes, s);
+        return pm__copy(name, PM__DTOH, dst_host, src, bytes, s, sync, capture);
     return b->copy_any(dst, src, bytes, s, sync,
                        to == PM__MEMORY_DEVICE && from == PM__MEMORY_DEVICE);
 }

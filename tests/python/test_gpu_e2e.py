@@ -23,6 +23,8 @@ def test_bytes_equal_every_way(n):
     s = torch.cuda.Stream()
     for stream in (None, s):
         d.zero_()
+        if stream is not None:  # s does not wait for the default stream by itself
+            stream.wait_stream(torch.cuda.current_stream())
         pinmem.copy(d, src, stream=stream)
         back = torch.zeros(n, dtype=torch.uint8)
         pinmem.copy(back, d, stream=stream)
@@ -86,9 +88,24 @@ def test_graph_capture_of_a_pageable_copy_raises_like_torch():
     torch.cuda.synchronize()
     assert (theirs is None) == (ours is None), (theirs, ours)
     if ours is not None:
-        assert isinstance(ours, (pinmem.PinmemError, RuntimeError))
+        assert isinstance(ours, pinmem.PinmemError), ours
+        assert ours.result == "PM_ERROR_STREAM_CAPTURE_UNSUPPORTED", ours
+        assert "page-locked" in ours.detail, ours.detail
     # nothing was corrupted: the device buffer still holds what it held
     assert bool((d == 0).all()) or bool((d == 1).all())
+
+
+def test_graph_capture_of_a_torch_pinned_copy_replays():
+    n = 1 << 20
+    host = torch.full((n,), 5, dtype=torch.uint8).pin_memory()  # pinned by the driver
+    d = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        pinmem.copy(d, host, stream=torch.cuda.current_stream())
+    host.fill_(6)
+    g.replay()
+    torch.cuda.synchronize()
+    assert bool((d == 6).all())
 
 
 def test_graph_capture_of_a_pinned_copy_replays():
