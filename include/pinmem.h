@@ -458,6 +458,27 @@ typedef enum {
                                      the DMA engine there, not from memory */
 } pm_copy_stores;
 
+/* Copies both ways at once through the staging buffers. */
+typedef enum {
+    PM_COPY_RING_DEFAULT = 0,
+    PM_COPY_RING_SHARED = 1, /* whoever asks first takes a free buffer */
+    PM_COPY_RING_SPLIT = 2   /* while copies run both ways at once, each direction holds at
+                                most half the buffers, so neither waits behind the other */
+} pm_copy_ring;
+
+/* How pm_memcpy_batch_async moves its blocks. */
+typedef enum {
+    PM_COPY_BATCH_DEFAULT = 0,
+    PM_COPY_BATCH_GATHER = 1, /* pageable blocks are gathered into (or scattered from) the
+                                 staging buffers by the workers; the DMAs of a buffer's blocks,
+                                 and the page-locked blocks, go to the driver in one call where
+                                 it has a batch copy (cuMemcpyBatchAsync) */
+    PM_COPY_BATCH_EACH = 2,   /* gathered the same way, one driver call a DMA */
+    PM_COPY_BATCH_DRIVER = 3  /* every block to the driver's own batch copy (pageable sources
+                                 read during the call), or one driver call a block where it
+                                 has none */
+} pm_copy_batch;
+
 /* How copies work. A zero field means the default: the environment's value
  * where it names one, else chosen from the machine; pm_copy_get_config
  * reports the values in effect, and pm_copy_set_config(pm_copy_get_config())
@@ -471,7 +492,11 @@ typedef enum {
  * demoting), registration_cache PINMEM_REGISTRATION_CACHE (0 or 1),
  * cache_min_bytes PINMEM_REGISTRATION_CACHE_MIN and cache_max_bytes
  * PINMEM_REGISTRATION_CACHE_MAX (from 4 KiB), pinned_budget
- * PINMEM_PINNED_BUDGET. Sizes of memory are rounded up to whole pages; in
+ * PINMEM_PINNED_BUDGET, first_piece_bytes PINMEM_COPY_FIRST_PIECE (4 KiB to
+ * 256 MiB), pieces PINMEM_COPY_PIECES (1 to 1024), spin_us
+ * PINMEM_COPY_SPIN_US (1 to 10000; -1: none), ring PINMEM_COPY_RING
+ * (default, shared or split), batch PINMEM_COPY_BATCH (default, gather, each
+ * or driver). Sizes of memory are rounded up to whole pages; in
  * the environment, sizes take K, M, G and T suffixes. A value outside its
  * limits is refused with PM_ERROR_INVALID_VALUE (from the environment: by
  * pm_init and every later call). */
@@ -504,6 +529,17 @@ typedef struct pm_copy_config {
                                     all). The engine steers the count below it: the DMA
                                     engine reads those buffers from the memory the threads
                                     copy through, and too many threads copying slow it */
+    /* How a staged copy is cut into pieces, each moved by one DMA: the first piece is
+     * first_piece_bytes (default: slice_bytes), each next one twice the one before, up to
+     * the copy's bytes / pieces (default 1: up to a whole buffer), never past a buffer. Small
+     * first pieces start the first DMA sooner; large pieces run the DMA engine faster. */
+    size_t first_piece_bytes;
+    unsigned pieces;
+    unsigned spin_us;            /* after its last slice, a worker looks for more work this
+                                    long before it sleeps; (unsigned)-1: not at all (the
+                                    default) */
+    pm_copy_ring ring;           /* DEFAULT: SPLIT */
+    pm_copy_batch batch;         /* DEFAULT: GATHER */
 } pm_copy_config;
 
 /* config and its struct_size are checked. */
