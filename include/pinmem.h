@@ -583,6 +583,11 @@ typedef struct pm_copy_stats {
     unsigned ring_buffers;
     unsigned long long ring_buffer_bytes;
     char ring_note[224];
+    /* pm_memcpy_batch_async: */
+    unsigned long long batch_calls;      /* calls that moved something */
+    unsigned long long batch_copies;     /* their elements of more than 0 bytes */
+    unsigned long long dma_batch_calls;  /* driver calls that queued several DMAs at once
+                                            (cuMemcpyBatchAsync; posix: one stream task) */
 } pm_copy_stats;
 
 /* stats and its struct_size are checked. */
@@ -623,6 +628,32 @@ PM_API pm_result pm_device_free(pm_deviceptr dptr);
  * ordered on the default stream, as the synchronous copies above are. */
 PM_API pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes);
 PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t stream);
+
+/* cuMemcpyBatchAsync without attributes: count copies, each direction from its pointers,
+ * in stream order with respect to other work on stream, in any order among themselves.
+ *
+ * Each element is what pm_memcpy_async(dsts[i], srcs[i], sizes[i], stream) would be: host
+ * memory of any kind on either side, device memory, or both; a pageable source may be
+ * reused once the call returns, a pageable destination holds its bytes when it returns,
+ * page-locked memory is read and written in stream order. Pageable blocks are gathered
+ * through the copy engine's staging buffers and page-locked ones go straight to the DMA
+ * engine, many DMAs to a driver call (pm_copy_config.batch). stream may be NULL, the legacy
+ * stream (which the driver's own batch copy refuses).
+ *
+ * Everything is checked before anything moves, and a bad element fails the whole call with
+ * PM_ERROR_INVALID_VALUE and a detail naming its index: a NULL pointer with a size, a range
+ * that wraps around, a destination that overlaps its own source, another element's
+ * destination or another element's source (copies in a batch may not depend on each
+ * other), a device range that runs past its allocation's end (posix). An element of 0
+ * bytes does nothing and its pointers are not looked at. count 0 and a NULL array are
+ * PM_ERROR_INVALID_VALUE, as with the driver; the stream is checked
+ * (PM_ERROR_INVALID_HANDLE). On a stream that is capturing a graph (cuda) every host side
+ * must be page-locked (PM_ERROR_STREAM_CAPTURE_UNSUPPORTED otherwise, as
+ * pm_memcpy_htod_async), and the elements are captured as copies of their own. A failure
+ * while copying (the driver's) is returned as it comes; elements may then have been
+ * copied in part. */
+PM_API pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                                       const size_t *sizes, size_t count, pm_stream_t stream);
 
 #ifdef __cplusplus
 }
