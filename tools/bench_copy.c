@@ -193,6 +193,9 @@ static size_t direction_table(const copy_buffers *cb, bool htod, const size_t *s
         summary_add(sum, key, share);
         snprintf(key, sizeof key, "%s.%s.x", htod ? "htod" : "dtoh", short_size(n, sz, sizeof sz));
         summary_add(sum, key, tp > 0 ? td / tp : 0);
+        snprintf(key, sizeof key, "%s.%s.staged", htod ? "htod" : "dtoh",
+                 short_size(n, sz, sizeof sz));
+        summary_add(sum, key, r->staged_over_driver);
     }
     if (demoting[0])
         printf("(pageable -> device bytes staged with demoting stores, chosen by the engine: %s)\n",

@@ -36,8 +36,10 @@ uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uin
 
 typedef pm__piece piece;
 
-pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
-                              uintptr_t end)
+/* pm__copy_next_piece, for this file's own calls (the copy path), as the
+ * compiler inlines it. */
+static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
+                        uintptr_t end)
 {
     pm__range r;
     uintptr_t lo, hi;
@@ -55,6 +57,12 @@ pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uin
 static void count(_Atomic unsigned long long *counter, size_t n)
 {
     atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
+}
+
+pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
+                              uintptr_t end)
+{
+    return next_piece(ranges, registration_piece, at, end);
 }
 
 /* Through a cached registration: a DMA the caller waits for, because the
@@ -123,7 +131,7 @@ pm_result pm__copy_capturable(pm__instance *inst, const char *name, uintptr_t st
     const pm__backend *b = &inst->backend;
     const uintptr_t end = start + bytes;
     for (uintptr_t at = start; at < end;) {
-        piece p = pm__copy_next_piece(inst->ranges, b->registration_piece, at, end);
+        piece p = next_piece(inst->ranges, b->registration_piece, at, end);
         if (!p.pinned) {
             pm__memory_kind kind = PM__MEMORY_HOST;
             pm_result r = b->pointer_kind((pm_deviceptr)at, p.end - at, &kind);
@@ -163,7 +171,7 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
     const pm__copy_settings *set = NULL;
     bool queued = false;
     const uintptr_t start = (uintptr_t)host, end = start + bytes;
-    piece p = pm__copy_next_piece(inst->ranges, b->registration_piece, start, end);
+    piece p = next_piece(inst->ranges, b->registration_piece, start, end);
     /* A copy that is one page-locked piece is captured as the driver
      * captures it, without asking (the common case costs nothing more);
      * any other asks, and is refused by a capture unless all of it is
@@ -196,7 +204,7 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
         at = p.end;
         if (at == end || r != PM_SUCCESS)
             break;
-        p = pm__copy_next_piece(inst->ranges, b->registration_piece, at, end);
+        p = next_piece(inst->ranges, b->registration_piece, at, end);
     }
     if (set)
         pm__copy_leave();

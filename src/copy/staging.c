@@ -368,8 +368,9 @@ static size_t slice_span(const claim *c, size_t *n)
 }
 
 /* The DMAs of a piece that spans segments from the i-th on: one a segment,
- * in driver calls of up to DMA_GROUP. */
-enum { DMA_GROUP = 128 };
+ * in driver calls of up to DMA_GROUP (a 4 MiB buffer of 8 KiB blocks in
+ * one). */
+enum { DMA_GROUP = 512 };
 static pm_result queue_segment_dmas(const pm__backend *be, const job *j, const buffer *b, size_t i)
 {
     pm_deviceptr dsts[DMA_GROUP], srcs[DMA_GROUP];
@@ -999,6 +1000,8 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
         eng.jobs = &j;
         note_event();
         pthread_cond_broadcast(&eng.has_work);
+        /* Workers waiting for a buffer for another job may take this one's. */
+        pthread_cond_broadcast(&eng.buffer_freed);
         if (dir == PM__DTOH)
             pthread_cond_broadcast(&eng.dtoh_work);
     }
