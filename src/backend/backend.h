@@ -45,7 +45,11 @@ typedef struct pm__marker {
  * granule bytes from the chunk's start; 0: a chunk is one granule. unreserve
  * runs once nothing in the chunk is committed. give_back_waits: decommitting
  * waits for all device work, so the pools do it only when asked to (trim,
- * the release threshold at synchronization). */
+ * the release threshold at synchronization). granule_min: the smallest
+ * granule commit and decommit take, a power of two that divides granule (0:
+ * any whole number of pages, and a chunk of any such length); pools pin in
+ * smaller granules, down to it, where max_size or the memlock limit leaves
+ * less room than granule. */
 typedef struct pm__chunk_ops {
     const char *name;
     size_t granule;
@@ -54,6 +58,7 @@ typedef struct pm__chunk_ops {
     pm_result (*commit)(void *p, size_t len, int numa_node);
     void (*decommit)(void *p, size_t len);
     void (*unreserve)(void *base, size_t len);
+    size_t granule_min;
 } pm__chunk_ops;
 
 /* What memory an address is, for pm_memcpy (pointer_kind below). */

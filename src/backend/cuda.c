@@ -400,12 +400,14 @@ static void pick_pool_chunks(pm__backend *out)
 {
     static const pm__chunk_ops registered = {"registered chunks", 0, true,
                                              pm__reserve_chunk_range, registered_chunk_commit,
-                                             registered_chunk_decommit, registered_chunk_unreserve};
+                                             registered_chunk_decommit, registered_chunk_unreserve,
+                                             0};
     unsigned long long choice = pm__option_value(PM__OPT_POOL_VMM);
     bool never = choice == PM__POOL_VMM_NEVER, always = choice == PM__POOL_VMM_ALWAYS;
     size_t granule = never ? 0 : pm__cuda_vmm_open(cu);
+    /* cuMemCreate takes whole granules only: they cannot shrink. */
     pm__chunk_ops vmm = {"VMM host granules", granule, false, vmm_chunk_reserve,
-                         vmm_chunk_commit, vmm_chunk_decommit, vmm_chunk_unreserve};
+                         vmm_chunk_commit, vmm_chunk_decommit, vmm_chunk_unreserve, granule};
     out->pool_give_back = granule ? vmm : registered;
     out->pool_keep = always && granule ? vmm : registered;
 }

@@ -20,12 +20,13 @@
 
 static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__POOL_PAGE; }
 
-size_t pm__granule_to_fit(size_t granule, size_t pinnable)
+size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable)
 {
-    if (granule == 0 || pinnable == SIZE_MAX ||
-        !pm__pool_backend()->caps.pinning_limited_by_memlock_rlimit)
+    size_t granule = ops->granule;
+    size_t least = ops->granule_min > PM__POOL_PAGE ? ops->granule_min : PM__POOL_PAGE;
+    if (pinnable == SIZE_MAX)
         return granule;
-    while (granule > PM__POOL_PAGE && granule > pinnable / 4)
+    while (granule > least && granule > pinnable / 4)
         granule /= 2;
     return granule;
 }

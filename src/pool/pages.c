@@ -213,7 +213,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     }
     if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
-        pm__granules_init(chunk, pm__granule_to_fit(ops->granule, pinnable)) != PM_SUCCESS) {
+        pm__granules_init(chunk, pm__granule_to_fit(ops, pinnable)) != PM_SUCCESS) {
         if (chunk)
             free(chunk->granules);
         free(chunk);

@@ -616,8 +616,7 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool)->granule,
-                                     pm__pool_backend()->pinnable_bytes());
+    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool), pm__pool_backend()->pinnable_bytes());
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;
