@@ -40,6 +40,33 @@ void pm__pools_after_fork(void)
         pm__thread_caches[i] = NULL;
 }
 
+#ifdef PINMEM_TEST_HOOKS
+_Atomic bool pm__pool_whole_chunks;
+static pm__chunk_ops whole_keep, whole_give_back;
+static pthread_once_t whole_once = PTHREAD_ONCE_INIT;
+
+static void make_whole_chunks(void)
+{
+    const pm__backend *b = pm__pool_backend();
+    whole_keep = b->pool_keep;
+    whole_give_back = b->pool_give_back;
+    whole_keep.granule = whole_give_back.granule = 0;
+    whole_keep.give_back_waits = whole_give_back.give_back_waits = true;
+}
+
+/* ops, or with pm__pool_whole_chunks the same pinned whole, where they
+ * take chunks of any length. */
+static const pm__chunk_ops *test_chunk_ops(const pm__chunk_ops *ops)
+{
+    if (!atomic_load(&pm__pool_whole_chunks) || ops->granule_min != 0)
+        return ops;
+    pthread_once(&whole_once, make_whole_chunks);
+    return ops == &pm__pool_backend()->pool_keep ? &whole_keep : &whole_give_back;
+}
+#else
+#define test_chunk_ops(ops) (ops)
+#endif
+
 /* The default threshold keeps everything, so its chunks are pinned the
  * fastest way; any other asks for memory to go back, so its chunks are
  * pinned in pieces that go back one by one without waiting for the device
@@ -47,8 +74,8 @@ void pm__pools_after_fork(void)
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
 {
     const pm__backend *b = pm__pool_backend();
-    return pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD ? &b->pool_keep
-                                                                           : &b->pool_give_back;
+    bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
+    return test_chunk_ops(keep ? &b->pool_keep : &b->pool_give_back);
 }
 
 bool pm__pool_in_granules(uintptr_t addr)

@@ -301,6 +301,12 @@ void pm__pending_release_all(pm__pool *pool);
 const pm__backend *pm__pool_backend(void);
 /* How the pool pins the chunks it adds now: by its release threshold. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool);
+#ifdef PINMEM_TEST_HOOKS
+/* Tests: pools pin new chunks whole and give them back only when asked, as
+ * the CUDA backend pins pools that keep their memory, wherever the backend's
+ * chunk ops take any length (set while no pool is being added to). */
+extern _Atomic bool pm__pool_whole_chunks;
+#endif
 /* The block holding addr and its requested size: the pool-memory answer to
  * queries. false when addr is in no live pool allocation. */
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
