@@ -20,13 +20,15 @@
 
 static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__POOL_PAGE; }
 
-size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable)
+size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable, size_t max_size)
 {
     size_t granule = ops->granule;
     size_t least = ops->granule_min > PM__POOL_PAGE ? ops->granule_min : PM__POOL_PAGE;
-    if (pinnable == SIZE_MAX)
-        return granule;
-    while (granule > least && granule > pinnable / 4)
+    size_t usable = max_size - max_size % PM__POOL_PAGE;
+    /* A quarter of the headroom, so that small pools fit under the limit;
+     * a divisor of max_size, so that all of it can be pinned. */
+    while (granule > least && ((pinnable != SIZE_MAX && granule > pinnable / 4) ||
+                               (max_size && usable % granule != 0)))
         granule /= 2;
     return granule;
 }

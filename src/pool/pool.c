@@ -67,15 +67,27 @@ static const pm__chunk_ops *test_chunk_ops(const pm__chunk_ops *ops)
 #define test_chunk_ops(ops) (ops)
 #endif
 
+/* The least a chunk of ops commits at once. */
+static size_t least_commit(const pm__chunk_ops *ops)
+{
+    return ops->granule_min > PM__POOL_PAGE ? ops->granule_min : PM__POOL_PAGE;
+}
+
 /* The default threshold keeps everything, so its chunks are pinned the
  * fastest way; any other asks for memory to go back, so its chunks are
  * pinned in pieces that go back one by one without waiting for the device
- * (backend.h). Chunks keep the way they were pinned. */
+ * (backend.h). A max_size below the least those pieces can be takes the
+ * other way. Chunks keep the way they were pinned. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
 {
     const pm__backend *b = pm__pool_backend();
     bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
-    return test_chunk_ops(keep ? &b->pool_keep : &b->pool_give_back);
+    const pm__chunk_ops *ops = keep ? &b->pool_keep : &b->pool_give_back;
+    const pm__chunk_ops *other = keep ? &b->pool_give_back : &b->pool_keep;
+    size_t max_size = pool->props.max_size;
+    if (max_size && least_commit(ops) > max_size && least_commit(other) < least_commit(ops))
+        ops = other;
+    return test_chunk_ops(ops);
 }
 
 bool pm__pool_in_granules(uintptr_t addr)
@@ -643,7 +655,8 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool), pm__pool_backend()->pinnable_bytes());
+    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool), pm__pool_backend()->pinnable_bytes(),
+                                     pool->props.max_size);
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;

@@ -208,11 +208,11 @@ void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
                           unsigned long long *in_holes);
 
 /* granules.c: committing and giving back chunk memory (pool->lock held). */
-/* The granule for a new chunk of ops when pinnable bytes can still be
- * pinned: the ops' own, or under a memlock limit, where they take smaller
- * ones (granule_min), a smaller one, down to a pool page, so that small
- * pools fit in it; 0: the chunk is pinned whole. */
-size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable);
+/* The granule for a new chunk of ops in a pool of max_size (0: none) when
+ * pinnable bytes can still be pinned: the ops' own, or where they take
+ * smaller ones (granule_min) and a memlock limit or max_size leaves less
+ * room, a smaller one, down to a pool page; 0: the chunk is pinned whole. */
+size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable, size_t max_size);
 pm_result pm__granules_init(pm__chunk *c, size_t granule_bytes);
 /* Counts [first, first + npages) of c as busy or free again. */
 void pm__granules_mark(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool busy);
