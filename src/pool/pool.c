@@ -211,7 +211,7 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
     (void)inst;
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
-    pm__retire_poll();
+    pm__retire_poll(false);
     pm__pool *p = NULL;
     pm_result r = create(&p, props, false);
     if (r == PM_SUCCESS)
@@ -300,7 +300,7 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
     pthread_mutex_unlock(&pool->lock);
     if (finish)
         pm__retire_finish(pool);
-    pm__retire_poll();
+    pm__retire_poll(false);
     return PM_SUCCESS;
 }
 
@@ -447,7 +447,7 @@ pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = (pm__pool *)handle;
-    pm__retire_poll();
+    pm__retire_poll(false);
     pm__caches_flush_pool(pool, false);
     pthread_mutex_lock(&pool->lock);
     release_down_to(pool, min_bytes_to_keep);
@@ -627,7 +627,7 @@ void pm__pools_after_sync(pm_stream_t s)
      * destroyed and torn down under it. That lock is the outermost: nothing
      * takes it while holding a cache's or a pool's lock. */
     pm__handle_set_for_each(&live_pools, settle_after_sync, (void *)s);
-    pm__retire_poll();
+    pm__retire_poll(true);
 }
 
 static void add_stats(void *handle, void *stats)

@@ -363,8 +363,10 @@ void pm__retire_for_each_listed(void (*visit)(void *pool, void *arg), void *arg)
 /* The end of a claimed pool: unlisted, then torn down now or by the reaper. */
 void pm__retire_finish(pm__pool *pool);
 /* Starts the reaper again if its start failed, and meanwhile tears down
- * here what no longer waits. Cheap when no pool waits. */
-void pm__retire_poll(void);
+ * here what no longer waits for streams, and with may_wait (the caller
+ * synchronizes) even where giving memory back waits for the device. Cheap
+ * when no pool waits. */
+void pm__retire_poll(bool may_wait);
 /* Tears down here the waiting pools whose teardown no longer waits (for
  * callers short of memory); whether there were any. */
 bool pm__retire_reap_here(void);
