@@ -279,6 +279,43 @@ static void reaper_start_fails(void)
     }
 }
 
+/* The reaper starts as every thread of pinmem's own that may call the
+ * driver does (backend.h: own_thread_start; on CUDA it makes the context
+ * current and leaves other threads' graph captures alone). Runs before any
+ * other case, so that this pool's teardown starts the reaper. */
+static void (*backend_own_thread_start)(void);
+static atomic_int own_thread_starts;
+
+static void count_own_thread_start(void)
+{
+    atomic_fetch_add(&own_thread_starts, 1);
+    backend_own_thread_start();
+}
+
+static void reaper_starts_as_own_thread(void)
+{
+    pm_result r;
+    pm__instance *inst = pm__instance_get(&r);
+    REQUIRE(inst != NULL);
+    unsigned long long pinned_before = pm__budget_pinned();
+    backend_own_thread_start = inst->backend.own_thread_start;
+    inst->backend.own_thread_start = count_own_thread_start; /* before any thread starts */
+    pm_mem_pool_t pool = make_pool(4 * MiB);
+    REQUIRE(pool != NULL);
+    void *p = NULL;
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 4096, pool), PM_SUCCESS);
+    pm_stream_t s = NULL;
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    reset_gate();
+    CHECK_RESULT(pm_stream_launch_host_func(s, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(p, s), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS); /* to the reaper: s still works */
+    atomic_store(&gate_open, 1);
+    check_released(pinned_before);
+    CHECK(atomic_load(&own_thread_starts) >= 1);
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+}
+
 /* A process may end with a destroyed pool still waiting for a stream whose
  * work never finishes: exit neither hangs nor crashes. Runs in a child
  * started before this process uses pinmem. */
@@ -352,6 +389,8 @@ int main(int argc, char **argv)
     printf("backend: %s\n", pm_backend_name());
     /* A pool torn down under a thread may leave it waiting on a freed lock. */
     alarm(240);
+    if (argc <= 1 || strstr(argv[1], "reaper_starts"))
+        reaper_starts_as_own_thread();
     const bool already_whole = kept_pools_whole();
     for (int whole = 0; whole <= !already_whole; whole++) {
         atomic_store(&pm__pool_whole_chunks, whole);

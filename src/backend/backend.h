@@ -155,9 +155,11 @@ typedef struct pm__backend {
      * posix streams never capture. */
     bool (*stream_is_capturing)(pm_stream_t s);
     /* Called first on each thread pinmem starts that may call the driver (the
-     * staging workers, the registration cache's listener): such threads must
-     * not disturb a graph capture another thread has in progress (cuda: the
-     * thread's capture mode is relaxed; posix: nothing to do). */
+     * staging workers, the registration cache's listener, the pools'
+     * reaper): such threads must not disturb a graph capture another thread
+     * has in progress, and run their driver calls in pinmem's context (cuda:
+     * the thread's capture mode is relaxed and the primary context made
+     * current; posix: nothing to do). */
     void (*own_thread_start)(void);
     /* The driver's own copy, direction from the pointers (cuMemcpy,
      * cuMemcpyAsync): for what the copy engine does not take. posix: a

@@ -499,11 +499,16 @@ static bool cuda_stream_is_capturing(pm_stream_t s)
 
 /* Relaxed: the driver then checks nothing this thread does against captures
  * other threads have in progress in global mode; its own streams never
- * capture. */
+ * capture. The primary context stays current on the thread, so that every
+ * driver call it makes runs there, those outside a context scope (event
+ * queries and releases) included, and the scopes need no push. */
 static void cuda_own_thread_start(void)
 {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     cu->thread_exchange_capture_mode(&mode);
+    CUcontext current = NULL;
+    if (cu->ctx_get_current(&current) == CUDA_SUCCESS && !current)
+        cu->ctx_push(primary);
 }
 
 static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,

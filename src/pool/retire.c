@@ -106,6 +106,9 @@ static pm__pool *take_ready_locked(bool here_and_now)
 static void *reaper_main(void *unused)
 {
     (void)unused;
+    /* It queries events and gives memory back to the driver: in pinmem's
+     * context, and without disturbing another thread's graph capture. */
+    pm__pool_backend()->own_thread_start();
     long nap_us = 1000;
     pthread_mutex_lock(&reap_lock);
     while (reap_list && !exiting) {
