@@ -21,12 +21,15 @@
 
 static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__POOL_PAGE; }
 
-size_t pm__granule_to_fit(size_t granule, size_t pinnable)
+size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable, size_t max_size)
 {
-    if (granule == 0 || pinnable == SIZE_MAX ||
-        !pm__instance_backend()->caps.pinning_limited_by_memlock_rlimit)
-        return granule;
-    while (granule > PM__POOL_PAGE && granule > pinnable / 4)
+    size_t granule = ops->granule;
+    size_t least = ops->granule_min > PM__POOL_PAGE ? ops->granule_min : PM__POOL_PAGE;
+    size_t usable = max_size - max_size % PM__POOL_PAGE;
+    /* A quarter of the headroom, so that small pools fit under the limit;
+     * a divisor of max_size, so that all of it can be pinned. */
+    while (granule > least && ((pinnable != SIZE_MAX && granule > pinnable / 4) ||
+                               (max_size && usable % granule != 0)))
         granule /= 2;
     return granule;
 }

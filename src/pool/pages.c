@@ -184,12 +184,46 @@ static void set_pages(pm__span *s)
 
 static void release_chunk(pm__pool *pool, size_t index);
 
+/* The bytes max_size still lets the pool commit in a new chunk of ops:
+ * besides what is free of it, the idle granules that committing there
+ * would move (pm__granules_commit). */
+static size_t room_left(const pm__pool *pool, const pm__chunk_ops *ops)
+{
+    if (!pool->props.max_size)
+        return SIZE_MAX;
+    unsigned long long held = pool->reserved;
+    if (!ops->give_back_waits)
+        for (size_t i = 0; i < pool->n_chunks; i++) {
+            const pm__chunk *c = pool->chunks[i];
+            if (!c->ops->give_back_waits)
+                held -= c->idle_granules * c->granule_pages * PM__POOL_PAGE;
+        }
+    return held < pool->props.max_size ? pool->props.max_size - held : 0;
+}
+
+/* The length of a new chunk for need bytes: whole steps of address space,
+ * except that a chunk pinned whole is never larger than room (nor than
+ * half of what may still be pinned), so that a small max_size or memlock
+ * limit leaves the pool usable. */
+static size_t chunk_length(size_t need, size_t granule, size_t room, size_t pinnable)
+{
+    size_t len = (need + PM__CHUNK_STEP - 1) / PM__CHUNK_STEP * PM__CHUNK_STEP;
+    if (granule != 0)
+        return len;
+    size_t cap = room < pinnable / 2 ? room : pinnable / 2;
+    cap -= cap % PM__POOL_PAGE;
+    if (cap < len)
+        len = cap > need ? cap : need;
+    return len;
+}
+
 /* Reserves address space for a chunk that holds npages_needed pages. */
 static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out)
 {
     size_t need = npages_needed * PM__POOL_PAGE;
-    size_t len = (need + PM__CHUNK_STEP - 1) / PM__CHUNK_STEP * PM__CHUNK_STEP;
-    if (pool->props.max_size && pool->reserved - pool->idle_bytes + need > pool->props.max_size)
+    const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
+    size_t room = room_left(pool, ops);
+    if (need > room)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY,
                         "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
                         "%zu more needed",
@@ -197,6 +231,8 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
 
     const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
     const size_t pinnable = pm__instance_backend()->pinnable_bytes();
+    const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
+    const size_t len = chunk_length(need, granule, room, pinnable);
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
     pm__span *span = new_span(pool);
     if (pool->n_chunks == pool->cap_chunks) {
@@ -213,7 +249,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     }
     if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
-        pm__granules_init(chunk, pm__granule_to_fit(ops->granule, pinnable)) != PM_SUCCESS) {
+        pm__granules_init(chunk, granule) != PM_SUCCESS) {
         if (chunk)
             free(chunk->granules);
         free(chunk);
@@ -259,10 +295,8 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
      * reserve, unless max_size or what may still be pinned leaves no room
      * for it; later growth commits only what allocations touch. */
     if (pool->reserved == 0) {
-        size_t room = pool->props.max_size ? pool->props.max_size - pool->reserved : len;
-        if (pinnable / 2 < room) /* leave the rest for others */
-            room = pinnable / 2;
-        size_t whole = room < len ? npages_needed : chunk->npages;
+        size_t fits = room < pinnable / 2 ? room : pinnable / 2; /* leave the rest for others */
+        size_t whole = fits < len ? npages_needed : chunk->npages;
         r = pm__granules_commit(pool, chunk, 0, whole, false);
         if (r != PM_SUCCESS) {
             release_chunk(pool, pool->n_chunks - 1);

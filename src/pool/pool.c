@@ -50,15 +50,54 @@ static void module_init(void)
     pm__instance_add_hooks(&hooks);
 }
 
+#ifdef PINMEM_TEST_HOOKS
+_Atomic bool pm__pool_whole_chunks;
+static pm__chunk_ops whole_keep, whole_give_back;
+static pthread_once_t whole_once = PTHREAD_ONCE_INIT;
+
+static void make_whole_chunks(void)
+{
+    const pm__backend *b = pm__instance_backend();
+    whole_keep = b->pool_keep;
+    whole_give_back = b->pool_give_back;
+    whole_keep.granule = whole_give_back.granule = 0;
+    whole_keep.give_back_waits = whole_give_back.give_back_waits = true;
+}
+
+/* ops, or with pm__pool_whole_chunks the same pinned whole, where they
+ * take chunks of any length. */
+static const pm__chunk_ops *test_chunk_ops(const pm__chunk_ops *ops)
+{
+    if (!atomic_load(&pm__pool_whole_chunks) || ops->granule_min != 0)
+        return ops;
+    pthread_once(&whole_once, make_whole_chunks);
+    return ops == &pm__instance_backend()->pool_keep ? &whole_keep : &whole_give_back;
+}
+#else
+#define test_chunk_ops(ops) (ops)
+#endif
+
+/* The least a chunk of ops commits at once. */
+static size_t least_commit(const pm__chunk_ops *ops)
+{
+    return ops->granule_min > PM__POOL_PAGE ? ops->granule_min : PM__POOL_PAGE;
+}
+
 /* The default threshold keeps everything, so its chunks are pinned the
  * fastest way; any other asks for memory to go back, so its chunks are
  * pinned in pieces that go back one by one without waiting for the device
- * (backend.h). Chunks keep the way they were pinned. */
+ * (backend.h). A max_size below the least those pieces can be takes the
+ * other way. Chunks keep the way they were pinned. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
 {
     const pm__backend *b = pm__instance_backend();
-    return pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD ? &b->pool_keep
-                                                                           : &b->pool_give_back;
+    bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
+    const pm__chunk_ops *ops = keep ? &b->pool_keep : &b->pool_give_back;
+    const pm__chunk_ops *other = keep ? &b->pool_give_back : &b->pool_keep;
+    size_t max_size = pool->props.max_size;
+    if (max_size && least_commit(ops) > max_size && least_commit(other) < least_commit(ops))
+        ops = other;
+    return test_chunk_ops(ops);
 }
 
 const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr)
@@ -183,7 +222,7 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
     (void)inst;
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
-    pm__retire_poll();
+    pm__retire_poll(false);
     pm__pool *p = NULL;
     pm_result r = create(&p, props, false);
     if (r == PM_SUCCESS)
@@ -272,7 +311,7 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
     pthread_mutex_unlock(&pool->lock);
     if (finish)
         pm__retire_finish(pool);
-    pm__retire_poll();
+    pm__retire_poll(false);
     return PM_SUCCESS;
 }
 
@@ -419,7 +458,7 @@ pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = (pm__pool *)handle;
-    pm__retire_poll();
+    pm__retire_poll(false);
     pm__caches_flush_pool(pool, false);
     pthread_mutex_lock(&pool->lock);
     release_down_to(pool, min_bytes_to_keep);
@@ -599,7 +638,7 @@ void pm__pools_after_sync(pm_stream_t s)
      * destroyed and torn down under it. That lock is the outermost: nothing
      * takes it while holding a cache's or a pool's lock. */
     pm__handle_set_for_each(&live_pools, settle_after_sync, (void *)s);
-    pm__retire_poll();
+    pm__retire_poll(true);
 }
 
 static void add_stats(void *handle, void *stats)
@@ -627,8 +666,8 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool)->granule,
-                                     pm__instance_backend()->pinnable_bytes());
+    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool), pm__instance_backend()->pinnable_bytes(),
+                                     pool->props.max_size);
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;

@@ -208,10 +208,11 @@ void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
                           unsigned long long *in_holes);
 
 /* granules.c: committing and giving back chunk memory (pool->lock held). */
-/* The granule for a new chunk when pinnable bytes can still be pinned: the
- * backend's, or under a memlock limit (where mlock takes any page multiple)
- * a smaller one, down to a pool page, so that small pools fit in it. */
-size_t pm__granule_to_fit(size_t granule, size_t pinnable);
+/* The granule for a new chunk of ops in a pool of max_size (0: none) when
+ * pinnable bytes can still be pinned: the ops' own, or where they take
+ * smaller ones (granule_min) and a memlock limit or max_size leaves less
+ * room, a smaller one, down to a pool page; 0: the chunk is pinned whole. */
+size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable, size_t max_size);
 pm_result pm__granules_init(pm__chunk *c, size_t granule_bytes);
 /* Counts [first, first + npages) of c as busy or free again. */
 void pm__granules_mark(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool busy);
@@ -299,6 +300,12 @@ void pm__pending_release_all(pm__pool *pool);
 /* pool.c */
 /* How the pool pins the chunks it adds now: by its release threshold. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool);
+#ifdef PINMEM_TEST_HOOKS
+/* Tests: pools pin new chunks whole and give them back only when asked, as
+ * the CUDA backend pins pools that keep their memory, wherever the backend's
+ * chunk ops take any length (set while no pool is being added to). */
+extern _Atomic bool pm__pool_whole_chunks;
+#endif
 /* The block holding addr and its requested size: the pool-memory answer to
  * queries. false when addr is in no live pool allocation. */
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
@@ -355,8 +362,10 @@ void pm__retire_for_each_listed(void (*visit)(void *pool, void *arg), void *arg)
 /* The end of a claimed pool: unlisted, then torn down now or by the reaper. */
 void pm__retire_finish(pm__pool *pool);
 /* Starts the reaper again if its start failed, and meanwhile tears down
- * here what no longer waits. Cheap when no pool waits. */
-void pm__retire_poll(void);
+ * here what no longer waits for streams, and with may_wait (the caller
+ * synchronizes) even where giving memory back waits for the device. Cheap
+ * when no pool waits. */
+void pm__retire_poll(bool may_wait);
 /* Tears down here the waiting pools whose teardown no longer waits (for
  * callers short of memory); whether there were any. */
 bool pm__retire_reap_here(void);

@@ -12,7 +12,9 @@
  *
  * A reaper that cannot be started is started again at the next pool call
  * that looks (pm__retire_poll); meanwhile those calls tear down, in the
- * caller's thread, the pools whose teardown no longer waits. At exit the
+ * caller's thread, the pools whose teardown no longer waits, and a stream's
+ * synchronization, which waits anyway, also those whose giving back waits
+ * for the device, rather than leave them pinned for good. At exit the
  * reaper stops before its next teardown, and pools still waiting stay as
  * they are: the process gives their memory back as it ends.
  *
@@ -105,6 +107,9 @@ static pm__pool *take_ready_locked(bool here_and_now)
 static void *reaper_main(void *unused)
 {
     (void)unused;
+    /* It queries events and gives memory back to the driver: in pinmem's
+     * context, and without disturbing another thread's graph capture. */
+    pm__instance_backend()->own_thread_start();
     long nap_us = 1000;
     pthread_mutex_lock(&reap_lock);
     while (reap_list && !exiting) {
@@ -222,13 +227,15 @@ void pm__retire_finish(pm__pool *pool)
         reap_later(pool);
 }
 
-bool pm__retire_reap_here(void)
+/* Tears down here the waiting pools whose streams are done, and of those
+ * only the ones whose giving back does not wait unless may_wait. */
+static bool reap_here(bool may_wait)
 {
     if (!atomic_load_explicit(&waiting, memory_order_relaxed))
         return false;
     bool reaped = false;
     pthread_mutex_lock(&reap_lock);
-    for (pm__pool *pool; !exiting && (pool = take_ready_locked(true));) {
+    for (pm__pool *pool; !exiting && (pool = take_ready_locked(!may_wait));) {
         pthread_mutex_unlock(&reap_lock);
         pm__pool_teardown(pool);
         reaped = true;
@@ -238,7 +245,9 @@ bool pm__retire_reap_here(void)
     return reaped;
 }
 
-void pm__retire_poll(void)
+bool pm__retire_reap_here(void) { return reap_here(false); }
+
+void pm__retire_poll(bool may_wait)
 {
     if (!atomic_load_explicit(&waiting, memory_order_relaxed))
         return;
@@ -246,5 +255,5 @@ void pm__retire_poll(void)
     bool alive = reaper_alive_locked();
     pthread_mutex_unlock(&reap_lock);
     if (!alive)
-        pm__retire_reap_here();
+        reap_here(may_wait);
 }
