@@ -229,7 +229,6 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
                         "%zu more needed",
                         pool->props.max_size, pool->reserved, need);
 
-    const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
     const size_t pinnable = pm__instance_backend()->pinnable_bytes();
     const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
     const size_t len = chunk_length(need, granule, room, pinnable);
