@@ -10,12 +10,7 @@
  * attributes say), both ends of the host range pageable, the device side on
  * pinmem's device, and a stream that is not capturing (a capture gets the
  * runtime's own copy node). Copies pinmem would leave to the driver anyway
- * (up to its direct_max) go to the runtime at once.
- *
- * Before pinmem takes a copy, the runtime copies its first byte: whatever the
- * runtime would refuse on this thread (another thread capturing in global
- * mode, a sticky error) it then refuses, and the whole copy goes to it for
- * the same answer. */
+ * (up to its direct_max) go to the runtime at once. */
 #include <stdint.h>
 
 #include "preload.h"
@@ -78,13 +73,8 @@ static bool stream_serves(const pm__pinmem_api *pm, cudaStream_t stream, bool pe
     return PM__REAL_CALL(cudaGetDevice, &current) == cudaSuccess && current == pm->device_ordinal;
 }
 
-/* The runtime's own call, as the caller made it, for a count of bytes. */
-typedef cudaError_t (*runtime_copy)(void *dst, const void *src, size_t count,
-                                    enum cudaMemcpyKind kind, cudaStream_t stream);
-
 static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
-                     enum cudaMemcpyKind kind, cudaStream_t stream, bool sync, bool per_thread,
-                     runtime_copy runtime)
+                     enum cudaMemcpyKind kind, cudaStream_t stream, bool sync, bool per_thread)
 {
     pm__preload_stats_arm();
     const pm__pinmem_api *pm = NULL;
@@ -92,7 +82,7 @@ static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
     if (count == 0 || !dst || !src || !pm__preload_wants(PM__PRELOAD_COPY) ||
         !(pm = pm__pinmem()) || count <= pm->direct_max ||
         !host_to_device(pm, dst, src, count, kind, &htod) ||
-        !stream_serves(pm, stream, per_thread) || runtime(dst, src, 1, kind, stream) != cudaSuccess)
+        !stream_serves(pm, stream, per_thread))
         return false;
     const pm_deviceptr to = (pm_deviceptr)(uintptr_t)dst, from = (pm_deviceptr)(uintptr_t)src;
     const bool thread_stream =
@@ -125,64 +115,39 @@ static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
     return true;
 }
 
-static cudaError_t runtime_memcpy(void *dst, const void *src, size_t count,
-                                  enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    (void)stream;
-    return PM__REAL_CALL(cudaMemcpy, dst, src, count, kind);
-}
-
-static cudaError_t runtime_memcpy_ptds(void *dst, const void *src, size_t count,
-                                       enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    (void)stream;
-    return PM__REAL_CALL(cudaMemcpy_ptds, dst, src, count, kind);
-}
-
-static cudaError_t runtime_memcpy_async(void *dst, const void *src, size_t count,
-                                        enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    return PM__REAL_CALL(cudaMemcpyAsync, dst, src, count, kind, stream);
-}
-
-static cudaError_t runtime_memcpy_async_ptsz(void *dst, const void *src, size_t count,
-                                             enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    return PM__REAL_CALL(cudaMemcpyAsync_ptsz, dst, src, count, kind, stream);
-}
-
 PM__PRELOAD_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
                                           enum cudaMemcpyKind kind)
 {
     pm__attempt a = {.fn = PM__FN_cudaMemcpy, .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, NULL, true, false, runtime_memcpy))
+    if (try_copy(&a, dst, src, count, kind, NULL, true, false))
         return cudaSuccess;
-    return pm__attempt_settle(&a, runtime_memcpy(dst, src, count, kind, NULL));
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpy, dst, src, count, kind));
 }
 
 PM__PRELOAD_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count,
                                                enum cudaMemcpyKind kind)
 {
     pm__attempt a = {.fn = PM__FN_cudaMemcpy_ptds, .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, NULL, true, true, runtime_memcpy_ptds))
+    if (try_copy(&a, dst, src, count, kind, NULL, true, true))
         return cudaSuccess;
-    return pm__attempt_settle(&a, runtime_memcpy_ptds(dst, src, count, kind, NULL));
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpy_ptds, dst, src, count, kind));
 }
 
 PM__PRELOAD_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
                                                enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync, .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, stream, false, false, runtime_memcpy_async))
+    if (try_copy(&a, dst, src, count, kind, stream, false, false))
         return cudaSuccess;
-    return pm__attempt_settle(&a, runtime_memcpy_async(dst, src, count, kind, stream));
+    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpyAsync, dst, src, count, kind, stream));
 }
 
 PM__PRELOAD_EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count,
                                                     enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync_ptsz, .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, stream, false, true, runtime_memcpy_async_ptsz))
+    if (try_copy(&a, dst, src, count, kind, stream, false, true))
         return cudaSuccess;
-    return pm__attempt_settle(&a, runtime_memcpy_async_ptsz(dst, src, count, kind, stream));
+    return pm__attempt_settle(&a,
+                              PM__REAL_CALL(cudaMemcpyAsync_ptsz, dst, src, count, kind, stream));
 }

@@ -65,9 +65,6 @@ static cudaError_t ret(cudaError_t e)
 }
 
 #define ENTER() count(__func__)
-/* A one-byte copy is the preload asking whether the runtime would take the
- * copy at all; it is counted apart, as NAME:first-byte. */
-#define ENTER_COPY(name, n) count((n) == 1 ? name ":first-byte" : name)
 
 EXPORT cudaError_t cudaGetLastError(void)
 {
@@ -665,26 +662,26 @@ static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKin
 
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
-    ENTER_COPY("cudaMemcpy", n);
+    ENTER();
     return copy(dst, src, n, kind, NULL, false);
 }
 
 EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
-    ENTER_COPY("cudaMemcpy_ptds", n);
+    ENTER();
     return copy(dst, src, n, kind, NULL, true);
 }
 
 EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                                    cudaStream_t s)
 {
-    ENTER_COPY("cudaMemcpyAsync", n);
+    ENTER();
     return copy(dst, src, n, kind, s, false);
 }
 
 EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t n,
                                         enum cudaMemcpyKind kind, cudaStream_t s)
 {
-    ENTER_COPY("cudaMemcpyAsync_ptsz", n);
+    ENTER();
     return copy(dst, src, n, kind, s, true);
 }
