@@ -347,6 +347,21 @@ static void stale_run_memo(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* The least that any of the backend's ways of pinning a pool commits at
+ * once: a max_size below it leaves no room for anything (VMM granules
+ * everywhere, PINMEM_POOL_VMM=1, cannot shrink; docs/design.md). */
+static size_t least_pool_commit(void)
+{
+    pm_result r;
+    const pm__instance *inst = pm__instance_get(&r);
+    if (!inst)
+        return PM__POOL_PAGE;
+    const size_t keep = inst->backend.pool_keep.granule_min,
+                 give_back = inst->backend.pool_give_back.granule_min;
+    const size_t least = keep < give_back ? keep : give_back;
+    return least > PM__POOL_PAGE ? least : PM__POOL_PAGE;
+}
+
 /* A pool of max_size pins up to it, rounded down to what its chunks commit
  * at once, and never more: in granules, in smaller ones where max_size is
  * not a multiple of them and the backend can, or in a chunk pinned whole,
@@ -362,6 +377,15 @@ static void fill_to_max_size(size_t max_size, bool threshold_zero)
                      PM_SUCCESS);
     pm_pool_stats st = {.struct_size = sizeof st};
     CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
+    if (st.granule > max_size && least_pool_commit() > max_size) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "max_size %zu is below the %llu-byte granule that every way this backend "
+                 "pins a pool commits at once",
+                 max_size, st.granule);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+        SKIP_CASE(why);
+    }
     const size_t unit = st.granule ? st.granule : PM__POOL_PAGE;
     const size_t cap = max_size - max_size % unit;
     CHECK(cap > PM__POOL_SMALL_MAX); /* one large allocation can take it all */
@@ -395,7 +419,9 @@ static void fill_to_max_size(size_t max_size, bool threshold_zero)
 
 /* Every way of pinning, with the max_size of a test pool, one that no
  * granule divides, and one below the driver's VMM granule; and in whole
- * chunks, as CUDA pins pools that keep their memory, on every backend. */
+ * chunks, as CUDA pins pools that keep their memory, on every backend.
+ * Sizes below a granule that cannot shrink, where no other way of pinning
+ * takes less, are skipped: such a pool cannot hold anything. */
 static void max_size_room(void)
 {
     const size_t limits[] = {4 * MiB, 3 * MiB + 1, MiB + 64 * 1024};
