@@ -62,7 +62,7 @@ static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
     if (n && pm__pending_add(pool, tag_of(c), blocks, n) != PM_SUCCESS) {
         /* No marker could be recorded: wait for the stream instead, and the
          * blocks are free at once. */
-        pm__instance_backend()->stream_synchronize(tag_of(c));
+        pool->backend->stream_synchronize(tag_of(c));
         for (size_t i = 0; i < n; i++) {
             pm__chunk *chunk;
             pm__central_free_block(pool, pm__span_of((uintptr_t)blocks[i], &chunk), blocks[i]);
@@ -484,7 +484,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         added = pm__pending_add(pool, s, &p, 1);
     if (added != PM_SUCCESS) {
         if (async) /* no marker: wait for the stream, then it is free */
-            pm__instance_backend()->stream_synchronize(s);
+            pool->backend->stream_synchronize(s);
         if (span->kind == SPAN_RUN)
             pm__central_free_block(pool, span, p);
         else

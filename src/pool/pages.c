@@ -9,7 +9,6 @@
 #include "../budget.h"
 #include "../clock.h"
 #include "../errors.h"
-#include "../instance.h"
 #include "pool_internal.h"
 
 static unsigned bin_floor(size_t n)
@@ -229,7 +228,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
                         "%zu more needed",
                         pool->props.max_size, pool->reserved, need);
 
-    const size_t pinnable = pm__instance_backend()->pinnable_bytes();
+    const size_t pinnable = pool->backend->pinnable_bytes();
     const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
     const size_t len = chunk_length(need, granule, room, pinnable);
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
@@ -264,14 +263,12 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         retire_span(pool, span);
         return r;
     }
-    pm_result ignored;
-    pm__instance *inst = pm__instance_get(&ignored);
     pm__range range = {.base = (uintptr_t)base, .size = len, .pin_base = (uintptr_t)base,
                        .pin_len = len, .flags = PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP,
                        .kind = PM__RANGE_POOL};
     pm__range conflict;
     if (!pm__chunk_map_set((uintptr_t)base, len, chunk) ||
-        !pm__ranges_claim(inst->ranges, &range, &conflict)) {
+        !pm__ranges_claim(pool->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
         ops->unreserve(base, len);
         free(chunk->granules);
@@ -279,7 +276,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         retire_span(pool, span);
         return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
     }
-    pm__ranges_publish(inst->ranges, &range);
+    pm__ranges_publish(pool->ranges, &range);
     chunk->pool = pool;
     chunk->base = base;
     span->chunk = chunk;
@@ -392,11 +389,9 @@ static void release_chunk(pm__pool *pool, size_t index)
     pm__span *whole = atomic_load_explicit(&c->pages[0], memory_order_relaxed);
     bin_remove(pool, whole);
     retire_span(pool, whole);
-    pm_result ignored;
-    pm__instance *inst = pm__instance_get(&ignored);
     pm__range r;
-    if (pm__ranges_retire(inst->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
-        pm__ranges_withdraw(inst->ranges, r.pin_base);
+    if (pm__ranges_retire(pool->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
+        pm__ranges_withdraw(pool->ranges, r.pin_base);
     pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
     c->ops->unreserve(c->base, c->len);
     pool->chunks_released++;

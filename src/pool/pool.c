@@ -66,15 +66,15 @@ static void make_whole_chunks(void)
 
 /* ops, or with pm__pool_whole_chunks the same pinned whole, where they
  * take chunks of any length. */
-static const pm__chunk_ops *test_chunk_ops(const pm__chunk_ops *ops)
+static const pm__chunk_ops *test_chunk_ops(const pm__backend *b, const pm__chunk_ops *ops)
 {
     if (!atomic_load(&pm__pool_whole_chunks) || ops->granule_min != 0)
         return ops;
     pthread_once(&whole_once, make_whole_chunks);
-    return ops == &pm__instance_backend()->pool_keep ? &whole_keep : &whole_give_back;
+    return ops == &b->pool_keep ? &whole_keep : &whole_give_back;
 }
 #else
-#define test_chunk_ops(ops) (ops)
+#define test_chunk_ops(b, ops) (ops)
 #endif
 
 /* The least a chunk of ops commits at once. */
@@ -90,14 +90,14 @@ static size_t least_commit(const pm__chunk_ops *ops)
  * other way. Chunks keep the way they were pinned. */
 const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
 {
-    const pm__backend *b = pm__instance_backend();
+    const pm__backend *b = pool->backend;
     bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
     const pm__chunk_ops *ops = keep ? &b->pool_keep : &b->pool_give_back;
     const pm__chunk_ops *other = keep ? &b->pool_give_back : &b->pool_keep;
     size_t max_size = pool->props.max_size;
     if (max_size && least_commit(ops) > max_size && least_commit(other) < least_commit(ops))
         ops = other;
-    return test_chunk_ops(ops);
+    return test_chunk_ops(b, ops);
 }
 
 const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr)
@@ -181,7 +181,8 @@ static void release_slot(const pm__pool *pool)
     pthread_mutex_unlock(&slots_lock);
 }
 
-static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default)
+static pm_result create(pm__instance *inst, pm__pool **out, const pm_mem_pool_props *props,
+                        bool is_default)
 {
     pthread_once(&module_once, module_init);
     int numa_node = -1;
@@ -193,6 +194,8 @@ static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_
         free(pool);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_mem_pool_create: out of memory");
     }
+    pool->backend = &inst->backend;
+    pool->ranges = inst->ranges;
     pool->props = *props;
     pool->numa_node = numa_node;
     pool->is_default = is_default;
@@ -219,12 +222,11 @@ static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_
 pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
     pm__retire_poll(false);
     pm__pool *p = NULL;
-    pm_result r = create(&p, props, false);
+    pm_result r = create(inst, &p, props, false);
     if (r == PM_SUCCESS)
         *pool = (pm_mem_pool_t)p;
     return r;
@@ -233,7 +235,8 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
 static void make_default_pool(void)
 {
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-    default_result = create(&default_pool, &props, true);
+    pm_result ignored; /* the caller's preamble made the instance */
+    default_result = create(pm__instance_get(&ignored), &default_pool, &props, true);
 }
 
 pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
@@ -666,7 +669,7 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool), pm__instance_backend()->pinnable_bytes(),
+    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool), pool->backend->pinnable_bytes(),
                                      pool->props.max_size);
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;

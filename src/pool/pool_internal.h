@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../ranges.h"
 #include "../test_hooks.h"
 #include "classes.h"
 #include "ownership.h"
@@ -148,6 +149,10 @@ typedef struct pm__cache {
 
 struct pm__pool {
     pthread_mutex_t lock;
+    /* The instance's parts the pool's files use, set as it is made, so that
+     * they take them from the pool and never reach up for the instance. */
+    const pm__backend *backend;
+    pm__ranges *ranges; /* where its chunks are registered */
     pm_mem_pool_props props;
     int numa_node;                 /* -1: anywhere */
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */

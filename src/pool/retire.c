@@ -32,7 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../instance.h"
 #include "pool_internal.h"
 
 /* Process-wide (part of the lazily created instance). */
@@ -52,7 +51,7 @@ int pm__retire_fail_starts;  /* reap_lock */
 /* Every stream free of the pool's is done. */
 static bool markers_done(pm__pool *pool)
 {
-    const pm__backend *b = pm__instance_backend();
+    const pm__backend *b = pool->backend;
     for (pm__pending *p = pool->pending; p; p = p->next)
         if (!b->marker_done(&p->marker))
             return false;
@@ -104,12 +103,11 @@ static pm__pool *take_ready_locked(bool here_and_now)
 
 /* Streams' work takes from microseconds to forever: look again soon, then
  * less and less often. */
-static void *reaper_main(void *unused)
+static void *reaper_main(void *backend)
 {
-    (void)unused;
     /* It queries events and gives memory back to the driver: in pinmem's
      * context, and without disturbing another thread's graph capture. */
-    pm__instance_backend()->own_thread_start();
+    ((const pm__backend *)backend)->own_thread_start();
     long nap_us = 1000;
     pthread_mutex_lock(&reap_lock);
     while (reap_list && !exiting) {
@@ -134,9 +132,10 @@ static void *reaper_main(void *unused)
     return NULL;
 }
 
-/* reap_lock held: a reaper runs in this process, started now if need be;
- * false when it could not be started. */
-static bool reaper_alive_locked(void)
+/* reap_lock held: a reaper runs in this process, started now if need be
+ * with b, the backend of the pools it reaps; false when it could not be
+ * started. */
+static bool reaper_alive_locked(const pm__backend *b)
 {
     if (reaper_running && reaper_pid == getpid())
         return true;
@@ -155,7 +154,7 @@ static bool reaper_alive_locked(void)
     if (pm__retire_fail_starts > 0)
         pm__retire_fail_starts--;
     else
-        reaper_running = pthread_create(&thread, &attr, reaper_main, NULL) == 0;
+        reaper_running = pthread_create(&thread, &attr, reaper_main, (void *)b) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
     if (reaper_running)
@@ -173,7 +172,7 @@ static void reap_later(pm__pool *pool)
     if (reaper_running && reaper_pid == getpid())
         pthread_cond_signal(&reap_wake);
     else
-        reaper_alive_locked(); /* when this fails, pm__retire_poll tries again */
+        reaper_alive_locked(pool->backend); /* when this fails, pm__retire_poll tries again */
     pthread_mutex_unlock(&reap_lock);
 }
 
@@ -252,7 +251,7 @@ void pm__retire_poll(bool may_wait)
     if (!atomic_load_explicit(&waiting, memory_order_relaxed))
         return;
     pthread_mutex_lock(&reap_lock);
-    bool alive = reaper_alive_locked();
+    bool alive = !reap_list || reaper_alive_locked(reap_list->backend); /* none left: none needed */
     pthread_mutex_unlock(&reap_lock);
     if (!alive)
         reap_here(may_wait);
