@@ -11,6 +11,39 @@
 #include "../errors.h"
 #include "pool_internal.h"
 
+#ifdef PINMEM_TEST_HOOKS
+_Atomic bool pm__pool_whole_chunks;
+static pthread_mutex_t whole_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm__chunk_ops whole_keep, whole_give_back; /* made once, from the first pool's backend */
+static bool whole_made;
+
+/* ops, or with pm__pool_whole_chunks the same pinned whole, where they
+ * take chunks of any length. */
+static const pm__chunk_ops *test_chunk_ops(const pm__backend *b, const pm__chunk_ops *ops)
+{
+    if (!atomic_load(&pm__pool_whole_chunks) || ops->granule_min != 0)
+        return ops;
+    pthread_mutex_lock(&whole_lock);
+    if (!whole_made) {
+        whole_keep = b->pool_keep;
+        whole_give_back = b->pool_give_back;
+        whole_keep.granule = whole_give_back.granule = 0;
+        whole_keep.give_back_waits = whole_give_back.give_back_waits = true;
+        whole_made = true;
+    }
+    pthread_mutex_unlock(&whole_lock);
+    return ops == &b->pool_keep ? &whole_keep : &whole_give_back;
+}
+#else
+#define test_chunk_ops(b, ops) (ops)
+#endif
+
+const pm__chunk_ops *pm__pages_chunk_ops(const pm__pool *pool)
+{
+    bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
+    return test_chunk_ops(pool->backend, keep ? pool->keep_ops : pool->give_back_ops);
+}
+
 static unsigned bin_floor(size_t n)
 {
     if (n <= 8)
@@ -220,7 +253,7 @@ static size_t chunk_length(size_t need, size_t granule, size_t room, size_t pinn
 static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out)
 {
     size_t need = npages_needed * PM__POOL_PAGE;
-    const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
+    const pm__chunk_ops *ops = pm__pages_chunk_ops(pool);
     size_t room = room_left(pool, ops);
     if (need > room)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY,

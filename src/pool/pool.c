@@ -50,54 +50,24 @@ static void module_init(void)
     pm__instance_add_hooks(&hooks);
 }
 
-#ifdef PINMEM_TEST_HOOKS
-_Atomic bool pm__pool_whole_chunks;
-static pm__chunk_ops whole_keep, whole_give_back;
-static pthread_once_t whole_once = PTHREAD_ONCE_INIT;
-
-static void make_whole_chunks(void)
-{
-    const pm__backend *b = pm__instance_backend();
-    whole_keep = b->pool_keep;
-    whole_give_back = b->pool_give_back;
-    whole_keep.granule = whole_give_back.granule = 0;
-    whole_keep.give_back_waits = whole_give_back.give_back_waits = true;
-}
-
-/* ops, or with pm__pool_whole_chunks the same pinned whole, where they
- * take chunks of any length. */
-static const pm__chunk_ops *test_chunk_ops(const pm__backend *b, const pm__chunk_ops *ops)
-{
-    if (!atomic_load(&pm__pool_whole_chunks) || ops->granule_min != 0)
-        return ops;
-    pthread_once(&whole_once, make_whole_chunks);
-    return ops == &b->pool_keep ? &whole_keep : &whole_give_back;
-}
-#else
-#define test_chunk_ops(b, ops) (ops)
-#endif
-
 /* The least a chunk of ops commits at once. */
 static size_t least_commit(const pm__chunk_ops *ops)
 {
     return ops->granule_min > PM__POOL_PAGE ? ops->granule_min : PM__POOL_PAGE;
 }
 
-/* The default threshold keeps everything, so its chunks are pinned the
- * fastest way; any other asks for memory to go back, so its chunks are
- * pinned in pieces that go back one by one without waiting for the device
- * (backend.h). A max_size below the least those pieces can be takes the
- * other way. Chunks keep the way they were pinned. */
-const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
+/* The ways the pool pins chunks (pm__pages_chunk_ops). The default release
+ * threshold keeps everything, so its chunks are pinned the fastest way; any
+ * other asks for memory to go back, so its chunks are pinned in pieces that
+ * go back one by one without waiting for the device (backend.h). A max_size
+ * below the least those pieces can be takes the other way. */
+static void choose_chunk_ops(pm__pool *pool)
 {
-    const pm__backend *b = pool->backend;
-    bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
-    const pm__chunk_ops *ops = keep ? &b->pool_keep : &b->pool_give_back;
-    const pm__chunk_ops *other = keep ? &b->pool_give_back : &b->pool_keep;
-    size_t max_size = pool->props.max_size;
-    if (max_size && least_commit(ops) > max_size && least_commit(other) < least_commit(ops))
-        ops = other;
-    return test_chunk_ops(b, ops);
+    const pm__chunk_ops *keep = &pool->backend->pool_keep;
+    const pm__chunk_ops *give_back = &pool->backend->pool_give_back;
+    size_t max_size = pool->props.max_size, k = least_commit(keep), g = least_commit(give_back);
+    pool->keep_ops = max_size && k > max_size && g < k ? give_back : keep;
+    pool->give_back_ops = max_size && g > max_size && k < g ? keep : give_back;
 }
 
 const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr)
@@ -197,6 +167,7 @@ static pm_result create(pm__instance *inst, pm__pool **out, const pm_mem_pool_pr
     pool->backend = &inst->backend;
     pool->ranges = inst->ranges;
     pool->props = *props;
+    choose_chunk_ops(pool);
     pool->numa_node = numa_node;
     pool->is_default = is_default;
     pool->release_threshold = PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
@@ -669,7 +640,7 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool), pool->backend->pinnable_bytes(),
+    st->granule = pm__granule_to_fit(pm__pages_chunk_ops(pool), pool->backend->pinnable_bytes(),
                                      pool->props.max_size);
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;

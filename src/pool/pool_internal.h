@@ -89,7 +89,7 @@ typedef struct pm__granule {
  * use, and one with none in use may be given back or moved. */
 struct pm__chunk {
     pm__pool *pool;
-    const pm__chunk_ops *ops; /* how its memory is pinned (pm__pool_chunk_ops when added) */
+    const pm__chunk_ops *ops; /* how its memory is pinned (pm__pages_chunk_ops when added) */
     uint8_t *base;
     size_t len, npages, free_pages;
     size_t granule_pages, ngranules;
@@ -154,6 +154,9 @@ struct pm__pool {
     const pm__backend *backend;
     pm__ranges *ranges; /* where its chunks are registered */
     pm_mem_pool_props props;
+    /* How it pins chunks: with the default release threshold, and with any
+     * other (pm__pages_chunk_ops); chosen as it is made, by its max_size. */
+    const pm__chunk_ops *keep_ops, *give_back_ops;
     int numa_node;                 /* -1: anywhere */
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
     unsigned long long generation; /* tells a reused slot from its old pool */
@@ -198,6 +201,15 @@ struct pm__pool {
 };
 
 /* pages.c: chunks and the page allocator (pool->lock held). */
+/* How the pool pins the chunks it adds now: by its release threshold.
+ * Chunks keep the way they were pinned. */
+const pm__chunk_ops *pm__pages_chunk_ops(const pm__pool *pool);
+#ifdef PINMEM_TEST_HOOKS
+/* Tests: pools pin new chunks whole and give them back only when asked, as
+ * the CUDA backend pins pools that keep their memory, wherever the backend's
+ * chunk ops take any length (set while no pool is being added to). */
+extern _Atomic bool pm__pool_whole_chunks;
+#endif
 pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
 void pm__pages_free(pm__pool *pool, pm__span *span);
 /* Whether npages free pages in a row are there without pinning more. */
@@ -303,14 +315,6 @@ void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, 
 void pm__pending_release_all(pm__pool *pool);
 
 /* pool.c */
-/* How the pool pins the chunks it adds now: by its release threshold. */
-const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool);
-#ifdef PINMEM_TEST_HOOKS
-/* Tests: pools pin new chunks whole and give them back only when asked, as
- * the CUDA backend pins pools that keep their memory, wherever the backend's
- * chunk ops take any length (set while no pool is being added to). */
-extern _Atomic bool pm__pool_whole_chunks;
-#endif
 /* The block holding addr and its requested size: the pool-memory answer to
  * queries. false when addr is in no live pool allocation. */
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
