@@ -318,6 +318,16 @@ static pm_result refill(pm__pool *pool, pm__cache *c, pm__bin *bin, unsigned cls
     return bin->n ? PM_SUCCESS : why;
 }
 
+/* pool->lock held, after an allocation on the slow path by a thread whose
+ * cache for the pool holds held bytes (0: none): the pool's USED_MEM_HIGH
+ * (see pool.c's used_high_now). */
+static void note_high(pm__pool *pool, long long held)
+{
+    long long in_use = atomic_load_explicit(&pool->handed, memory_order_relaxed) - held;
+    if (in_use > 0 && (unsigned long long)in_use > pool->used_high)
+        pool->used_high = (unsigned long long)in_use;
+}
+
 static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
     if (bytesize > ((size_t)1 << 46))
@@ -359,7 +369,7 @@ static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool asy
         pool->requested += (long long)bytesize;
         pool->allocs++;
         pool->live++;
-        pm__pool_note_high(pool, c ? load(&c->held) : 0);
+        note_high(pool, c ? load(&c->held) : 0);
     }
     pthread_mutex_unlock(&pool->lock);
     if (c)

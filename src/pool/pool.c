@@ -469,13 +469,6 @@ static unsigned long long used_high_now(pm__pool *pool)
     return pool->used_high > peaks ? pool->used_high : peaks;
 }
 
-void pm__pool_note_high(pm__pool *pool, long long held)
-{
-    long long in_use = atomic_load_explicit(&pool->handed, memory_order_relaxed) - held;
-    if (in_use > 0 && (unsigned long long)in_use > pool->used_high)
-        pool->used_high = (unsigned long long)in_use;
-}
-
 static pm_result set_int_attr(int *field, void *value)
 {
     *field = *(int *)value != 0;

@@ -335,9 +335,6 @@ static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
     return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
                                 memory_order_acquire);
 }
-/* pool->lock held, after an allocation on the slow path by a thread whose
- * cache for the pool holds held bytes (0: none). */
-void pm__pool_note_high(pm__pool *pool, long long held);
 /* pool->lock held: bytes handed out; a free block going back, or coming out
  * of, the pool's runs, spans or pending batches. */
 static inline void pm__pool_handed_add(pm__pool *pool, long long bytes)
