@@ -6,20 +6,11 @@
 #include <string.h>
 
 #include "../errors.h"
-#include "../handle_set.h"
 #include "../instance.h"
 #include "../versioned.h"
 #include "fast.h"
 
-/* Process-wide (part of the instance): live pools, for handle checks, stream
- * synchronization and statistics; and which thread-cache slots are taken. */
-static pm__handle_set live_pools = PM__HANDLE_SET_INIT;
-static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER; /* the two below */
-static bool slot_taken[PM__MAX_CACHED_POOLS];
-static unsigned long long next_generation = 1;
-/* Bumped when a pool is destroyed and when it is torn down: what a thread
- * checked or remembered of pools before is then checked again. */
-static _Atomic unsigned long long pools_epoch = 1;
+/* The pool this thread checked last, and the epoch it checked it in. */
 static _Thread_local pm__pool *checked_pool __attribute__((tls_model("initial-exec")));
 static _Thread_local unsigned long long checked_epoch __attribute__((tls_model("initial-exec")));
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
@@ -31,7 +22,7 @@ static pm_result default_result = PM_ERROR_NOT_INITIALIZED;
  * refuses. Lock-free: the parent's other threads may have held any lock. */
 static void after_fork_in_child(void)
 {
-    atomic_fetch_add(&pools_epoch, 1);
+    atomic_fetch_add(&pm__pools_epoch, 1);
     for (unsigned i = 0; i < PM__MAX_CACHED_POOLS; i++)
         pm__thread_caches[i] = NULL;
 }
@@ -104,10 +95,10 @@ bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
 static pm_result check_pool(pm_mem_pool_t handle)
 {
     pm__pool *pool = (pm__pool *)handle;
-    unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
+    unsigned long long epoch = atomic_load_explicit(&pm__pools_epoch, memory_order_acquire);
     if (pool && pool == checked_pool && epoch == checked_epoch)
         return PM_SUCCESS; /* as checked_recently */
-    if (!pm__handle_set_contains(&live_pools, pool))
+    if (!pm__pools_contains(pool))
         return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
     checked_pool = pool;
     checked_epoch = epoch;
@@ -143,14 +134,6 @@ static pm_result check_props(const pm_mem_pool_props *props, int *numa_node)
     }
 }
 
-static void release_slot(const pm__pool *pool)
-{
-    pthread_mutex_lock(&slots_lock);
-    if (pool->slot < PM__MAX_CACHED_POOLS)
-        slot_taken[pool->slot] = false;
-    pthread_mutex_unlock(&slots_lock);
-}
-
 static pm_result create(pm__instance *inst, pm__pool **out, const pm_mem_pool_props *props,
                         bool is_default)
 {
@@ -172,16 +155,7 @@ static pm_result create(pm__instance *inst, pm__pool **out, const pm_mem_pool_pr
     pool->is_default = is_default;
     pool->release_threshold = PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
     pool->reuse_follow_event_deps = pool->reuse_opportunistic = pool->reuse_internal_deps = 1;
-    pthread_mutex_lock(&slots_lock);
-    pool->slot = PM__MAX_CACHED_POOLS;
-    for (unsigned i = 0; i < PM__MAX_CACHED_POOLS && pool->slot == PM__MAX_CACHED_POOLS; i++)
-        if (!slot_taken[i])
-            slot_taken[pool->slot = i] = true;
-    pool->generation = next_generation++;
-    pthread_mutex_unlock(&slots_lock);
-    bool listed = pm__handle_set_add(&live_pools, pool);
-    if (!listed) {
-        release_slot(pool);
+    if (!pm__pools_add(pool)) {
         pthread_mutex_destroy(&pool->lock);
         free(pool);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_mem_pool_create: out of memory");
@@ -227,7 +201,7 @@ void pm__pool_teardown(pm__pool *pool)
 {
     /* Threads' memos of this pool's runs (run_of) go stale before its chunks
      * and spans go, so that none can match an address a new chunk takes. */
-    atomic_fetch_add(&pools_epoch, 1);
+    atomic_fetch_add(&pm__pools_epoch, 1);
     pthread_mutex_lock(&pool->lock);
     pm__pending_release_all(pool);
     pm__central_release_empty_runs(pool);
@@ -265,11 +239,8 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
     pm__pool *pool = (pm__pool *)handle;
     if (pool->is_default)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_destroy: the default pool lives on");
-    /* Waits out any walk over the pools; the next ones will not see it. */
-    if (!pm__handle_set_remove(&live_pools, pool))
+    if (!pm__pools_remove(pool))
         return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
-    release_slot(pool);
-    atomic_fetch_add(&pools_epoch, 1);
     /* Until every thread cache is flushed, live counts only part of the
      * blocks in use: no free may finish the pool before then. */
     pthread_mutex_lock(&pool->lock);
@@ -303,7 +274,7 @@ static pm_result check_alloc_args(void **pp, pm_mem_pool_t pool)
 static inline bool checked_recently(pm_mem_pool_t pool)
 {
     return pool && (pm__pool *)pool == checked_pool &&
-           atomic_load_explicit(&pools_epoch, memory_order_acquire) == checked_epoch;
+           atomic_load_explicit(&pm__pools_epoch, memory_order_acquire) == checked_epoch;
 }
 
 /* Kept out of line, so that the fast paths need no stack frame. */
@@ -374,7 +345,7 @@ static _Thread_local run_memo last_run __attribute__((tls_model("initial-exec"))
 
 static inline __attribute__((always_inline)) pm__span *run_of(void *p)
 {
-    unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
+    unsigned long long epoch = atomic_load_explicit(&pm__pools_epoch, memory_order_acquire);
     pm__span *run = last_run.run;
     if (run && (uintptr_t)p - last_run.base < last_run.bytes && last_run.epoch == epoch &&
         atomic_load_explicit(&run->run_hot.incarnation, memory_order_acquire) ==
@@ -579,7 +550,7 @@ static void flush_stream_of(void *handle, void *stream)
 
 void pm__pools_flush_stream(pm_stream_t s)
 {
-    pm__handle_set_for_each(&live_pools, flush_stream_of, (void *)s); /* as below */
+    pm__pools_for_each(flush_stream_of, (void *)s); /* as below */
 }
 
 static void settle_after_sync(void *handle, void *stream)
@@ -604,7 +575,7 @@ void pm__pools_after_sync(pm_stream_t s)
     /* The walk holds the set's lock throughout, so no pool in it can be
      * destroyed and torn down under it. That lock is the outermost: nothing
      * takes it while holding a cache's or a pool's lock. */
-    pm__handle_set_for_each(&live_pools, settle_after_sync, (void *)s);
+    pm__pools_for_each(settle_after_sync, (void *)s);
     pm__retire_poll(true);
 }
 
@@ -660,7 +631,7 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
         /* Pools are only torn down after leaving the set, which waits for
          * this walk, and the list of destroyed ones still in use, whose walk
          * holds its lock. */
-        pm__handle_set_for_each(&live_pools, add_stats, &st);
+        pm__pools_for_each(add_stats, &st);
         pm__retire_for_each_listed(add_stats, &st);
     }
     size_t n = stats->struct_size;

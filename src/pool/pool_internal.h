@@ -1,7 +1,7 @@
 /* Host memory pools: the structures behind pm_mem_pool_t.
  *
  * Locks, in the order they may be taken:
- *   0. live_pools's lock (pool.c): the set of live pools, held by walks over
+ *   0. live_pools's lock (live.c): the set of live pools, held by walks over
  *      it; likewise the list of destroyed pools still in use (retire.c)
  *   1. a thread cache (its owner's entry, or anyone's taking it over)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
@@ -199,6 +199,22 @@ struct pm__pool {
     pm__countdown fail_pin_countdown; /* the n-th commit of granules fails (0: never) */
 #endif
 };
+
+/* live.c: which pools live. */
+/* Bumped when a pool is destroyed and when it is torn down: what a thread
+ * checked or remembered of pools before is then checked again. Hidden, so
+ * that the fast paths read it as directly as a variable of their own. */
+extern _Atomic unsigned long long pm__pools_epoch __attribute__((visibility("hidden")));
+/* Gives the pool a thread-cache slot (none when all are taken) and a new
+ * generation, and lists it as live; false when out of memory. */
+bool pm__pools_add(pm__pool *pool);
+/* Unlists the pool, once any walk over the live pools is done, frees its
+ * slot and bumps the epoch; false when it was not listed. */
+bool pm__pools_remove(pm__pool *pool);
+bool pm__pools_contains(const pm__pool *pool);
+/* Calls visit on every live pool; none can be unlisted meanwhile, and no
+ * cache or pool lock may be held when calling this. */
+void pm__pools_for_each(void (*visit)(void *pool, void *arg), void *arg);
 
 /* pages.c: chunks and the page allocator (pool->lock held). */
 /* How the pool pins the chunks it adds now: by its release threshold.
