@@ -503,7 +503,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
     pool->requested -= (long long)bytes;
     pool->frees++;
     pool->live--;
-    bool finish = pm__pool_claim_finish(pool);
+    bool finish = pm__retire_claim(pool);
     pthread_mutex_unlock(&pool->lock);
     if (finish)
         pm__retire_finish(pool);

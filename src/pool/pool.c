@@ -1,6 +1,6 @@
-/* pm_mem_pool_t: creation, handles, attributes, trim, statistics, and the
- * teardown of a destroyed pool once its last allocation is freed (when and
- * where: retire.c). */
+/* pm_mem_pool_t: creation and destruction, handles, attributes, trim and
+ * statistics. A destroyed pool ends once its last allocation is freed:
+ * retire.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,38 +197,6 @@ pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
     return PM_SUCCESS;
 }
 
-void pm__pool_teardown(pm__pool *pool)
-{
-    /* Threads' memos of this pool's runs (run_of) go stale before its chunks
-     * and spans go, so that none can match an address a new chunk takes. */
-    atomic_fetch_add(&pm__pools_epoch, 1);
-    pthread_mutex_lock(&pool->lock);
-    pm__pending_release_all(pool);
-    pm__central_release_empty_runs(pool);
-    pm__pages_release_all(pool);
-    pthread_mutex_unlock(&pool->lock);
-    for (pm__span *s = pool->spare_spans, *next; s; s = next) {
-        next = s->bin_next;
-        free((void *)s->requested);
-        free(s->free_idx);
-        free(s);
-    }
-    for (size_t i = 0; i < pool->n_graveyard; i++)
-        free(pool->graveyard[i]);
-    free(pool->graveyard);
-    free(pool->chunks);
-    pthread_mutex_destroy(&pool->lock);
-    free(pool);
-}
-
-bool pm__pool_claim_finish(pm__pool *pool)
-{
-    if (!pool->destroyed || pool->destroying || pool->live != 0 || pool->finishing)
-        return false;
-    pool->finishing = true;
-    return true;
-}
-
 pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
 {
     PM__INSTANCE_OR_RETURN(inst);
@@ -252,7 +220,7 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
     pm__retire_list(pool);
     pthread_mutex_lock(&pool->lock);
     pool->destroying = false;
-    bool finish = pm__pool_claim_finish(pool);
+    bool finish = pm__retire_claim(pool);
     pthread_mutex_unlock(&pool->lock);
     if (finish)
         pm__retire_finish(pool);

@@ -164,7 +164,7 @@ struct pm__pool {
     /* guarded by lock (as everything below) */
     bool destroyed;
     bool destroying; /* the destroy is still flushing thread caches */
-    bool finishing;  /* claimed by whoever tears it down (pm__pool_claim_finish) */
+    bool finishing;  /* claimed by whoever tears it down (pm__retire_claim) */
     /* retire.c, under its locks: in the list of destroyed pools still in
      * use, and in the reaper's */
     struct pm__pool *listed_prev, *listed_next;
@@ -364,17 +364,13 @@ static inline size_t pm__block_bytes(const pm__span *span)
 {
     return span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
 }
+/* retire.c: the end of a destroyed pool. */
 /* pool->lock held, after a free into a destroyed pool or its destroy: true
  * when the pool is finished (destroyed, nothing live, its destroy done) and
- * nobody else has claimed it; the caller then calls pm__pool_finish once the
- * lock is released. Deciding under the lock that counted the last free down
- * lets only one thread ever see the pool's end. */
-bool pm__pool_claim_finish(pm__pool *pool);
-/* Gives everything of a claimed pool back and frees it; its stream frees
- * must be done. */
-void pm__pool_teardown(pm__pool *pool);
-
-/* retire.c */
+ * nobody else has claimed it; the caller then calls pm__retire_finish once
+ * the lock is released. Deciding under the lock that counted the last free
+ * down lets only one thread ever see the pool's end. */
+bool pm__retire_claim(pm__pool *pool);
 /* Lists a pool being destroyed until it is finished, so that statistics of
  * all pools still count the memory its live allocations hold. */
 void pm__retire_list(pm__pool *pool);

@@ -67,6 +67,32 @@ static bool release_waits(pm__pool *pool)
     return false;
 }
 
+/* Gives everything of a claimed pool back and frees it; its stream frees
+ * must be done. */
+static void teardown(pm__pool *pool)
+{
+    /* Threads' memos of this pool's runs (run_of) go stale before its chunks
+     * and spans go, so that none can match an address a new chunk takes. */
+    atomic_fetch_add(&pm__pools_epoch, 1);
+    pthread_mutex_lock(&pool->lock);
+    pm__pending_release_all(pool);
+    pm__central_release_empty_runs(pool);
+    pm__pages_release_all(pool);
+    pthread_mutex_unlock(&pool->lock);
+    for (pm__span *s = pool->spare_spans, *next; s; s = next) {
+        next = s->bin_next;
+        free((void *)s->requested);
+        free(s->free_idx);
+        free(s);
+    }
+    for (size_t i = 0; i < pool->n_graveyard; i++)
+        free(pool->graveyard[i]);
+    free(pool->graveyard);
+    free(pool->chunks);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+}
+
 static void stop_at_exit(void)
 {
     pthread_mutex_lock(&reap_lock);
@@ -114,7 +140,7 @@ static void *reaper_main(void *backend)
         pm__pool *pool = take_ready_locked(false);
         if (pool) {
             pthread_mutex_unlock(&reap_lock);
-            pm__pool_teardown(pool);
+            teardown(pool);
             pthread_mutex_lock(&reap_lock);
             nap_us = 1000;
             continue;
@@ -176,6 +202,14 @@ static void reap_later(pm__pool *pool)
     pthread_mutex_unlock(&reap_lock);
 }
 
+bool pm__retire_claim(pm__pool *pool)
+{
+    if (!pool->destroyed || pool->destroying || pool->live != 0 || pool->finishing)
+        return false;
+    pool->finishing = true;
+    return true;
+}
+
 void pm__retire_list(pm__pool *pool)
 {
     pthread_mutex_lock(&listed_lock);
@@ -221,7 +255,7 @@ void pm__retire_finish(pm__pool *pool)
     bool now = markers_done(pool) && !release_waits(pool);
     pthread_mutex_unlock(&pool->lock);
     if (now)
-        pm__pool_teardown(pool);
+        teardown(pool);
     else
         reap_later(pool);
 }
@@ -236,7 +270,7 @@ static bool reap_here(bool may_wait)
     pthread_mutex_lock(&reap_lock);
     for (pm__pool *pool; !exiting && (pool = take_ready_locked(!may_wait));) {
         pthread_mutex_unlock(&reap_lock);
-        pm__pool_teardown(pool);
+        teardown(pool);
         reaped = true;
         pthread_mutex_lock(&reap_lock);
     }
