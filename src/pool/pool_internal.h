@@ -331,6 +331,9 @@ void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, 
 void pm__pending_release_all(pm__pool *pool);
 
 /* pool.c */
+/* A handle is a live pool (remembered per thread until any pool is
+ * destroyed); else PM_ERROR_INVALID_VALUE with a detail. */
+pm_result pm__pool_check(pm_mem_pool_t handle);
 /* The block holding addr and its requested size: the pool-memory answer to
  * queries. false when addr is in no live pool allocation. */
 bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
