@@ -27,6 +27,7 @@
 #include "classes.h"
 #include "ownership.h"
 #include "pinmem.h"
+#include "pool.h"
 
 #define PM__CHUNK_STEP ((size_t)32 << 20) /* address reservation step and chunk alignment */
 #define PM__MAX_CACHED_POOLS 64           /* pools with thread caches; more work uncached */
@@ -200,6 +201,63 @@ struct pm__pool {
 #endif
 };
 
+/* What each file offers the others, in the order of their layers, lowest
+ * first (tests/layers.txt); lifecycle.c, on top, has only public calls. */
+
+/* chunk_map.c: address -> chunk for every 32 MiB, lock-free for readers. */
+#define PM__CHUNK_MAP_LEAF_BITS 12
+#define PM__CHUNK_MAP_TOP_BITS (48 - 25 - PM__CHUNK_MAP_LEAF_BITS)
+typedef struct pm__chunk_map_leaf {
+    _Atomic(pm__chunk *) slot[1u << PM__CHUNK_MAP_LEAF_BITS];
+} pm__chunk_map_leaf;
+extern _Atomic(pm__chunk_map_leaf *) pm__chunk_map_top[1u << PM__CHUNK_MAP_TOP_BITS];
+
+bool pm__chunk_map_set(uintptr_t base, size_t len, pm__chunk *chunk);
+
+static inline pm__chunk *pm__chunk_map_get(uintptr_t addr)
+{
+    if (addr >> 48)
+        return NULL;
+    size_t index = addr >> 25;
+    pm__chunk_map_leaf *l = atomic_load_explicit(
+        &pm__chunk_map_top[index >> PM__CHUNK_MAP_LEAF_BITS], memory_order_acquire);
+    return l ? atomic_load_explicit(&l->slot[index & ((1u << PM__CHUNK_MAP_LEAF_BITS) - 1)],
+                                    memory_order_acquire)
+             : NULL;
+}
+
+/* Helpers every file of the pools uses. */
+static inline _Atomic uint64_t *pm__requested(pm__span *s, size_t index)
+{
+    return &s->requested[index * s->req_stride];
+}
+
+/* The span holding addr, and its chunk; NULL outside every pool. */
+static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
+{
+    pm__chunk *c = pm__chunk_map_get(addr);
+    if (!c || addr < (uintptr_t)c->base || addr - (uintptr_t)c->base >= c->len)
+        return NULL;
+    *chunk = c;
+    return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
+                                memory_order_acquire);
+}
+
+/* pool->lock held: bytes handed out; a free block going back, or coming out
+ * of, the pool's runs, spans or pending batches. */
+static inline void pm__pool_handed_add(pm__pool *pool, long long bytes)
+{
+    atomic_store_explicit(&pool->handed,
+                          atomic_load_explicit(&pool->handed, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+}
+
+/* The bytes a block of span (a run's block, or a large span) counts for. */
+static inline size_t pm__block_bytes(const pm__span *span)
+{
+    return span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
+}
+
 /* live.c: which pools live. */
 /* Bumped when a pool is destroyed and when it is torn down: what a thread
  * checked or remembered of pools before is then checked again. Hidden, so
@@ -215,30 +273,6 @@ bool pm__pools_contains(const pm__pool *pool);
 /* Calls visit on every live pool; none can be unlisted meanwhile, and no
  * cache or pool lock may be held when calling this. */
 void pm__pools_for_each(void (*visit)(void *pool, void *arg), void *arg);
-
-/* pages.c: chunks and the page allocator (pool->lock held). */
-/* How the pool pins the chunks it adds now: by its release threshold.
- * Chunks keep the way they were pinned. */
-const pm__chunk_ops *pm__pages_chunk_ops(const pm__pool *pool);
-#ifdef PINMEM_TEST_HOOKS
-/* Tests: pools pin new chunks whole and give them back only when asked, as
- * the CUDA backend pins pools that keep their memory, wherever the backend's
- * chunk ops take any length (set while no pool is being added to). */
-extern _Atomic bool pm__pool_whole_chunks;
-#endif
-pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
-void pm__pages_free(pm__pool *pool, pm__span *span);
-/* Whether npages free pages in a row are there without pinning more. */
-bool pm__pages_fit(pm__pool *pool, size_t npages);
-/* Gives back committed granules with no page in use, those of wholly free
- * chunks first, while reserved stays at or above keep; then releases the
- * address ranges of chunks left wholly free and uncommitted. */
-void pm__pages_release(pm__pool *pool, unsigned long long keep);
-void pm__pages_release_all(pm__pool *pool);
-/* Committed bytes on no allocation's pages, in wholly free chunks and in
- * chunks in use. */
-void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
-                          unsigned long long *in_holes);
 
 /* granules.c: committing and giving back chunk memory (pool->lock held). */
 /* The granule for a new chunk of ops in a pool of max_size (0: none) when
@@ -264,30 +298,32 @@ unsigned long long pm__granules_give_back(pm__pool *pool, pm__chunk *c, unsigned
                                           unsigned long long budget);
 /* Committed bytes of c on free pages. */
 unsigned long long pm__granules_free_committed(const pm__chunk *c);
+
+/* pages.c: chunks and the page allocator (pool->lock held). */
+/* How the pool pins the chunks it adds now: by its release threshold.
+ * Chunks keep the way they were pinned. */
+const pm__chunk_ops *pm__pages_chunk_ops(const pm__pool *pool);
+#ifdef PINMEM_TEST_HOOKS
+/* Tests: pools pin new chunks whole and give them back only when asked, as
+ * the CUDA backend pins pools that keep their memory, wherever the backend's
+ * chunk ops take any length (set while no pool is being added to). */
+extern _Atomic bool pm__pool_whole_chunks;
+#endif
+pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
+void pm__pages_free(pm__pool *pool, pm__span *span);
+/* Whether npages free pages in a row are there without pinning more. */
+bool pm__pages_fit(pm__pool *pool, size_t npages);
+/* Gives back committed granules with no page in use, those of wholly free
+ * chunks first, while reserved stays at or above keep; then releases the
+ * address ranges of chunks left wholly free and uncommitted. */
+void pm__pages_release(pm__pool *pool, unsigned long long keep);
+void pm__pages_release_all(pm__pool *pool);
+/* Committed bytes on no allocation's pages, in wholly free chunks and in
+ * chunks in use. */
+void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
+                          unsigned long long *in_holes);
 /* Frees p with the pool, not before: lock-free readers may still hold it. */
 void pm__keep_until_pool_dies(pm__pool *pool, void *p);
-
-/* chunk_map.c: address -> chunk for every 32 MiB, lock-free for readers. */
-#define PM__CHUNK_MAP_LEAF_BITS 12
-#define PM__CHUNK_MAP_TOP_BITS (48 - 25 - PM__CHUNK_MAP_LEAF_BITS)
-typedef struct pm__chunk_map_leaf {
-    _Atomic(pm__chunk *) slot[1u << PM__CHUNK_MAP_LEAF_BITS];
-} pm__chunk_map_leaf;
-extern _Atomic(pm__chunk_map_leaf *) pm__chunk_map_top[1u << PM__CHUNK_MAP_TOP_BITS];
-
-bool pm__chunk_map_set(uintptr_t base, size_t len, pm__chunk *chunk);
-
-static inline pm__chunk *pm__chunk_map_get(uintptr_t addr)
-{
-    if (addr >> 48)
-        return NULL;
-    size_t index = addr >> 25;
-    pm__chunk_map_leaf *l = atomic_load_explicit(
-        &pm__chunk_map_top[index >> PM__CHUNK_MAP_LEAF_BITS], memory_order_acquire);
-    return l ? atomic_load_explicit(&l->slot[index & ((1u << PM__CHUNK_MAP_LEAF_BITS) - 1)],
-                                    memory_order_acquire)
-             : NULL;
-}
 
 /* central.c: runs of small blocks and large spans (pool->lock held). */
 /* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
@@ -305,16 +341,6 @@ void pm__central_release_empty_runs(pm__pool *pool);
 size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64_t **req,
                         size_t want, pm_result *why);
 
-/* cache.c: per-thread caches and the allocation paths. */
-/* Empties every cache of the pool into it; detach also unhooks them. */
-void pm__caches_flush_pool(pm__pool *pool, bool detach);
-/* Forgets the highest use each cache of the pool saw (USED_MEM_HIGH reset). */
-void pm__caches_reset_peaks(pm__pool *pool);
-/* Moves blocks freed on s out of every cache of the pool into pending. */
-void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s);
-pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s);
-pm_result pm__pool_free(void *p, bool async, pm_stream_t s);
-
 /* pending.c: blocks freed on streams (pool->lock held). */
 pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n);
 /* Returns blocks whose stream work is done to their runs; how many. */
@@ -330,43 +356,6 @@ void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, 
  * after its streams were synchronized. */
 void pm__pending_release_all(pm__pool *pool);
 
-/* pool.c */
-/* A handle is a live pool (remembered per thread until any pool is
- * destroyed); else PM_ERROR_INVALID_VALUE with a detail. */
-pm_result pm__pool_check(pm_mem_pool_t handle);
-/* The block holding addr and its requested size: the pool-memory answer to
- * queries. false when addr is in no live pool allocation. */
-bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
-/* The pools' counterpart of a stream sync: flush, reap, release above threshold. */
-void pm__pools_after_sync(pm_stream_t s);
-static inline _Atomic uint64_t *pm__requested(pm__span *s, size_t index)
-{
-    return &s->requested[index * s->req_stride];
-}
-
-/* The span holding addr, and its chunk; NULL outside every pool. */
-static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
-{
-    pm__chunk *c = pm__chunk_map_get(addr);
-    if (!c || addr < (uintptr_t)c->base || addr - (uintptr_t)c->base >= c->len)
-        return NULL;
-    *chunk = c;
-    return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
-                                memory_order_acquire);
-}
-/* pool->lock held: bytes handed out; a free block going back, or coming out
- * of, the pool's runs, spans or pending batches. */
-static inline void pm__pool_handed_add(pm__pool *pool, long long bytes)
-{
-    atomic_store_explicit(&pool->handed,
-                          atomic_load_explicit(&pool->handed, memory_order_relaxed) + bytes,
-                          memory_order_relaxed);
-}
-/* The bytes a block of span (a run's block, or a large span) counts for. */
-static inline size_t pm__block_bytes(const pm__span *span)
-{
-    return span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
-}
 /* retire.c: the end of a destroyed pool. */
 /* pool->lock held, after a free into a destroyed pool or its destroy: true
  * when the pool is finished (destroyed, nothing live, its destroy done) and
@@ -392,5 +381,20 @@ void pm__retire_poll(bool may_wait);
 bool pm__retire_reap_here(void);
 /* Tests: this many of the next reaper starts fail (set before any starts). */
 extern int pm__retire_fail_starts;
+
+/* cache.c: per-thread caches and the allocation paths. */
+/* Empties every cache of the pool into it; detach also unhooks them. */
+void pm__caches_flush_pool(pm__pool *pool, bool detach);
+/* Forgets the highest use each cache of the pool saw (USED_MEM_HIGH reset). */
+void pm__caches_reset_peaks(pm__pool *pool);
+/* Moves blocks freed on s out of every cache of the pool into pending. */
+void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s);
+pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s);
+pm_result pm__pool_free(void *p, bool async, pm_stream_t s);
+
+/* pool.c: handles, allocation and free, attributes, statistics (and pool.h). */
+/* A handle is a live pool (remembered per thread until any pool is
+ * destroyed); else PM_ERROR_INVALID_VALUE with a detail. */
+pm_result pm__pool_check(pm_mem_pool_t handle);
 
 #endif
