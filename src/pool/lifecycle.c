@@ -150,12 +150,10 @@ pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
 
 pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    pm_result r = pm__pool_check(handle);
+    pm__pool *pool = NULL;
+    pm_result r = pm__pool_of_handle(handle, &pool);
     if (r != PM_SUCCESS)
         return r;
-    pm__pool *pool = (pm__pool *)handle;
     if (pool->is_default)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_destroy: the default pool lives on");
     if (!pm__pools_remove(pool))

@@ -44,7 +44,7 @@ bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
 
 /* A handle is a live pool: checked against the list, remembered per thread
  * until any pool is destroyed. */
-pm_result pm__pool_check(pm_mem_pool_t handle)
+static pm_result check_pool(pm_mem_pool_t handle)
 {
     pm__pool *pool = (pm__pool *)handle;
     unsigned long long epoch = atomic_load_explicit(&pm__pools_epoch, memory_order_acquire);
@@ -57,13 +57,23 @@ pm_result pm__pool_check(pm_mem_pool_t handle)
     return PM_SUCCESS;
 }
 
+pm_result pm__pool_of_handle(pm_mem_pool_t handle, pm__pool **pool)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    (void)inst;
+    pm_result r = check_pool(handle);
+    if (r == PM_SUCCESS)
+        *pool = (pm__pool *)handle;
+    return r;
+}
+
 static pm_result check_alloc_args(void **pp, pm_mem_pool_t pool)
 {
     if (!pp)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_alloc_from_pool: pp is NULL");
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_alloc_from_pool: pool is NULL");
-    return pm__pool_check(pool);
+    return check_pool(pool);
 }
 
 /* The handle check's first step: the pool this thread last checked, with no
@@ -194,12 +204,10 @@ static void release_down_to(pm__pool *pool, unsigned long long keep)
 
 pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    pm_result r = pm__pool_check(handle);
+    pm__pool *pool = NULL;
+    pm_result r = pm__pool_of_handle(handle, &pool);
     if (r != PM_SUCCESS)
         return r;
-    pm__pool *pool = (pm__pool *)handle;
     pm__retire_poll(false);
     pm__caches_flush_pool(pool, false);
     pthread_mutex_lock(&pool->lock);
@@ -243,11 +251,10 @@ static pm_result set_int_attr(int *field, void *value)
     return PM_SUCCESS;
 }
 
-static pm_result check_attribute_call(pm_mem_pool_t handle, void *value, const char *call)
+static pm_result check_attribute_call(pm_mem_pool_t handle, pm__pool **pool, void *value,
+                                      const char *call)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    pm_result r = pm__pool_check(handle);
+    pm_result r = pm__pool_of_handle(handle, pool);
     if (r == PM_SUCCESS && !value)
         r = pm__fail(PM_ERROR_INVALID_VALUE, "%s: value is NULL", call);
     return r;
@@ -255,10 +262,10 @@ static pm_result check_attribute_call(pm_mem_pool_t handle, void *value, const c
 
 pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
-    pm_result r = check_attribute_call(handle, value, "pm_mem_pool_set_attribute");
+    pm__pool *pool = NULL;
+    pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_set_attribute");
     if (r != PM_SUCCESS)
         return r;
-    pm__pool *pool = (pm__pool *)handle;
     bool reset_used_high = attr == PM_MEMPOOL_ATTR_USED_MEM_HIGH && *(uint64_t *)value == 0;
     if (reset_used_high)
         pm__caches_reset_peaks(pool); /* takes caches, so before the pool's lock */
@@ -297,10 +304,10 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
 
 pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
-    pm_result r = check_attribute_call(handle, value, "pm_mem_pool_get_attribute");
+    pm__pool *pool = NULL;
+    pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_get_attribute");
     if (r != PM_SUCCESS)
         return r;
-    pm__pool *pool = (pm__pool *)handle;
     pthread_mutex_lock(&pool->lock);
     unsigned long long used = used_now(pool, NULL);
     switch (attr) {
@@ -420,7 +427,7 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
         return r0;
     pm_pool_stats st = {.struct_size = sizeof st};
     if (handle) {
-        pm_result r = pm__pool_check(handle);
+        pm_result r = check_pool(handle);
         if (r != PM_SUCCESS)
             return r;
         add_stats(handle, &st);

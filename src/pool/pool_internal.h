@@ -393,8 +393,9 @@ pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async,
 pm_result pm__pool_free(void *p, bool async, pm_stream_t s);
 
 /* pool.c: handles, allocation and free, attributes, statistics (and pool.h). */
-/* A handle is a live pool (remembered per thread until any pool is
- * destroyed); else PM_ERROR_INVALID_VALUE with a detail. */
-pm_result pm__pool_check(pm_mem_pool_t handle);
+/* A public call's first steps on one pool: the instance, then whether the
+ * handle is a live pool (PM_ERROR_INVALID_VALUE with a detail when not);
+ * *pool is set when both are there. */
+pm_result pm__pool_of_handle(pm_mem_pool_t handle, pm__pool **pool);
 
 #endif
