@@ -9,8 +9,40 @@
 #include "../budget.h"
 #include "../clock.h"
 #include "../errors.h"
-#include "../instance.h"
 #include "pool_internal.h"
+
+#ifdef PINMEM_TEST_HOOKS
+_Atomic bool pm__pool_whole_chunks;
+static pthread_mutex_t whole_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm__chunk_ops whole_keep, whole_give_back; /* made once, from the first pool's backend */
+static bool whole_made;
+
+/* ops, or with pm__pool_whole_chunks the same pinned whole, where they
+ * take chunks of any length. */
+static const pm__chunk_ops *test_chunk_ops(const pm__backend *b, const pm__chunk_ops *ops)
+{
+    if (!atomic_load(&pm__pool_whole_chunks) || ops->granule_min != 0)
+        return ops;
+    pthread_mutex_lock(&whole_lock);
+    if (!whole_made) {
+        whole_keep = b->pool_keep;
+        whole_give_back = b->pool_give_back;
+        whole_keep.granule = whole_give_back.granule = 0;
+        whole_keep.give_back_waits = whole_give_back.give_back_waits = true;
+        whole_made = true;
+    }
+    pthread_mutex_unlock(&whole_lock);
+    return ops == &b->pool_keep ? &whole_keep : &whole_give_back;
+}
+#else
+#define test_chunk_ops(b, ops) (ops)
+#endif
+
+const pm__chunk_ops *pm__pages_chunk_ops(const pm__pool *pool)
+{
+    bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
+    return test_chunk_ops(pool->backend, keep ? pool->keep_ops : pool->give_back_ops);
+}
 
 static unsigned bin_floor(size_t n)
 {
@@ -221,7 +253,7 @@ static size_t chunk_length(size_t need, size_t granule, size_t room, size_t pinn
 static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out)
 {
     size_t need = npages_needed * PM__POOL_PAGE;
-    const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
+    const pm__chunk_ops *ops = pm__pages_chunk_ops(pool);
     size_t room = room_left(pool, ops);
     if (need > room)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY,
@@ -229,7 +261,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
                         "%zu more needed",
                         pool->props.max_size, pool->reserved, need);
 
-    const size_t pinnable = pm__instance_backend()->pinnable_bytes();
+    const size_t pinnable = pool->backend->pinnable_bytes();
     const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
     const size_t len = chunk_length(need, granule, room, pinnable);
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
@@ -264,14 +296,12 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         retire_span(pool, span);
         return r;
     }
-    pm_result ignored;
-    pm__instance *inst = pm__instance_get(&ignored);
     pm__range range = {.base = (uintptr_t)base, .size = len, .pin_base = (uintptr_t)base,
                        .pin_len = len, .flags = PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP,
                        .kind = PM__RANGE_POOL};
     pm__range conflict;
     if (!pm__chunk_map_set((uintptr_t)base, len, chunk) ||
-        !pm__ranges_claim(inst->ranges, &range, &conflict)) {
+        !pm__ranges_claim(pool->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
         ops->unreserve(base, len);
         free(chunk->granules);
@@ -279,7 +309,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         retire_span(pool, span);
         return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
     }
-    pm__ranges_publish(inst->ranges, &range);
+    pm__ranges_publish(pool->ranges, &range);
     chunk->pool = pool;
     chunk->base = base;
     span->chunk = chunk;
@@ -392,11 +422,9 @@ static void release_chunk(pm__pool *pool, size_t index)
     pm__span *whole = atomic_load_explicit(&c->pages[0], memory_order_relaxed);
     bin_remove(pool, whole);
     retire_span(pool, whole);
-    pm_result ignored;
-    pm__instance *inst = pm__instance_get(&ignored);
     pm__range r;
-    if (pm__ranges_retire(inst->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
-        pm__ranges_withdraw(inst->ranges, r.pin_base);
+    if (pm__ranges_retire(pool->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
+        pm__ranges_withdraw(pool->ranges, r.pin_base);
     pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
     c->ops->unreserve(c->base, c->len);
     pool->chunks_released++;
