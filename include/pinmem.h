@@ -378,7 +378,8 @@ typedef struct pm_pool_stats {
     unsigned long long reserved;     /* bytes pinned by the pool */
     unsigned long long used_high, reserved_high;
     unsigned long long allocs, frees;        /* calls that succeeded */
-    /* Address ranges (chunks, 32 MiB and up) reserved and released. Their
+    /* Address ranges (chunks: 32 MiB and up, less where a chunk pinned whole
+     * would pass the pool's max_size) reserved and released. Their
      * memory is pinned in granules: committed while any page of theirs is in
      * use; one with no page in use is reused in place, moved (given back
      * before committing another where an allocation needs it, so the pool
@@ -392,7 +393,8 @@ typedef struct pm_pool_stats {
      * used pages and count in neither. */
     unsigned long long free_in_empty_chunks, free_in_holes;
     /* bytes in which the chunks the pool adds now are pinned (by its release
-     * threshold); 0: a chunk is pinned whole */
+     * threshold; smaller where max_size or the memlock limit leaves less
+     * room and the backend can); 0: a chunk is pinned whole */
     unsigned long long granule;
     unsigned long long granules_pinned, granules_released, granules_moved;
     unsigned long long idle_granules; /* bytes in committed granules no allocation touches */

@@ -14,10 +14,13 @@ for pkg in pytest numpy torch; do
     "$py" -c "import $pkg" 2>/dev/null || missing+=("python3-$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || ! sudo -n true 2>/dev/null || sudo="sudo -n"
+    if { [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; } && command -v apt-get >/dev/null; then
         echo "== installing ${missing[*]}"
-        apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        $sudo apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null
     else
         echo "python tests: ${missing[*]} missing (install them as root: apt-get install ${missing[*]}); what needs them is skipped"
     fi

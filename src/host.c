@@ -6,8 +6,8 @@
  * The driver answers for bytes, not pages: only the bytes asked for are an
  * allocation or a registration. The rest of an allocation's pages answers as
  * pageable memory (and cannot be registered), and two registrations may
- * share a page. pinmem answers for its own pages from its registry, never
- * from the driver's view of them. */
+ * share a page unless one is READ_ONLY and the other not. pinmem answers for
+ * its own pages from its registry, never from the driver's view of them. */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -153,11 +153,22 @@ pm_result pm_mem_free_host(void *p)
 
 /* The driver's answer to a registration whose bytes overlap what is pinned
  * already: memory it allocated itself cannot be registered, while the rest
- * of its pages and the bytes of other registrations are registered already. */
-static pm_result register_conflict(void *p, size_t bytesize, const pm__range *in_way)
+ * of its pages and the bytes of other registrations are registered already.
+ * A registration on no byte of the one in the way shares a page with one of
+ * the other READ_ONLY-ness, which the driver refuses. */
+static pm_result register_conflict(void *p, size_t bytesize, unsigned flags,
+                                   const pm__range *in_way)
 {
     const uintptr_t lo = (uintptr_t)p, hi = lo + bytesize;
     const bool on_bytes = in_way->base < hi && lo < in_way->base + in_way->size;
+    if (in_way->kind == PM__RANGE_REGISTERED && !on_bytes)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: [%p, +%zu)%s would share a page with the %s "
+                        "registration [%p, +%zu); READ_ONLY and writable registrations cannot "
+                        "share a page",
+                        p, bytesize, flags & PM_MEMHOSTREGISTER_READ_ONLY ? " (READ_ONLY)" : "",
+                        in_way->read_only ? "READ_ONLY" : "writable", (void *)in_way->base,
+                        in_way->size);
     if (in_way->kind != PM__RANGE_REGISTERED && on_bytes)
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_mem_host_register: [%p, +%zu) overlaps %s memory at %p, which is "
@@ -221,6 +232,7 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
         .pin_len = bytesize,
         .flags = (flags & PM_MEMHOSTREGISTER_PORTABLE) | PM_MEMHOSTREGISTER_DEVICEMAP,
         .kind = PM__RANGE_REGISTERED,
+        .read_only = (flags & PM_MEMHOSTREGISTER_READ_ONLY) != 0,
     };
     const size_t page = inst->backend.caps.page_size;
     pm_result res = PM_SUCCESS;
@@ -230,7 +242,7 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
             return res;
         if (conflict.kind == 0)
             return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for the range registry");
-        return register_conflict(p, bytesize, &conflict);
+        return register_conflict(p, bytesize, flags, &conflict);
     }
     /* The copy engine's cached registrations give way to the user's own. */
     pm__regcache_evict(lo, hi);

@@ -212,6 +212,27 @@ static size_t own_page_bytes(uintptr_t b, uintptr_t e, const node *prev, const n
     return (size_t)(last - lo + 1) - (first_shared ? page : 0) - (last_shared ? page : 0);
 }
 
+/* lock held: a registration of the other read_only that shares the first
+ * page of [b, e) (e > b; no extent overlaps it) from below, or its last from
+ * above. Registrations on one page are all of one kind, so the nearest on
+ * each side answers for its page; other kinds of range are passed over. */
+static const node *other_kind_on_pages(node *root, uintptr_t b, uintptr_t e, size_t page,
+                                       bool read_only)
+{
+    const uintptr_t mask = page - 1, lo = b & ~mask, last = (e - 1) | mask;
+    for (node *n = floor_node(root, b); n && extent_end(&n->r) > lo;
+         n = n->r.pin_base ? floor_node(root, n->r.pin_base - 1) : NULL)
+        if (n->r.kind == PM__RANGE_REGISTERED) {
+            if (n->r.read_only != read_only)
+                return n;
+            break;
+        }
+    for (node *n = ceil_node(root, e); n && n->r.pin_base <= last; n = successor(root, n))
+        if (n->r.kind == PM__RANGE_REGISTERED)
+            return n->r.read_only != read_only ? n : NULL;
+    return NULL;
+}
+
 static bool claim(pm__ranges *set, const pm__range *r, size_t page,
                   bool (*take)(size_t, void *), void *ctx, pm__range *conflict)
 {
@@ -227,7 +248,9 @@ static bool claim(pm__ranges *set, const pm__range *r, size_t page,
     added->height = 1;
     const uintptr_t end = extent_end(r);
     pthread_rwlock_wrlock(&set->lock);
-    node *in_way = overlapping(set->root, r->pin_base, end);
+    const node *in_way = overlapping(set->root, r->pin_base, end);
+    if (!in_way && take)
+        in_way = other_kind_on_pages(set->root, r->pin_base, end, page, r->read_only);
     bool claimed = false;
     if (in_way)
         *conflict = in_way->r;

@@ -8,6 +8,7 @@
  *    a page; allocations the driver placed have exactly their bytes too;
  *  - the user's bytes [base, base + size) lie inside the extent, and
  *    pin_base + pin_len never wraps around the address space;
+ *  - registrations that share a page are all read_only or all not;
  *  - lookups are O(log n) (AVL tree), under a reader-writer lock.
  *
  * The bytes of an extent outside the user's (the rest of an allocation's
@@ -40,6 +41,7 @@ typedef struct pm__range {
     unsigned flags;     /* the flags word queries report */
     unsigned kind;      /* pm__range_kind */
     unsigned backend_tag; /* the backend's note of how it pinned the range */
+    bool read_only;     /* a registration made with READ_ONLY */
 } pm__range;
 
 typedef struct pm__ranges pm__ranges;
@@ -58,7 +60,10 @@ bool pm__ranges_claim(pm__ranges *set, const pm__range *r, pm__range *conflict);
  * the claim's lock, take(bytes, ctx) is given the bytes of the pages (of page
  * bytes) r's extent touches that no other claimed extent touches, that is
  * what pinning r pins anew; when it returns false nothing is claimed and
- * conflict->kind is 0. */
+ * conflict->kind is 0. The driver lets no page hold registrations of both
+ * kinds of read_only, so a range that would share a page with a registration
+ * of the other kind is not claimed either: *conflict is that registration,
+ * which, unlike one in the way, has no byte in common with r. */
 bool pm__ranges_claim_pages(pm__ranges *set, const pm__range *r, size_t page,
                             bool (*take)(size_t bytes, void *ctx), void *ctx,
                             pm__range *conflict);

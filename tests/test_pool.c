@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "pool/pool_internal.h"
 #include "pool_util.h"
 
 static const size_t MiB = 1u << 20;
@@ -346,6 +347,93 @@ static void stale_run_memo(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* The least that any of the backend's ways of pinning a pool commits at
+ * once: a max_size below it leaves no room for anything (VMM granules
+ * everywhere, PINMEM_POOL_VMM=1, cannot shrink; docs/design.md). */
+static size_t least_pool_commit(void)
+{
+    pm_result r;
+    const pm__instance *inst = pm__instance_get(&r);
+    if (!inst)
+        return PM__POOL_PAGE;
+    const size_t keep = inst->backend.pool_keep.granule_min,
+                 give_back = inst->backend.pool_give_back.granule_min;
+    const size_t least = keep < give_back ? keep : give_back;
+    return least > PM__POOL_PAGE ? least : PM__POOL_PAGE;
+}
+
+/* A pool of max_size pins up to it, rounded down to what its chunks commit
+ * at once, and never more: in granules, in smaller ones where max_size is
+ * not a multiple of them and the backend can, or in a chunk pinned whole,
+ * then no larger than max_size. */
+static void fill_to_max_size(size_t max_size, bool threshold_zero)
+{
+    NEED_PINNABLE(2 * max_size); /* so that the memlock limit binds no chunk */
+    pm_mem_pool_t pool = make_pool(max_size);
+    REQUIRE(pool != NULL);
+    uint64_t zero = 0;
+    if (threshold_zero)
+        CHECK_RESULT(pm_mem_pool_set_attribute(pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero),
+                     PM_SUCCESS);
+    pm_pool_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
+    if (st.granule > max_size && least_pool_commit() > max_size) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "max_size %zu is below the %llu-byte granule that every way this backend "
+                 "pins a pool commits at once",
+                 max_size, st.granule);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+        SKIP_CASE(why);
+    }
+    const size_t unit = st.granule ? st.granule : PM__POOL_PAGE;
+    const size_t cap = max_size - max_size % unit;
+    CHECK(cap > PM__POOL_SMALL_MAX); /* one large allocation can take it all */
+    void *all = NULL, *more = NULL;
+    pm_result r = pm_mem_alloc_from_pool(&all, cap, pool);
+    CHECK_RESULT(r, PM_SUCCESS);
+    if (r == PM_SUCCESS) {
+        CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == cap);
+        CHECK_RESULT(pm_mem_alloc_from_pool(&more, 1000, pool), PM_ERROR_OUT_OF_MEMORY);
+        CHECK(strstr(pm_last_error_detail(), "max_size") != NULL);
+        CHECK_RESULT(pm_mem_free(all), PM_SUCCESS);
+    }
+    /* In pieces: a small block's run, then the rest. */
+    void *small = NULL, *rest = NULL;
+    const size_t run = pm__class_run_pages(pm__class_of(1000)) * PM__POOL_PAGE;
+    r = pm_mem_alloc_from_pool(&small, 1000, pool);
+    CHECK_RESULT(r, PM_SUCCESS);
+    if (r == PM_SUCCESS && cap - run > PM__POOL_SMALL_MAX) {
+        r = pm_mem_alloc_from_pool(&rest, cap - run, pool);
+        CHECK_RESULT(r, PM_SUCCESS);
+        CHECK_RESULT(pm_mem_alloc_from_pool(&more, 2 * MiB, pool), PM_ERROR_OUT_OF_MEMORY);
+        CHECK(strstr(pm_last_error_detail(), "max_size") != NULL);
+        if (r == PM_SUCCESS)
+            CHECK_RESULT(pm_mem_free(rest), PM_SUCCESS);
+    }
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_HIGH) <= max_size);
+    if (small)
+        CHECK_RESULT(pm_mem_free(small), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+/* Every way of pinning, with the max_size of a test pool, one that no
+ * granule divides, and one below the driver's VMM granule; and in whole
+ * chunks, as CUDA pins pools that keep their memory, on every backend.
+ * Sizes below a granule that cannot shrink, where no other way of pinning
+ * takes less, are skipped: such a pool cannot hold anything. */
+static void max_size_room(void)
+{
+    const size_t limits[] = {4 * MiB, 3 * MiB + 1, MiB + 64 * 1024};
+    for (int whole = 0; whole <= 1; whole++) {
+        atomic_store(&pm__pool_whole_chunks, whole);
+        for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+            for (int threshold_zero = 0; threshold_zero <= 1; threshold_zero++)
+                fill_to_max_size(limits[i], threshold_zero);
+    }
+    atomic_store(&pm__pool_whole_chunks, false);
+}
+
 int main(void)
 {
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
@@ -362,5 +450,6 @@ int main(void)
     numa_placement();
     stats();
     stale_run_memo();
+    max_size_room();
     return check_finish("pool");
 }

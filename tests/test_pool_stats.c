@@ -1,11 +1,13 @@
 /* Statistics of all pools: the user's pools, including destroyed ones whose
  * allocations still live, and not the staging ring; the same
- * for PINMEM_STATS=1 at exit. */
+ * for PINMEM_STATS=1 at exit. Pools of 4 MiB, pinned as the backend pins
+ * them and in whole chunks (as CUDA pins pools that keep their memory). */
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "copy_util.h"
+#include "pool/pool_internal.h"
 #include "pool_util.h"
 
 static pm_pool_stats all_pools(void)
@@ -59,7 +61,7 @@ static void destroyed_pool_counted(void)
 
 /* PINMEM_STATS=1 prints at exit what a destroyed pool's live allocation
  * holds. Runs in a child that has not used pinmem, with stderr in a pipe. */
-static int exit_stats_count_destroyed(void)
+static int exit_stats_count_destroyed(bool whole_chunks)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -71,6 +73,7 @@ static int exit_stats_count_destroyed(void)
         dup2(fds[1], 2);
         close(fds[0]);
         setenv("PINMEM_STATS", "1", 1);
+        atomic_store(&pm__pool_whole_chunks, whole_chunks);
         pm_mem_pool_t pool = make_pool(4u << 20);
         void *p = NULL;
         if (!pool || pm_mem_alloc_from_pool(&p, 1000, pool) != PM_SUCCESS ||
@@ -91,18 +94,22 @@ static int exit_stats_count_destroyed(void)
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && strstr(out, "\"live\":1,") &&
              strstr(out, "\"used\":1024,");
     if (!ok)
-        fprintf(stderr, "PINMEM_STATS with a destroyed pool in use (status 0x%x): %s\n", status,
-                out);
+        fprintf(stderr, "PINMEM_STATS with a destroyed pool in use%s (status 0x%x): %s\n",
+                whole_chunks ? ", whole chunks" : "", status, out);
     return ok;
 }
 
 int main(void)
 {
     /* First, while this process has not used pinmem. */
-    CHECK(exit_stats_count_destroyed());
+    CHECK(exit_stats_count_destroyed(false));
+    CHECK(exit_stats_count_destroyed(true));
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     printf("backend: %s\n", pm_backend_name());
     staging_pool_left_out();
     destroyed_pool_counted();
+    atomic_store(&pm__pool_whole_chunks, true);
+    destroyed_pool_counted();
+    atomic_store(&pm__pool_whole_chunks, false);
     return check_finish("pool_stats");
 }

@@ -45,7 +45,11 @@ typedef struct pm__marker {
  * granule bytes from the chunk's start; 0: a chunk is one granule. unreserve
  * runs once nothing in the chunk is committed. give_back_waits: decommitting
  * waits for all device work, so the pools do it only when asked to (trim,
- * the release threshold at synchronization). */
+ * the release threshold at synchronization). granule_min: the smallest
+ * granule commit and decommit take, a power of two that divides granule (0:
+ * any whole number of pages, and a chunk of any such length); pools pin in
+ * smaller granules, down to it, where max_size or the memlock limit leaves
+ * less room than granule. */
 typedef struct pm__chunk_ops {
     const char *name;
     size_t granule;
@@ -54,6 +58,7 @@ typedef struct pm__chunk_ops {
     pm_result (*commit)(void *p, size_t len, int numa_node);
     void (*decommit)(void *p, size_t len);
     void (*unreserve)(void *base, size_t len);
+    size_t granule_min;
 } pm__chunk_ops;
 
 /* What memory an address is, for pm_memcpy (pointer_kind below). */
@@ -157,9 +162,11 @@ typedef struct pm__backend {
      * name one that answers as if it did (test_hooks.h). */
     pm_result (*stream_capture_status)(pm_stream_t s, bool *capturing);
     /* Called first on each thread pinmem starts that may call the driver (the
-     * staging workers, the registration cache's listener): such threads must
-     * not disturb a graph capture another thread has in progress (cuda: the
-     * thread's capture mode is relaxed; posix: nothing to do). */
+     * staging workers, the registration cache's listener, the pools'
+     * reaper): such threads must not disturb a graph capture another thread
+     * has in progress, and run their driver calls in pinmem's context (cuda:
+     * the thread's capture mode is relaxed and the primary context made
+     * current; posix: nothing to do). */
     void (*own_thread_start)(void);
     /* The driver's own copy, direction from the pointers (cuMemcpy,
      * cuMemcpyAsync): for what the copy engine does not take. posix: a

@@ -412,12 +412,14 @@ static void pick_pool_chunks(pm__backend *out)
 {
     static const pm__chunk_ops registered = {"registered chunks", 0, true,
                                              pm__reserve_chunk_range, registered_chunk_commit,
-                                             registered_chunk_decommit, registered_chunk_unreserve};
+                                             registered_chunk_decommit, registered_chunk_unreserve,
+                                             0};
     unsigned long long choice = pm__option_value(PM__OPT_POOL_VMM);
     bool never = choice == PM__POOL_VMM_NEVER, always = choice == PM__POOL_VMM_ALWAYS;
     size_t granule = never ? 0 : pm__cuda_vmm_open(cu);
+    /* cuMemCreate takes whole granules only: they cannot shrink. */
     pm__chunk_ops vmm = {"VMM host granules", granule, false, vmm_chunk_reserve,
-                         vmm_chunk_commit, vmm_chunk_decommit, vmm_chunk_unreserve};
+                         vmm_chunk_commit, vmm_chunk_decommit, vmm_chunk_unreserve, granule};
     out->pool_give_back = granule ? vmm : registered;
     out->pool_keep = always && granule ? vmm : registered;
 }
@@ -584,11 +586,16 @@ static pm_result cuda_stream_capture_status(pm_stream_t s, bool *capturing)
 
 /* Relaxed: the driver then checks nothing this thread does against captures
  * other threads have in progress in global mode; its own streams never
- * capture. */
+ * capture. The primary context stays current on the thread, so that every
+ * driver call it makes runs there, those outside a context scope (event
+ * queries and releases) included, and the scopes need no push. */
 static void cuda_own_thread_start(void)
 {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     cu->thread_exchange_capture_mode(&mode);
+    CUcontext current = NULL;
+    if (cu->ctx_get_current(&current) == CUDA_SUCCESS && !current)
+        cu->ctx_push(primary);
 }
 
 static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,

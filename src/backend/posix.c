@@ -540,10 +540,11 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->marker_release = pm__posix_marker_release;
     out->marker_synchronize = pm__posix_marker_synchronize;
     out->marker_rerecord = pm__posix_marker_rerecord;
-    /* Granules of a huge page, as the driver's VMM host granule, for every pool. */
+    /* Granules of a huge page, as the driver's VMM host granule, for every
+     * pool; mlock takes any pages, so smaller ones where a pool needs them. */
     out->pool_keep = (pm__chunk_ops){"mlock granules", (size_t)2 << 20, false,
                                      pm__reserve_chunk_range, posix_chunk_commit,
-                                     posix_chunk_decommit, posix_chunk_unreserve};
+                                     posix_chunk_decommit, posix_chunk_unreserve, 0};
     out->pool_give_back = out->pool_keep;
     out->device_alloc = posix_device_alloc;
     out->copy_htod = posix_copy_htod;

@@ -62,7 +62,7 @@ static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
     if (n && pm__pending_add(pool, tag_of(c), blocks, n) != PM_SUCCESS) {
         /* No marker could be recorded: wait for the stream instead, and the
          * blocks are free at once. */
-        pm__instance_backend()->stream_synchronize(tag_of(c));
+        pool->backend->stream_synchronize(tag_of(c));
         for (size_t i = 0; i < n; i++) {
             pm__chunk *chunk;
             pm__central_free_block(pool, pm__span_of((uintptr_t)blocks[i], &chunk), blocks[i]);
@@ -318,6 +318,16 @@ static pm_result refill(pm__pool *pool, pm__cache *c, pm__bin *bin, unsigned cls
     return bin->n ? PM_SUCCESS : why;
 }
 
+/* pool->lock held, after an allocation on the slow path by a thread whose
+ * cache for the pool holds held bytes (0: none): the pool's USED_MEM_HIGH
+ * (see pool.c's used_high_now). */
+static void note_high(pm__pool *pool, long long held)
+{
+    long long in_use = atomic_load_explicit(&pool->handed, memory_order_relaxed) - held;
+    if (in_use > 0 && (unsigned long long)in_use > pool->used_high)
+        pool->used_high = (unsigned long long)in_use;
+}
+
 static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
     if (bytesize > ((size_t)1 << 46))
@@ -359,7 +369,7 @@ static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool asy
         pool->requested += (long long)bytesize;
         pool->allocs++;
         pool->live++;
-        pm__pool_note_high(pool, c ? load(&c->held) : 0);
+        note_high(pool, c ? load(&c->held) : 0);
     }
     pthread_mutex_unlock(&pool->lock);
     if (c)
@@ -484,7 +494,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         added = pm__pending_add(pool, s, &p, 1);
     if (added != PM_SUCCESS) {
         if (async) /* no marker: wait for the stream, then it is free */
-            pm__instance_backend()->stream_synchronize(s);
+            pool->backend->stream_synchronize(s);
         if (span->kind == SPAN_RUN)
             pm__central_free_block(pool, span, p);
         else
@@ -493,7 +503,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
     pool->requested -= (long long)bytes;
     pool->frees++;
     pool->live--;
-    bool finish = pm__pool_claim_finish(pool);
+    bool finish = pm__retire_claim(pool);
     pthread_mutex_unlock(&pool->lock);
     if (finish)
         pm__retire_finish(pool);

@@ -16,17 +16,19 @@
 #include "../budget.h"
 #include "../clock.h"
 #include "../errors.h"
-#include "../instance.h"
 #include "pool_internal.h"
 
 static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__POOL_PAGE; }
 
-size_t pm__granule_to_fit(size_t granule, size_t pinnable)
+size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable, size_t max_size)
 {
-    if (granule == 0 || pinnable == SIZE_MAX ||
-        !pm__instance_backend()->caps.pinning_limited_by_memlock_rlimit)
-        return granule;
-    while (granule > PM__POOL_PAGE && granule > pinnable / 4)
+    size_t granule = ops->granule;
+    size_t least = ops->granule_min > PM__POOL_PAGE ? ops->granule_min : PM__POOL_PAGE;
+    size_t usable = max_size - max_size % PM__POOL_PAGE;
+    /* A quarter of the headroom, so that small pools fit under the limit;
+     * a divisor of max_size, so that all of it can be pinned. */
+    while (granule > least && ((pinnable != SIZE_MAX && granule > pinnable / 4) ||
+                               (max_size && usable % granule != 0)))
         granule /= 2;
     return granule;
 }
@@ -155,13 +157,13 @@ static pm_result commit(pm__pool *pool, pm__chunk *c, size_t g, size_t n)
 /* Whether bytes more can be pinned (after movable bytes are given back):
  * asked before pinning anything, so that a request the system's limit
  * dooms fails at once, with nothing locked and no page touched. */
-static pm_result check_pinnable(size_t bytes, size_t movable)
+static pm_result check_pinnable(const pm__backend *b, size_t bytes, size_t movable)
 {
-    size_t can = pm__instance_backend()->pinnable_bytes();
+    size_t can = b->pinnable_bytes();
     if (can == SIZE_MAX || bytes <= can || bytes - can <= movable)
         return PM_SUCCESS;
     struct rlimit rl;
-    if (pm__instance_backend()->caps.pinning_limited_by_memlock_rlimit &&
+    if (b->caps.pinning_limited_by_memlock_rlimit &&
         getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY,
                         "pool memory: pinning %zu more bytes would pass RLIMIT_MEMLOCK "
@@ -184,7 +186,7 @@ pm_result pm__granules_commit(pm__pool *pool, pm__chunk *c, size_t first, size_t
      * pass the limit; more may be pinned in several runs, or touched by
      * many threads first (backend.h). */
     if (missing > granule_bytes(c)) {
-        pm_result r = check_pinnable(missing, move ? pool->idle_bytes : 0);
+        pm_result r = check_pinnable(pool->backend, missing, move ? pool->idle_bytes : 0);
         if (r != PM_SUCCESS)
             return r;
     }

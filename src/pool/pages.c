@@ -9,8 +9,40 @@
 #include "../budget.h"
 #include "../clock.h"
 #include "../errors.h"
-#include "../instance.h"
 #include "pool_internal.h"
+
+#ifdef PINMEM_TEST_HOOKS
+_Atomic bool pm__pool_whole_chunks;
+static pthread_mutex_t whole_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm__chunk_ops whole_keep, whole_give_back; /* made once, from the first pool's backend */
+static bool whole_made;
+
+/* ops, or with pm__pool_whole_chunks the same pinned whole, where they
+ * take chunks of any length. */
+static const pm__chunk_ops *test_chunk_ops(const pm__backend *b, const pm__chunk_ops *ops)
+{
+    if (!atomic_load(&pm__pool_whole_chunks) || ops->granule_min != 0)
+        return ops;
+    pthread_mutex_lock(&whole_lock);
+    if (!whole_made) {
+        whole_keep = b->pool_keep;
+        whole_give_back = b->pool_give_back;
+        whole_keep.granule = whole_give_back.granule = 0;
+        whole_keep.give_back_waits = whole_give_back.give_back_waits = true;
+        whole_made = true;
+    }
+    pthread_mutex_unlock(&whole_lock);
+    return ops == &b->pool_keep ? &whole_keep : &whole_give_back;
+}
+#else
+#define test_chunk_ops(b, ops) (ops)
+#endif
+
+const pm__chunk_ops *pm__pages_chunk_ops(const pm__pool *pool)
+{
+    bool keep = pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
+    return test_chunk_ops(pool->backend, keep ? pool->keep_ops : pool->give_back_ops);
+}
 
 static unsigned bin_floor(size_t n)
 {
@@ -184,19 +216,54 @@ static void set_pages(pm__span *s)
 
 static void release_chunk(pm__pool *pool, size_t index);
 
+/* The bytes max_size still lets the pool commit in a new chunk of ops:
+ * besides what is free of it, the idle granules that committing there
+ * would move (pm__granules_commit). */
+static size_t room_left(const pm__pool *pool, const pm__chunk_ops *ops)
+{
+    if (!pool->props.max_size)
+        return SIZE_MAX;
+    unsigned long long held = pool->reserved;
+    if (!ops->give_back_waits)
+        for (size_t i = 0; i < pool->n_chunks; i++) {
+            const pm__chunk *c = pool->chunks[i];
+            if (!c->ops->give_back_waits)
+                held -= c->idle_granules * c->granule_pages * PM__POOL_PAGE;
+        }
+    return held < pool->props.max_size ? pool->props.max_size - held : 0;
+}
+
+/* The length of a new chunk for need bytes: whole steps of address space,
+ * except that a chunk pinned whole is never larger than room (nor than
+ * half of what may still be pinned), so that a small max_size or memlock
+ * limit leaves the pool usable. */
+static size_t chunk_length(size_t need, size_t granule, size_t room, size_t pinnable)
+{
+    size_t len = (need + PM__CHUNK_STEP - 1) / PM__CHUNK_STEP * PM__CHUNK_STEP;
+    if (granule != 0)
+        return len;
+    size_t cap = room < pinnable / 2 ? room : pinnable / 2;
+    cap -= cap % PM__POOL_PAGE;
+    if (cap < len)
+        len = cap > need ? cap : need;
+    return len;
+}
+
 /* Reserves address space for a chunk that holds npages_needed pages. */
 static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out)
 {
     size_t need = npages_needed * PM__POOL_PAGE;
-    size_t len = (need + PM__CHUNK_STEP - 1) / PM__CHUNK_STEP * PM__CHUNK_STEP;
-    if (pool->props.max_size && pool->reserved - pool->idle_bytes + need > pool->props.max_size)
+    const pm__chunk_ops *ops = pm__pages_chunk_ops(pool);
+    size_t room = room_left(pool, ops);
+    if (need > room)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY,
                         "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
                         "%zu more needed",
                         pool->props.max_size, pool->reserved, need);
 
-    const pm__chunk_ops *ops = pm__pool_chunk_ops(pool);
-    const size_t pinnable = pm__instance_backend()->pinnable_bytes();
+    const size_t pinnable = pool->backend->pinnable_bytes();
+    const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
+    const size_t len = chunk_length(need, granule, room, pinnable);
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
     pm__span *span = new_span(pool);
     if (pool->n_chunks == pool->cap_chunks) {
@@ -213,7 +280,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     }
     if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
-        pm__granules_init(chunk, pm__granule_to_fit(ops->granule, pinnable)) != PM_SUCCESS) {
+        pm__granules_init(chunk, granule) != PM_SUCCESS) {
         if (chunk)
             free(chunk->granules);
         free(chunk);
@@ -229,14 +296,12 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         retire_span(pool, span);
         return r;
     }
-    pm_result ignored;
-    pm__instance *inst = pm__instance_get(&ignored);
     pm__range range = {.base = (uintptr_t)base, .size = len, .pin_base = (uintptr_t)base,
                        .pin_len = len, .flags = PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP,
                        .kind = PM__RANGE_POOL};
     pm__range conflict;
     if (!pm__chunk_map_set((uintptr_t)base, len, chunk) ||
-        !pm__ranges_claim(inst->ranges, &range, &conflict)) {
+        !pm__ranges_claim(pool->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
         ops->unreserve(base, len);
         free(chunk->granules);
@@ -244,7 +309,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         retire_span(pool, span);
         return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
     }
-    pm__ranges_publish(inst->ranges, &range);
+    pm__ranges_publish(pool->ranges, &range);
     chunk->pool = pool;
     chunk->base = base;
     span->chunk = chunk;
@@ -259,10 +324,8 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
      * reserve, unless max_size or what may still be pinned leaves no room
      * for it; later growth commits only what allocations touch. */
     if (pool->reserved == 0) {
-        size_t room = pool->props.max_size ? pool->props.max_size - pool->reserved : len;
-        if (pinnable / 2 < room) /* leave the rest for others */
-            room = pinnable / 2;
-        size_t whole = room < len ? npages_needed : chunk->npages;
+        size_t fits = room < pinnable / 2 ? room : pinnable / 2; /* leave the rest for others */
+        size_t whole = fits < len ? npages_needed : chunk->npages;
         r = pm__granules_commit(pool, chunk, 0, whole, false);
         if (r != PM_SUCCESS) {
             release_chunk(pool, pool->n_chunks - 1);
@@ -359,11 +422,9 @@ static void release_chunk(pm__pool *pool, size_t index)
     pm__span *whole = atomic_load_explicit(&c->pages[0], memory_order_relaxed);
     bin_remove(pool, whole);
     retire_span(pool, whole);
-    pm_result ignored;
-    pm__instance *inst = pm__instance_get(&ignored);
     pm__range r;
-    if (pm__ranges_retire(inst->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
-        pm__ranges_withdraw(inst->ranges, r.pin_base);
+    if (pm__ranges_retire(pool->ranges, (uintptr_t)c->base, PM__RANGE_POOL, &r) == PM__RETIRED)
+        pm__ranges_withdraw(pool->ranges, r.pin_base);
     pm__chunk_map_set((uintptr_t)c->base, c->len, NULL);
     c->ops->unreserve(c->base, c->len);
     pool->chunks_released++;

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "../errors.h"
-#include "../instance.h"
 #include "../stream_order.h"
 #include "pool_internal.h"
 
@@ -17,7 +16,7 @@ pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n
     void **copy = malloc(n * sizeof *copy);
     pm_result r = PM_ERROR_OUT_OF_MEMORY;
     if (p && copy)
-        r = pm__instance_backend()->marker_record(s, &p->marker);
+        r = pool->backend->marker_record(s, &p->marker);
     else
         pm__fail(r, "out of memory for a pending free");
     if (r != PM_SUCCESS) {
@@ -32,7 +31,7 @@ pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n
         pm__pool_handed_add(pool, -(long long)pm__block_bytes(span));
     }
     p->stream = s;
-    p->id_known = pm__instance_backend()->stream_id(s, &p->stream_id) == PM_SUCCESS;
+    p->id_known = pool->backend->stream_id(s, &p->stream_id) == PM_SUCCESS;
     p->tick = pm__order_now();
     p->n = p->cap = n;
     p->blocks = copy;
@@ -52,14 +51,14 @@ static void give_back(pm__pool *pool, pm__pending *p)
         else
             pm__central_free_block(pool, span, p->blocks[i]);
     }
-    pm__instance_backend()->marker_release(&p->marker);
+    pool->backend->marker_release(&p->marker);
     free(p->blocks);
     free(p);
 }
 
 size_t pm__pending_reclaim(pm__pool *pool, pm_stream_t s, bool async)
 {
-    const pm__backend *b = pm__instance_backend();
+    const pm__backend *b = pool->backend;
     size_t reclaimed = 0;
     for (pm__pending **link = &pool->pending; *link;) {
         pm__pending *p = *link;
@@ -101,7 +100,7 @@ static void *take_block(pm__pool *pool, pm__pending **link, size_t i)
     p->blocks[i] = p->blocks[--p->n];
     if (p->n == 0) {
         *link = p->next;
-        pm__instance_backend()->marker_release(&p->marker);
+        pool->backend->marker_release(&p->marker);
         free(p->blocks);
         free(p);
     }
@@ -142,7 +141,7 @@ void *pm__pending_take_ordered(pm__pool *pool, pm_stream_t s, size_t bytesize, u
     size_t i;
     if (!find_serving(pool, s, bytesize, cls, any_batch, NULL, &link, &i))
         return NULL;
-    if (pm__instance_backend()->marker_wait(s, &(*link)->marker) != PM_SUCCESS)
+    if (pool->backend->marker_wait(s, &(*link)->marker) != PM_SUCCESS)
         return NULL; /* no dependency, no reuse */
     return take_block(pool, link, i);
 }
@@ -159,7 +158,7 @@ void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, 
     unsigned long long id;
     pm__pending **link;
     size_t i;
-    if (pm__instance_backend()->stream_id(s, &id) != PM_SUCCESS ||
+    if (pool->backend->stream_id(s, &id) != PM_SUCCESS ||
         !find_serving(pool, s, bytesize, cls, followed, &id, &link, &i))
         return NULL;
     return take_block(pool, link, i); /* s's work already waits for the free */

@@ -1,65 +1,17 @@
-/* pm_mem_pool_t: creation, handles, attributes, trim, statistics, and the
- * teardown of a destroyed pool once its last allocation is freed (when and
- * where: retire.c). */
+/* pm_mem_pool_t once made: handle checks, allocation and free, trim,
+ * attributes and statistics, and what stream synchronization asks of every
+ * pool. Creation and destruction: lifecycle.c. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../errors.h"
-#include "../handle_set.h"
 #include "../instance.h"
 #include "../versioned.h"
 #include "fast.h"
 
-/* Process-wide (part of the instance): live pools, for handle checks, stream
- * synchronization and statistics; and which thread-cache slots are taken. */
-static pm__handle_set live_pools = PM__HANDLE_SET_INIT;
-static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER; /* the two below */
-static bool slot_taken[PM__MAX_CACHED_POOLS];
-static unsigned long long next_generation = 1;
-/* Bumped when a pool is destroyed and when it is torn down: what a thread
- * checked or remembered of pools before is then checked again. */
-static _Atomic unsigned long long pools_epoch = 1;
+/* The pool this thread checked last, and the epoch it checked it in. */
 static _Thread_local pm__pool *checked_pool __attribute__((tls_model("initial-exec")));
 static _Thread_local unsigned long long checked_epoch __attribute__((tls_model("initial-exec")));
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static pm__pool *default_pool;
-static pm_result default_result = PM_ERROR_NOT_INITIALIZED;
-
-/* In a forked child, on its one thread: the fast paths stop trusting what
- * this thread remembers, so every pool call takes the general way, which
- * refuses. Lock-free: the parent's other threads may have held any lock. */
-static void after_fork_in_child(void)
-{
-    atomic_fetch_add(&pools_epoch, 1);
-    for (unsigned i = 0; i < PM__MAX_CACHED_POOLS; i++)
-        pm__thread_caches[i] = NULL;
-}
-
-static void print_stats(void);
-
-/* The pools' part of the instance, set up as the first pool is made (no
- * pool call reaches a size class or a thread cache before that). */
-static pm__instance_hooks hooks = {.after_fork_in_child = after_fork_in_child,
-                                   .print_stats = print_stats};
-static pthread_once_t module_once = PTHREAD_ONCE_INIT;
-
-static void module_init(void)
-{
-    pm__classes_init();
-    pm__instance_add_hooks(&hooks);
-}
-
-/* The default threshold keeps everything, so its chunks are pinned the
- * fastest way; any other asks for memory to go back, so its chunks are
- * pinned in pieces that go back one by one without waiting for the device
- * (backend.h). Chunks keep the way they were pinned. */
-const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool)
-{
-    const pm__backend *b = pm__instance_backend();
-    return pool->release_threshold == PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD ? &b->pool_keep
-                                                                           : &b->pool_give_back;
-}
 
 const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr)
 {
@@ -95,185 +47,24 @@ bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size)
 static pm_result check_pool(pm_mem_pool_t handle)
 {
     pm__pool *pool = (pm__pool *)handle;
-    unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
+    unsigned long long epoch = atomic_load_explicit(&pm__pools_epoch, memory_order_acquire);
     if (pool && pool == checked_pool && epoch == checked_epoch)
         return PM_SUCCESS; /* as checked_recently */
-    if (!pm__handle_set_contains(&live_pools, pool))
+    if (!pm__pools_contains(pool))
         return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
     checked_pool = pool;
     checked_epoch = epoch;
     return PM_SUCCESS;
 }
 
-static pm_result check_props(const pm_mem_pool_props *props, int *numa_node)
-{
-    if (!props)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: props is NULL");
-    for (size_t i = 0; i < sizeof props->reserved; i++)
-        if (props->reserved[i])
-            return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: reserved bytes must be 0");
-    if (props->handle_types != 0)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_mem_pool_create: handle_types must be 0: host pools are not shareable");
-    switch (props->location.type) {
-    case PM_MEM_LOCATION_TYPE_HOST:
-        *numa_node = -1;
-        return PM_SUCCESS;
-    case PM_MEM_LOCATION_TYPE_HOST_NUMA:
-        if (!pm__numa_node_exists(props->location.id))
-            return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: NUMA node %d does not exist",
-                            props->location.id);
-        *numa_node = props->location.id;
-        return PM_SUCCESS;
-    case PM_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_mem_pool_create: HOST_NUMA_CURRENT is not a pool location");
-    default:
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: location type %d is not HOST "
-                        "or HOST_NUMA", (int)props->location.type);
-    }
-}
-
-static void release_slot(const pm__pool *pool)
-{
-    pthread_mutex_lock(&slots_lock);
-    if (pool->slot < PM__MAX_CACHED_POOLS)
-        slot_taken[pool->slot] = false;
-    pthread_mutex_unlock(&slots_lock);
-}
-
-static pm_result create(pm__pool **out, const pm_mem_pool_props *props, bool is_default)
-{
-    pthread_once(&module_once, module_init);
-    int numa_node = -1;
-    pm_result r = check_props(props, &numa_node);
-    if (r != PM_SUCCESS)
-        return r;
-    pm__pool *pool = calloc(1, sizeof *pool);
-    if (!pool || pthread_mutex_init(&pool->lock, NULL) != 0) {
-        free(pool);
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_mem_pool_create: out of memory");
-    }
-    pool->props = *props;
-    pool->numa_node = numa_node;
-    pool->is_default = is_default;
-    pool->release_threshold = PM_MEMPOOL_DEFAULT_RELEASE_THRESHOLD;
-    pool->reuse_follow_event_deps = pool->reuse_opportunistic = pool->reuse_internal_deps = 1;
-    pthread_mutex_lock(&slots_lock);
-    pool->slot = PM__MAX_CACHED_POOLS;
-    for (unsigned i = 0; i < PM__MAX_CACHED_POOLS && pool->slot == PM__MAX_CACHED_POOLS; i++)
-        if (!slot_taken[i])
-            slot_taken[pool->slot = i] = true;
-    pool->generation = next_generation++;
-    pthread_mutex_unlock(&slots_lock);
-    bool listed = pm__handle_set_add(&live_pools, pool);
-    if (!listed) {
-        release_slot(pool);
-        pthread_mutex_destroy(&pool->lock);
-        free(pool);
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_mem_pool_create: out of memory");
-    }
-    *out = pool;
-    return PM_SUCCESS;
-}
-
-pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props)
-{
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    if (!pool)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
-    pm__retire_poll();
-    pm__pool *p = NULL;
-    pm_result r = create(&p, props, false);
-    if (r == PM_SUCCESS)
-        *pool = (pm_mem_pool_t)p;
-    return r;
-}
-
-static void make_default_pool(void)
-{
-    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-    default_result = create(&default_pool, &props, true);
-}
-
-pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
-{
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    if (!pool)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_get_default_pool: pool is NULL");
-    pthread_once(&default_once, make_default_pool);
-    if (default_result != PM_SUCCESS)
-        return pm__fail(default_result, "the default pool could not be created");
-    *pool = (pm_mem_pool_t)default_pool;
-    return PM_SUCCESS;
-}
-
-void pm__pool_teardown(pm__pool *pool)
-{
-    /* Threads' memos of this pool's runs (run_of) go stale before its chunks
-     * and spans go, so that none can match an address a new chunk takes. */
-    atomic_fetch_add(&pools_epoch, 1);
-    pthread_mutex_lock(&pool->lock);
-    pm__pending_release_all(pool);
-    pm__central_release_empty_runs(pool);
-    pm__pages_release_all(pool);
-    pthread_mutex_unlock(&pool->lock);
-    for (pm__span *s = pool->spare_spans, *next; s; s = next) {
-        next = s->bin_next;
-        free((void *)s->requested);
-        free(s->free_idx);
-        free(s);
-    }
-    for (size_t i = 0; i < pool->n_graveyard; i++)
-        free(pool->graveyard[i]);
-    free(pool->graveyard);
-    free(pool->chunks);
-    pthread_mutex_destroy(&pool->lock);
-    free(pool);
-}
-
-bool pm__pool_claim_finish(pm__pool *pool)
-{
-    if (!pool->destroyed || pool->destroying || pool->live != 0 || pool->finishing)
-        return false;
-    pool->finishing = true;
-    return true;
-}
-
-pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
+pm_result pm__pool_of_handle(pm_mem_pool_t handle, pm__pool **pool)
 {
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = check_pool(handle);
-    if (r != PM_SUCCESS)
-        return r;
-    pm__pool *pool = (pm__pool *)handle;
-    if (pool->is_default)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_destroy: the default pool lives on");
-    /* Waits out any walk over the pools; the next ones will not see it. */
-    if (!pm__handle_set_remove(&live_pools, pool))
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
-    release_slot(pool);
-    atomic_fetch_add(&pools_epoch, 1);
-    /* Until every thread cache is flushed, live counts only part of the
-     * blocks in use: no free may finish the pool before then. */
-    pthread_mutex_lock(&pool->lock);
-    pool->destroyed = pool->destroying = true;
-    pthread_mutex_unlock(&pool->lock);
-    pm__caches_flush_pool(pool, true);
-    /* Memory in use stays until its last free, which finishes the pool;
-     * meanwhile statistics still count it. */
-    pm__retire_list(pool);
-    pthread_mutex_lock(&pool->lock);
-    pool->destroying = false;
-    bool finish = pm__pool_claim_finish(pool);
-    pthread_mutex_unlock(&pool->lock);
-    if (finish)
-        pm__retire_finish(pool);
-    pm__retire_poll();
-    return PM_SUCCESS;
+    if (r == PM_SUCCESS)
+        *pool = (pm__pool *)handle;
+    return r;
 }
 
 static pm_result check_alloc_args(void **pp, pm_mem_pool_t pool)
@@ -290,7 +81,7 @@ static pm_result check_alloc_args(void **pp, pm_mem_pool_t pool)
 static inline bool checked_recently(pm_mem_pool_t pool)
 {
     return pool && (pm__pool *)pool == checked_pool &&
-           atomic_load_explicit(&pools_epoch, memory_order_acquire) == checked_epoch;
+           atomic_load_explicit(&pm__pools_epoch, memory_order_acquire) == checked_epoch;
 }
 
 /* Kept out of line, so that the fast paths need no stack frame. */
@@ -361,7 +152,7 @@ static _Thread_local run_memo last_run __attribute__((tls_model("initial-exec"))
 
 static inline __attribute__((always_inline)) pm__span *run_of(void *p)
 {
-    unsigned long long epoch = atomic_load_explicit(&pools_epoch, memory_order_acquire);
+    unsigned long long epoch = atomic_load_explicit(&pm__pools_epoch, memory_order_acquire);
     pm__span *run = last_run.run;
     if (run && (uintptr_t)p - last_run.base < last_run.bytes && last_run.epoch == epoch &&
         atomic_load_explicit(&run->run_hot.incarnation, memory_order_acquire) ==
@@ -413,13 +204,11 @@ static void release_down_to(pm__pool *pool, unsigned long long keep)
 
 pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    pm_result r = check_pool(handle);
+    pm__pool *pool = NULL;
+    pm_result r = pm__pool_of_handle(handle, &pool);
     if (r != PM_SUCCESS)
         return r;
-    pm__pool *pool = (pm__pool *)handle;
-    pm__retire_poll();
+    pm__retire_poll(false);
     pm__caches_flush_pool(pool, false);
     pthread_mutex_lock(&pool->lock);
     release_down_to(pool, min_bytes_to_keep);
@@ -456,24 +245,16 @@ static unsigned long long used_high_now(pm__pool *pool)
     return pool->used_high > peaks ? pool->used_high : peaks;
 }
 
-void pm__pool_note_high(pm__pool *pool, long long held)
-{
-    long long in_use = atomic_load_explicit(&pool->handed, memory_order_relaxed) - held;
-    if (in_use > 0 && (unsigned long long)in_use > pool->used_high)
-        pool->used_high = (unsigned long long)in_use;
-}
-
 static pm_result set_int_attr(int *field, void *value)
 {
     *field = *(int *)value != 0;
     return PM_SUCCESS;
 }
 
-static pm_result check_attribute_call(pm_mem_pool_t handle, void *value, const char *call)
+static pm_result check_attribute_call(pm_mem_pool_t handle, pm__pool **pool, void *value,
+                                      const char *call)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
-    pm_result r = check_pool(handle);
+    pm_result r = pm__pool_of_handle(handle, pool);
     if (r == PM_SUCCESS && !value)
         r = pm__fail(PM_ERROR_INVALID_VALUE, "%s: value is NULL", call);
     return r;
@@ -481,10 +262,10 @@ static pm_result check_attribute_call(pm_mem_pool_t handle, void *value, const c
 
 pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
-    pm_result r = check_attribute_call(handle, value, "pm_mem_pool_set_attribute");
+    pm__pool *pool = NULL;
+    pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_set_attribute");
     if (r != PM_SUCCESS)
         return r;
-    pm__pool *pool = (pm__pool *)handle;
     bool reset_used_high = attr == PM_MEMPOOL_ATTR_USED_MEM_HIGH && *(uint64_t *)value == 0;
     if (reset_used_high)
         pm__caches_reset_peaks(pool); /* takes caches, so before the pool's lock */
@@ -523,10 +304,10 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
 
 pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
-    pm_result r = check_attribute_call(handle, value, "pm_mem_pool_get_attribute");
+    pm__pool *pool = NULL;
+    pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_get_attribute");
     if (r != PM_SUCCESS)
         return r;
-    pm__pool *pool = (pm__pool *)handle;
     pthread_mutex_lock(&pool->lock);
     unsigned long long used = used_now(pool, NULL);
     switch (attr) {
@@ -573,7 +354,7 @@ static void flush_stream_of(void *handle, void *stream)
 
 void pm__pools_flush_stream(pm_stream_t s)
 {
-    pm__handle_set_for_each(&live_pools, flush_stream_of, (void *)s); /* as below */
+    pm__pools_for_each(flush_stream_of, (void *)s); /* as below */
 }
 
 static void settle_after_sync(void *handle, void *stream)
@@ -598,8 +379,8 @@ void pm__pools_after_sync(pm_stream_t s)
     /* The walk holds the set's lock throughout, so no pool in it can be
      * destroyed and torn down under it. That lock is the outermost: nothing
      * takes it while holding a cache's or a pool's lock. */
-    pm__handle_set_for_each(&live_pools, settle_after_sync, (void *)s);
-    pm__retire_poll();
+    pm__pools_for_each(settle_after_sync, (void *)s);
+    pm__retire_poll(true);
 }
 
 static void add_stats(void *handle, void *stats)
@@ -627,8 +408,8 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__granule_to_fit(pm__pool_chunk_ops(pool)->granule,
-                                     pm__instance_backend()->pinnable_bytes());
+    st->granule = pm__granule_to_fit(pm__pages_chunk_ops(pool), pool->backend->pinnable_bytes(),
+                                     pool->props.max_size);
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
     st->granules_moved += pool->granules_moved;
@@ -654,7 +435,7 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
         /* Pools are only torn down after leaving the set, which waits for
          * this walk, and the list of destroyed ones still in use, whose walk
          * holds its lock. */
-        pm__handle_set_for_each(&live_pools, add_stats, &st);
+        pm__pools_for_each(add_stats, &st);
         pm__retire_for_each_listed(add_stats, &st);
     }
     size_t n = stats->struct_size;
@@ -686,12 +467,4 @@ pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size
     if (!buf || (size_t)len >= cap)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_stats_json: needs %d bytes", len + 1);
     return PM_SUCCESS;
-}
-
-/* PINMEM_STATS=1, at exit. */
-static void print_stats(void)
-{
-    char json[768];
-    if (pm_mem_pool_stats_json(NULL, json, sizeof json, NULL) == PM_SUCCESS)
-        fprintf(stderr, "pinmem pools: %s\n", json);
 }

@@ -1,7 +1,7 @@
 /* Host memory pools: the structures behind pm_mem_pool_t.
  *
  * Locks, in the order they may be taken:
- *   0. live_pools's lock (pool.c): the set of live pools, held by walks over
+ *   0. live_pools's lock (live.c): the set of live pools, held by walks over
  *      it; likewise the list of destroyed pools still in use (retire.c)
  *   1. a thread cache (its owner's entry, or anyone's taking it over)
  *   2. pool->lock: chunks, spans, runs, pending batches, counters, the list
@@ -22,10 +22,12 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../ranges.h"
 #include "../test_hooks.h"
 #include "classes.h"
 #include "ownership.h"
 #include "pinmem.h"
+#include "pool.h"
 
 #define PM__CHUNK_STEP ((size_t)32 << 20) /* address reservation step and chunk alignment */
 #define PM__MAX_CACHED_POOLS 64           /* pools with thread caches; more work uncached */
@@ -88,7 +90,7 @@ typedef struct pm__granule {
  * use, and one with none in use may be given back or moved. */
 struct pm__chunk {
     pm__pool *pool;
-    const pm__chunk_ops *ops; /* how its memory is pinned (pm__pool_chunk_ops when added) */
+    const pm__chunk_ops *ops; /* how its memory is pinned (pm__pages_chunk_ops when added) */
     uint8_t *base;
     size_t len, npages, free_pages;
     size_t granule_pages, ngranules;
@@ -148,7 +150,14 @@ typedef struct pm__cache {
 
 struct pm__pool {
     pthread_mutex_t lock;
+    /* The instance's parts the pool's files use, set as it is made, so that
+     * they take them from the pool and never reach up for the instance. */
+    const pm__backend *backend;
+    pm__ranges *ranges; /* where its chunks are registered */
     pm_mem_pool_props props;
+    /* How it pins chunks: with the default release threshold, and with any
+     * other (pm__pages_chunk_ops); chosen as it is made, by its max_size. */
+    const pm__chunk_ops *keep_ops, *give_back_ops;
     int numa_node;                 /* -1: anywhere */
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
     unsigned long long generation; /* tells a reused slot from its old pool */
@@ -156,7 +165,7 @@ struct pm__pool {
     /* guarded by lock (as everything below) */
     bool destroyed;
     bool destroying; /* the destroy is still flushing thread caches */
-    bool finishing;  /* claimed by whoever tears it down (pm__pool_claim_finish) */
+    bool finishing;  /* claimed by whoever tears it down (pm__retire_claim) */
     /* retire.c, under its locks: in the list of destroyed pools still in
      * use, and in the reaper's */
     struct pm__pool *listed_prev, *listed_next;
@@ -192,46 +201,8 @@ struct pm__pool {
 #endif
 };
 
-/* pages.c: chunks and the page allocator (pool->lock held). */
-pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
-void pm__pages_free(pm__pool *pool, pm__span *span);
-/* Whether npages free pages in a row are there without pinning more. */
-bool pm__pages_fit(pm__pool *pool, size_t npages);
-/* Gives back committed granules with no page in use, those of wholly free
- * chunks first, while reserved stays at or above keep; then releases the
- * address ranges of chunks left wholly free and uncommitted. */
-void pm__pages_release(pm__pool *pool, unsigned long long keep);
-void pm__pages_release_all(pm__pool *pool);
-/* Committed bytes on no allocation's pages, in wholly free chunks and in
- * chunks in use. */
-void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
-                          unsigned long long *in_holes);
-
-/* granules.c: committing and giving back chunk memory (pool->lock held). */
-/* The granule for a new chunk when pinnable bytes can still be pinned: the
- * backend's, or under a memlock limit (where mlock takes any page multiple)
- * a smaller one, down to a pool page, so that small pools fit in it. */
-size_t pm__granule_to_fit(size_t granule, size_t pinnable);
-pm_result pm__granules_init(pm__chunk *c, size_t granule_bytes);
-/* Counts [first, first + npages) of c as busy or free again. */
-void pm__granules_mark(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool busy);
-/* Bytes of the granules [first, first + npages) touches that are not committed. */
-size_t pm__granules_missing(const pm__chunk *c, size_t first, size_t npages);
-/* Commits the granules [first, first + npages) touches. With move, idle
- * granules elsewhere worth up to the bytes to commit are given back first,
- * so that the pool's memory moves where it is needed instead of growing. */
-pm_result pm__granules_commit(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool move);
-/* After pages of c were freed: where giving back does not wait for the
- * device, idle granules above the release threshold go back now. */
-void pm__granules_after_free(pm__pool *pool, pm__chunk *c);
-/* Gives back idle granules of c (high addresses first) while reserved stays
- * at or above keep and at most budget bytes go; the bytes given back. */
-unsigned long long pm__granules_give_back(pm__pool *pool, pm__chunk *c, unsigned long long keep,
-                                          unsigned long long budget);
-/* Committed bytes of c on free pages. */
-unsigned long long pm__granules_free_committed(const pm__chunk *c);
-/* Frees p with the pool, not before: lock-free readers may still hold it. */
-void pm__keep_until_pool_dies(pm__pool *pool, void *p);
+/* What each file offers the others, in the order of their layers, lowest
+ * first (tests/layers.txt); lifecycle.c, on top, has only public calls. */
 
 /* chunk_map.c: address -> chunk for every 32 MiB, lock-free for readers. */
 #define PM__CHUNK_MAP_LEAF_BITS 12
@@ -255,6 +226,105 @@ static inline pm__chunk *pm__chunk_map_get(uintptr_t addr)
              : NULL;
 }
 
+/* Helpers every file of the pools uses. */
+static inline _Atomic uint64_t *pm__requested(pm__span *s, size_t index)
+{
+    return &s->requested[index * s->req_stride];
+}
+
+/* The span holding addr, and its chunk; NULL outside every pool. */
+static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
+{
+    pm__chunk *c = pm__chunk_map_get(addr);
+    if (!c || addr < (uintptr_t)c->base || addr - (uintptr_t)c->base >= c->len)
+        return NULL;
+    *chunk = c;
+    return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
+                                memory_order_acquire);
+}
+
+/* pool->lock held: bytes handed out; a free block going back, or coming out
+ * of, the pool's runs, spans or pending batches. */
+static inline void pm__pool_handed_add(pm__pool *pool, long long bytes)
+{
+    atomic_store_explicit(&pool->handed,
+                          atomic_load_explicit(&pool->handed, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+}
+
+/* The bytes a block of span (a run's block, or a large span) counts for. */
+static inline size_t pm__block_bytes(const pm__span *span)
+{
+    return span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
+}
+
+/* live.c: which pools live. */
+/* Bumped when a pool is destroyed and when it is torn down: what a thread
+ * checked or remembered of pools before is then checked again. Hidden, so
+ * that the fast paths read it as directly as a variable of their own. */
+extern _Atomic unsigned long long pm__pools_epoch __attribute__((visibility("hidden")));
+/* Gives the pool a thread-cache slot (none when all are taken) and a new
+ * generation, and lists it as live; false when out of memory. */
+bool pm__pools_add(pm__pool *pool);
+/* Unlists the pool, once any walk over the live pools is done, frees its
+ * slot and bumps the epoch; false when it was not listed. */
+bool pm__pools_remove(pm__pool *pool);
+bool pm__pools_contains(const pm__pool *pool);
+/* Calls visit on every live pool; none can be unlisted meanwhile, and no
+ * cache or pool lock may be held when calling this. */
+void pm__pools_for_each(void (*visit)(void *pool, void *arg), void *arg);
+
+/* granules.c: committing and giving back chunk memory (pool->lock held). */
+/* The granule for a new chunk of ops in a pool of max_size (0: none) when
+ * pinnable bytes can still be pinned: the ops' own, or where they take
+ * smaller ones (granule_min) and a memlock limit or max_size leaves less
+ * room, a smaller one, down to a pool page; 0: the chunk is pinned whole. */
+size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable, size_t max_size);
+pm_result pm__granules_init(pm__chunk *c, size_t granule_bytes);
+/* Counts [first, first + npages) of c as busy or free again. */
+void pm__granules_mark(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool busy);
+/* Bytes of the granules [first, first + npages) touches that are not committed. */
+size_t pm__granules_missing(const pm__chunk *c, size_t first, size_t npages);
+/* Commits the granules [first, first + npages) touches. With move, idle
+ * granules elsewhere worth up to the bytes to commit are given back first,
+ * so that the pool's memory moves where it is needed instead of growing. */
+pm_result pm__granules_commit(pm__pool *pool, pm__chunk *c, size_t first, size_t npages, bool move);
+/* After pages of c were freed: where giving back does not wait for the
+ * device, idle granules above the release threshold go back now. */
+void pm__granules_after_free(pm__pool *pool, pm__chunk *c);
+/* Gives back idle granules of c (high addresses first) while reserved stays
+ * at or above keep and at most budget bytes go; the bytes given back. */
+unsigned long long pm__granules_give_back(pm__pool *pool, pm__chunk *c, unsigned long long keep,
+                                          unsigned long long budget);
+/* Committed bytes of c on free pages. */
+unsigned long long pm__granules_free_committed(const pm__chunk *c);
+
+/* pages.c: chunks and the page allocator (pool->lock held). */
+/* How the pool pins the chunks it adds now: by its release threshold.
+ * Chunks keep the way they were pinned. */
+const pm__chunk_ops *pm__pages_chunk_ops(const pm__pool *pool);
+#ifdef PINMEM_TEST_HOOKS
+/* Tests: pools pin new chunks whole and give them back only when asked, as
+ * the CUDA backend pins pools that keep their memory, wherever the backend's
+ * chunk ops take any length (set while no pool is being added to). */
+extern _Atomic bool pm__pool_whole_chunks;
+#endif
+pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why);
+void pm__pages_free(pm__pool *pool, pm__span *span);
+/* Whether npages free pages in a row are there without pinning more. */
+bool pm__pages_fit(pm__pool *pool, size_t npages);
+/* Gives back committed granules with no page in use, those of wholly free
+ * chunks first, while reserved stays at or above keep; then releases the
+ * address ranges of chunks left wholly free and uncommitted. */
+void pm__pages_release(pm__pool *pool, unsigned long long keep);
+void pm__pages_release_all(pm__pool *pool);
+/* Committed bytes on no allocation's pages, in wholly free chunks and in
+ * chunks in use. */
+void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
+                          unsigned long long *in_holes);
+/* Frees p with the pool, not before: lock-free readers may still hold it. */
+void pm__keep_until_pool_dies(pm__pool *pool, void *p);
+
 /* central.c: runs of small blocks and large spans (pool->lock held). */
 /* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
 void *pm__central_alloc(pm__pool *pool, size_t bytesize, unsigned cls, pm_result *why);
@@ -271,16 +341,6 @@ void pm__central_release_empty_runs(pm__pool *pool);
 size_t pm__central_take(pm__pool *pool, unsigned cls, void **out, _Atomic uint64_t **req,
                         size_t want, pm_result *why);
 
-/* cache.c: per-thread caches and the allocation paths. */
-/* Empties every cache of the pool into it; detach also unhooks them. */
-void pm__caches_flush_pool(pm__pool *pool, bool detach);
-/* Forgets the highest use each cache of the pool saw (USED_MEM_HIGH reset). */
-void pm__caches_reset_peaks(pm__pool *pool);
-/* Moves blocks freed on s out of every cache of the pool into pending. */
-void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s);
-pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s);
-pm_result pm__pool_free(void *p, bool async, pm_stream_t s);
-
 /* pending.c: blocks freed on streams (pool->lock held). */
 pm_result pm__pending_add(pm__pool *pool, pm_stream_t s, void **blocks, size_t n);
 /* Returns blocks whose stream work is done to their runs; how many. */
@@ -296,56 +356,13 @@ void *pm__pending_take_followed(pm__pool *pool, pm_stream_t s, size_t bytesize, 
  * after its streams were synchronized. */
 void pm__pending_release_all(pm__pool *pool);
 
-/* pool.c */
-/* How the pool pins the chunks it adds now: by its release threshold. */
-const pm__chunk_ops *pm__pool_chunk_ops(const pm__pool *pool);
-/* The block holding addr and its requested size: the pool-memory answer to
- * queries. false when addr is in no live pool allocation. */
-bool pm__pool_find(uintptr_t addr, uintptr_t *base, size_t *size);
-/* The pools' counterpart of a stream sync: flush, reap, release above threshold. */
-void pm__pools_after_sync(pm_stream_t s);
-static inline _Atomic uint64_t *pm__requested(pm__span *s, size_t index)
-{
-    return &s->requested[index * s->req_stride];
-}
-
-/* The span holding addr, and its chunk; NULL outside every pool. */
-static inline pm__span *pm__span_of(uintptr_t addr, pm__chunk **chunk)
-{
-    pm__chunk *c = pm__chunk_map_get(addr);
-    if (!c || addr < (uintptr_t)c->base || addr - (uintptr_t)c->base >= c->len)
-        return NULL;
-    *chunk = c;
-    return atomic_load_explicit(&c->pages[(addr - (uintptr_t)c->base) / PM__POOL_PAGE],
-                                memory_order_acquire);
-}
-/* pool->lock held, after an allocation on the slow path by a thread whose
- * cache for the pool holds held bytes (0: none). */
-void pm__pool_note_high(pm__pool *pool, long long held);
-/* pool->lock held: bytes handed out; a free block going back, or coming out
- * of, the pool's runs, spans or pending batches. */
-static inline void pm__pool_handed_add(pm__pool *pool, long long bytes)
-{
-    atomic_store_explicit(&pool->handed,
-                          atomic_load_explicit(&pool->handed, memory_order_relaxed) + bytes,
-                          memory_order_relaxed);
-}
-/* The bytes a block of span (a run's block, or a large span) counts for. */
-static inline size_t pm__block_bytes(const pm__span *span)
-{
-    return span->kind == SPAN_RUN ? pm__class_size(span->cls) : span->npages * PM__POOL_PAGE;
-}
+/* retire.c: the end of a destroyed pool. */
 /* pool->lock held, after a free into a destroyed pool or its destroy: true
  * when the pool is finished (destroyed, nothing live, its destroy done) and
- * nobody else has claimed it; the caller then calls pm__pool_finish once the
- * lock is released. Deciding under the lock that counted the last free down
- * lets only one thread ever see the pool's end. */
-bool pm__pool_claim_finish(pm__pool *pool);
-/* Gives everything of a claimed pool back and frees it; its stream frees
- * must be done. */
-void pm__pool_teardown(pm__pool *pool);
-
-/* retire.c */
+ * nobody else has claimed it; the caller then calls pm__retire_finish once
+ * the lock is released. Deciding under the lock that counted the last free
+ * down lets only one thread ever see the pool's end. */
+bool pm__retire_claim(pm__pool *pool);
 /* Lists a pool being destroyed until it is finished, so that statistics of
  * all pools still count the memory its live allocations hold. */
 void pm__retire_list(pm__pool *pool);
@@ -355,12 +372,30 @@ void pm__retire_for_each_listed(void (*visit)(void *pool, void *arg), void *arg)
 /* The end of a claimed pool: unlisted, then torn down now or by the reaper. */
 void pm__retire_finish(pm__pool *pool);
 /* Starts the reaper again if its start failed, and meanwhile tears down
- * here what no longer waits. Cheap when no pool waits. */
-void pm__retire_poll(void);
+ * here what no longer waits for streams, and with may_wait (the caller
+ * synchronizes) even where giving memory back waits for the device. Cheap
+ * when no pool waits. */
+void pm__retire_poll(bool may_wait);
 /* Tears down here the waiting pools whose teardown no longer waits (for
  * callers short of memory); whether there were any. */
 bool pm__retire_reap_here(void);
 /* Tests: this many of the next reaper starts fail (set before any starts). */
 extern int pm__retire_fail_starts;
+
+/* cache.c: per-thread caches and the allocation paths. */
+/* Empties every cache of the pool into it; detach also unhooks them. */
+void pm__caches_flush_pool(pm__pool *pool, bool detach);
+/* Forgets the highest use each cache of the pool saw (USED_MEM_HIGH reset). */
+void pm__caches_reset_peaks(pm__pool *pool);
+/* Moves blocks freed on s out of every cache of the pool into pending. */
+void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s);
+pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s);
+pm_result pm__pool_free(void *p, bool async, pm_stream_t s);
+
+/* pool.c: handles, allocation and free, attributes, statistics (and pool.h). */
+/* A public call's first steps on one pool: the instance, then whether the
+ * handle is a live pool (PM_ERROR_INVALID_VALUE with a detail when not);
+ * *pool is set when both are there. */
+pm_result pm__pool_of_handle(pm_mem_pool_t handle, pm__pool **pool);
 
 #endif

@@ -12,7 +12,9 @@
  *
  * A reaper that cannot be started is started again at the next pool call
  * that looks (pm__retire_poll); meanwhile those calls tear down, in the
- * caller's thread, the pools whose teardown no longer waits. At exit the
+ * caller's thread, the pools whose teardown no longer waits, and a stream's
+ * synchronization, which waits anyway, also those whose giving back waits
+ * for the device, rather than leave them pinned for good. At exit the
  * reaper stops before its next teardown, and pools still waiting stay as
  * they are: the process gives their memory back as it ends.
  *
@@ -30,7 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../instance.h"
 #include "pool_internal.h"
 
 /* Process-wide (part of the lazily created instance). */
@@ -50,7 +51,7 @@ int pm__retire_fail_starts;  /* reap_lock */
 /* Every stream free of the pool's is done. */
 static bool markers_done(pm__pool *pool)
 {
-    const pm__backend *b = pm__instance_backend();
+    const pm__backend *b = pool->backend;
     for (pm__pending *p = pool->pending; p; p = p->next)
         if (!b->marker_done(&p->marker))
             return false;
@@ -64,6 +65,32 @@ static bool release_waits(pm__pool *pool)
         if (pool->chunks[i]->ops->give_back_waits && pool->chunks[i]->committed_granules > 0)
             return true;
     return false;
+}
+
+/* Gives everything of a claimed pool back and frees it; its stream frees
+ * must be done. */
+static void teardown(pm__pool *pool)
+{
+    /* Threads' memos of this pool's runs (run_of) go stale before its chunks
+     * and spans go, so that none can match an address a new chunk takes. */
+    atomic_fetch_add(&pm__pools_epoch, 1);
+    pthread_mutex_lock(&pool->lock);
+    pm__pending_release_all(pool);
+    pm__central_release_empty_runs(pool);
+    pm__pages_release_all(pool);
+    pthread_mutex_unlock(&pool->lock);
+    for (pm__span *s = pool->spare_spans, *next; s; s = next) {
+        next = s->bin_next;
+        free((void *)s->requested);
+        free(s->free_idx);
+        free(s);
+    }
+    for (size_t i = 0; i < pool->n_graveyard; i++)
+        free(pool->graveyard[i]);
+    free(pool->graveyard);
+    free(pool->chunks);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
 }
 
 static void stop_at_exit(void)
@@ -102,16 +129,18 @@ static pm__pool *take_ready_locked(bool here_and_now)
 
 /* Streams' work takes from microseconds to forever: look again soon, then
  * less and less often. */
-static void *reaper_main(void *unused)
+static void *reaper_main(void *backend)
 {
-    (void)unused;
+    /* It queries events and gives memory back to the driver: in pinmem's
+     * context, and without disturbing another thread's graph capture. */
+    ((const pm__backend *)backend)->own_thread_start();
     long nap_us = 1000;
     pthread_mutex_lock(&reap_lock);
     while (reap_list && !exiting) {
         pm__pool *pool = take_ready_locked(false);
         if (pool) {
             pthread_mutex_unlock(&reap_lock);
-            pm__pool_teardown(pool);
+            teardown(pool);
             pthread_mutex_lock(&reap_lock);
             nap_us = 1000;
             continue;
@@ -129,9 +158,10 @@ static void *reaper_main(void *unused)
     return NULL;
 }
 
-/* reap_lock held: a reaper runs in this process, started now if need be;
- * false when it could not be started. */
-static bool reaper_alive_locked(void)
+/* reap_lock held: a reaper runs in this process, started now if need be
+ * with b, the backend of the pools it reaps; false when it could not be
+ * started. */
+static bool reaper_alive_locked(const pm__backend *b)
 {
     if (reaper_running && reaper_pid == getpid())
         return true;
@@ -150,7 +180,7 @@ static bool reaper_alive_locked(void)
     if (pm__retire_fail_starts > 0)
         pm__retire_fail_starts--;
     else
-        reaper_running = pthread_create(&thread, &attr, reaper_main, NULL) == 0;
+        reaper_running = pthread_create(&thread, &attr, reaper_main, (void *)b) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
     if (reaper_running)
@@ -168,8 +198,16 @@ static void reap_later(pm__pool *pool)
     if (reaper_running && reaper_pid == getpid())
         pthread_cond_signal(&reap_wake);
     else
-        reaper_alive_locked(); /* when this fails, pm__retire_poll tries again */
+        reaper_alive_locked(pool->backend); /* when this fails, pm__retire_poll tries again */
     pthread_mutex_unlock(&reap_lock);
+}
+
+bool pm__retire_claim(pm__pool *pool)
+{
+    if (!pool->destroyed || pool->destroying || pool->live != 0 || pool->finishing)
+        return false;
+    pool->finishing = true;
+    return true;
 }
 
 void pm__retire_list(pm__pool *pool)
@@ -217,20 +255,22 @@ void pm__retire_finish(pm__pool *pool)
     bool now = markers_done(pool) && !release_waits(pool);
     pthread_mutex_unlock(&pool->lock);
     if (now)
-        pm__pool_teardown(pool);
+        teardown(pool);
     else
         reap_later(pool);
 }
 
-bool pm__retire_reap_here(void)
+/* Tears down here the waiting pools whose streams are done, and of those
+ * only the ones whose giving back does not wait unless may_wait. */
+static bool reap_here(bool may_wait)
 {
     if (!atomic_load_explicit(&waiting, memory_order_relaxed))
         return false;
     bool reaped = false;
     pthread_mutex_lock(&reap_lock);
-    for (pm__pool *pool; !exiting && (pool = take_ready_locked(true));) {
+    for (pm__pool *pool; !exiting && (pool = take_ready_locked(!may_wait));) {
         pthread_mutex_unlock(&reap_lock);
-        pm__pool_teardown(pool);
+        teardown(pool);
         reaped = true;
         pthread_mutex_lock(&reap_lock);
     }
@@ -238,13 +278,15 @@ bool pm__retire_reap_here(void)
     return reaped;
 }
 
-void pm__retire_poll(void)
+bool pm__retire_reap_here(void) { return reap_here(false); }
+
+void pm__retire_poll(bool may_wait)
 {
     if (!atomic_load_explicit(&waiting, memory_order_relaxed))
         return;
     pthread_mutex_lock(&reap_lock);
-    bool alive = reaper_alive_locked();
+    bool alive = !reap_list || reaper_alive_locked(reap_list->backend); /* none left: none needed */
     pthread_mutex_unlock(&reap_lock);
     if (!alive)
-        pm__retire_reap_here();
+        reap_here(may_wait);
 }

@@ -25,9 +25,11 @@ def _preload_path():
 
 def test_preload_path_command():
     expected = _preload_path()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    if os.environ.get("PINMEM_TEST_INSTALLED") == "1":
-        env.pop("PYTHONPATH")
+    env = dict(os.environ)
+    # The package as this test imports it: the tree's, or the installed one
+    # (whose site directory may itself be on PYTHONPATH).
+    if os.environ.get("PINMEM_TEST_INSTALLED") != "1":
+        env["PYTHONPATH"] = str(ROOT / "python")
     run = subprocess.run([sys.executable, "-m", "pinmem", "preload-path"], capture_output=True,
                          text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr

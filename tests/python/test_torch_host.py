@@ -53,8 +53,14 @@ used = pool.stats()["used"]
 assert n <= used <= n * 9 // 8, used          # PyTorch's own would take 16 MiB
 assert torch_host.counts()["live"] == 1
 if hasattr(torch.cuda, "host_memory_stats"):
+    # PyTorch's names for the statistics vary by version: find the current
+    # count of active requests and bytes among the flattened keys.
     stats = torch.cuda.host_memory_stats()
-    assert stats["active_requests.current"] == 1 and stats["active_bytes.current"] == n, stats
+    def current(stat):
+        keys = [k for k in stats if stat in k and k.endswith("current")]
+        assert keys, ("no current " + stat + " among", sorted(stats))
+        return stats[keys[0]]
+    assert current("active_requests") == 1 and current("active_bytes") == n, stats
 del x
 assert torch_host.counts()["live"] == 0
 
