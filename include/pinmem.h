@@ -460,6 +460,27 @@ typedef enum {
                                      the DMA engine there, not from memory */
 } pm_copy_stores;
 
+/* Copies both ways at once through the staging buffers. */
+typedef enum {
+    PM_COPY_RING_DEFAULT = 0,
+    PM_COPY_RING_SHARED = 1, /* whoever asks first takes a free buffer */
+    PM_COPY_RING_SPLIT = 2   /* while copies run both ways at once, each direction holds at
+                                most half the buffers, so neither waits behind the other */
+} pm_copy_ring;
+
+/* How pm_memcpy_batch_async moves its blocks. */
+typedef enum {
+    PM_COPY_BATCH_DEFAULT = 0,
+    PM_COPY_BATCH_GATHER = 1, /* pageable blocks are gathered into (or scattered from) the
+                                 staging buffers by the workers; the DMAs of a buffer's blocks,
+                                 and the page-locked blocks, go to the driver in one call where
+                                 it has a batch copy (cuMemcpyBatchAsync) */
+    PM_COPY_BATCH_EACH = 2,   /* gathered the same way, one driver call a DMA */
+    PM_COPY_BATCH_DRIVER = 3  /* every block to the driver's own batch copy (pageable sources
+                                 read during the call), or one driver call a block where it
+                                 has none */
+} pm_copy_batch;
+
 /* How copies work. A zero field means the default: the environment's value
  * where it names one, else chosen from the machine; pm_copy_get_config
  * reports the values in effect, and pm_copy_set_config(pm_copy_get_config())
@@ -473,7 +494,11 @@ typedef enum {
  * demoting), registration_cache PINMEM_REGISTRATION_CACHE (0 or 1),
  * cache_min_bytes PINMEM_REGISTRATION_CACHE_MIN and cache_max_bytes
  * PINMEM_REGISTRATION_CACHE_MAX (from 4 KiB), pinned_budget
- * PINMEM_PINNED_BUDGET. Sizes of memory are rounded up to whole pages; in
+ * PINMEM_PINNED_BUDGET, first_piece_bytes PINMEM_COPY_FIRST_PIECE (4 KiB to
+ * 256 MiB), pieces PINMEM_COPY_PIECES (1 to 1024), spin_us
+ * PINMEM_COPY_SPIN_US (1 to 10000; -1: none), ring PINMEM_COPY_RING
+ * (default, shared or split), batch PINMEM_COPY_BATCH (default, gather, each
+ * or driver). Sizes of memory are rounded up to whole pages; in
  * the environment, sizes take K, M, G and T suffixes. A value outside its
  * limits is refused with PM_ERROR_INVALID_VALUE (from the environment: by
  * pm_init and every later call). */
@@ -506,6 +531,17 @@ typedef struct pm_copy_config {
                                     all). The engine steers the count below it: the DMA
                                     engine reads those buffers from the memory the threads
                                     copy through, and too many threads copying slow it */
+    /* How a staged copy is cut into pieces, each moved by one DMA: the first piece is
+     * first_piece_bytes (default: slice_bytes), each next one twice the one before, up to
+     * the copy's bytes / pieces (default 1: up to a whole buffer), never past a buffer. Small
+     * first pieces start the first DMA sooner; large pieces run the DMA engine faster. */
+    size_t first_piece_bytes;
+    unsigned pieces;
+    unsigned spin_us;            /* after its last slice, a worker looks for more work this
+                                    long before it sleeps; (unsigned)-1: not at all (the
+                                    default) */
+    pm_copy_ring ring;           /* DEFAULT: SPLIT */
+    pm_copy_batch batch;         /* DEFAULT: GATHER */
 } pm_copy_config;
 
 /* config and its struct_size are checked. */
@@ -549,6 +585,11 @@ typedef struct pm_copy_stats {
     unsigned ring_buffers;
     unsigned long long ring_buffer_bytes;
     char ring_note[224];
+    /* pm_memcpy_batch_async: */
+    unsigned long long batch_calls;      /* calls that moved something */
+    unsigned long long batch_copies;     /* their elements of more than 0 bytes */
+    unsigned long long dma_batch_calls;  /* driver calls that queued several DMAs at once
+                                            (cuMemcpyBatchAsync; posix: one stream task) */
 } pm_copy_stats;
 
 /* stats and its struct_size are checked. */
@@ -589,6 +630,32 @@ PM_API pm_result pm_device_free(pm_deviceptr dptr);
  * ordered on the default stream, as the synchronous copies above are. */
 PM_API pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes);
 PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t stream);
+
+/* cuMemcpyBatchAsync without attributes: count copies, each direction from its pointers,
+ * in stream order with respect to other work on stream, in any order among themselves.
+ *
+ * Each element is what pm_memcpy_async(dsts[i], srcs[i], sizes[i], stream) would be: host
+ * memory of any kind on either side, device memory, or both; a pageable source may be
+ * reused once the call returns, a pageable destination holds its bytes when it returns,
+ * page-locked memory is read and written in stream order. Pageable blocks are gathered
+ * through the copy engine's staging buffers and page-locked ones go straight to the DMA
+ * engine, many DMAs to a driver call (pm_copy_config.batch). stream may be NULL, the legacy
+ * stream (which the driver's own batch copy refuses).
+ *
+ * Everything is checked before anything moves, and a bad element fails the whole call with
+ * PM_ERROR_INVALID_VALUE and a detail naming its index: a NULL pointer with a size, a range
+ * that wraps around, a destination that overlaps its own source, another element's
+ * destination or another element's source (copies in a batch may not depend on each
+ * other), a device range that runs past its allocation's end (posix). An element of 0
+ * bytes does nothing and its pointers are not looked at. count 0 and a NULL array are
+ * PM_ERROR_INVALID_VALUE, as with the driver; the stream is checked
+ * (PM_ERROR_INVALID_HANDLE). On a stream that is capturing a graph (cuda) every host side
+ * must be page-locked (PM_ERROR_STREAM_CAPTURE_UNSUPPORTED otherwise, as
+ * pm_memcpy_htod_async), and the elements are captured as copies of their own. A failure
+ * while copying (the driver's) is returned as it comes; elements may then have been
+ * copied in part. */
+PM_API pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                                       const size_t *sizes, size_t count, pm_stream_t stream);
 
 #ifdef __cplusplus
 }

@@ -80,6 +80,26 @@ static const spec table[PM__OPT_COUNT] = {
     [PM__OPT_COPY_STORES] = {"PINMEM_COPY_STORES", "staging_stores", CHOICE, 0,
                              "default|cached|streaming|demoting", 0, 0, 0, "default",
                              "how staging threads store into and out of the buffers"},
+    [PM__OPT_COPY_FIRST_PIECE] = {"PINMEM_COPY_FIRST_PIECE", "first_piece_bytes", SIZE,
+                                  ZERO_DEFAULT | PAGES, NULL, 4 * KIB, 256 * MIB, 0, "the slice",
+                                  "a staged copy's first piece (one DMA); each next one doubles"},
+    [PM__OPT_COPY_PIECES] = {"PINMEM_COPY_PIECES", "pieces", COUNT, ZERO_DEFAULT, NULL, 1, 1024, 1,
+                             "1", "a staged copy is cut into at least this many pieces (DMAs), "
+                                  "none smaller than the first"},
+    [PM__OPT_COPY_SPIN_US] = {"PINMEM_COPY_SPIN_US", "spin_us", COUNT, ZERO_DEFAULT | NONE, NULL,
+                              1, 10000, PM__OPT_NONE, "-1 (none)",
+                              "microseconds a staging worker looks for more work after its last "
+                              "slice before it sleeps (-1: none)"},
+    [PM__OPT_COPY_RING] = {"PINMEM_COPY_RING", "ring", CHOICE, 0, "default|shared|split", 0, 0, 0,
+                           "default (split)",
+                           "copies both ways at once: each direction holds at most half the "
+                           "staging buffers (split), or whoever asks first takes one (shared)"},
+    [PM__OPT_COPY_BATCH] = {"PINMEM_COPY_BATCH", "batch", CHOICE, 0,
+                            "default|gather|each|driver", 0, 0, 0, "default (gather)",
+                            "pm_memcpy_batch_async: pageable blocks gathered through the staging "
+                            "buffers with one driver call for many DMAs (gather), the same with "
+                            "a call a DMA (each), or every block to the driver's own batch copy "
+                            "(driver)"},
 };
 
 /* What the environment gave, and the value in effect. */
@@ -134,7 +154,7 @@ static void format_value(const spec *o, unsigned long long v, char *buf, size_t 
 {
     if (o->type == CHOICE && choice_word(o, (unsigned)v, buf, cap))
         return;
-    if (o->type == SIZE && (o->flags & NONE) && v == PM__OPT_NONE)
+    if ((o->flags & NONE) && v == PM__OPT_NONE)
         snprintf(buf, cap, "-1");
     else if (o->type == SIZE)
         format_size(v, buf, cap);

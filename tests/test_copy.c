@@ -1,6 +1,7 @@
 /* pm_memcpy_*: every size from 1 byte, offsets and alignments, both
  * directions, sync and async, across every kind of boundary, from several
- * threads, in stream order; bad arguments; the pinned budget. Every case
+ * threads, both ways at once, cut into pieces every way the settings allow,
+ * in stream order; bad arguments; the pinned budget. Every case
  * holds within an ordinary user's 8 MiB RLIMIT_MEMLOCK, or says it is
  * skipped where it cannot. */
 #include <pthread.h>
@@ -211,6 +212,150 @@ static void small_rings(void)
         c.buffers = buffers;
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
         copy_threads(4, 100 + 10 * buffers);
+    }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+}
+
+/* Both ways at once: four threads copying pageable memory to the device and
+ * four copying it back, each on a stream of its own, with the ring split
+ * between the directions and shared: every byte arrives both ways and no
+ * copy waits forever. */
+typedef struct one_way {
+    bool to_device;
+    unsigned seed;
+    int failures;
+} one_way;
+
+static void *one_way_thread(void *arg)
+{
+    one_way *w = arg;
+    const size_t n = (1 << 20) + 4321;
+    uint8_t *host = malloc(n), *check = malloc(n);
+    pm_deviceptr dev = 0;
+    pm_stream_t s = NULL;
+    if (!host || !check || pm_device_alloc(&dev, n) != PM_SUCCESS ||
+        pm_stream_create(&s) != PM_SUCCESS) {
+        w->failures++;
+        goto out;
+    }
+    fill(host, n, w->seed);
+    if (pm_memcpy_htod(dev, host, n) != PM_SUCCESS)
+        w->failures++;
+    for (unsigned round = 0; round < 10; round++) {
+        unsigned seed = w->seed * 100 + round;
+        if (w->to_device) { /* many copies in, one back to check */
+            fill(host, n, seed);
+            if (pm_memcpy_htod_async(dev, host, n, s) != PM_SUCCESS ||
+                pm_stream_synchronize(s) != PM_SUCCESS)
+                w->failures++;
+            if (round % 5 == 4 && (pm_memcpy_dtoh(check, dev, n) != PM_SUCCESS ||
+                                   first_mismatch(check, n, seed) != n))
+                w->failures++;
+        } else { /* many copies out of what went in first */
+            memset(host, 0, n);
+            if (pm_memcpy_dtoh_async(host, dev, n, s) != PM_SUCCESS ||
+                first_mismatch(host, n, w->seed) != n)
+                w->failures++;
+        }
+    }
+out:
+    if (s)
+        pm_stream_destroy(s);
+    device_free(dev);
+    free(host);
+    free(check);
+    return NULL;
+}
+
+static void both_ways(void)
+{
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    for (int shared = 0; shared < 2; shared++) {
+        pm_copy_config c = saved;
+        c.ring = shared ? PM_COPY_RING_SHARED : PM_COPY_RING_SPLIT;
+        CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+        pthread_t t[8];
+        one_way w[8];
+        unsigned started = 0;
+        for (unsigned i = 0; i < 8; i++) {
+            w[i] = (one_way){.to_device = i % 2 == 0, .seed = 300 + 10 * (unsigned)shared + i};
+            if (pthread_create(&t[i], NULL, one_way_thread, &w[i]) != 0)
+                break;
+            started++;
+        }
+        CHECK(started == 8);
+        for (unsigned i = 0; i < started; i++) {
+            pthread_join(t[i], NULL);
+            CHECK(w[i].failures == 0);
+        }
+    }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+}
+
+/* How copies are cut into pieces: for every shape of plan, the pieces add up
+ * to the copy, the first is the first piece (or the whole copy), each is
+ * twice the one before until the target, none is larger than a buffer, and
+ * the slices counted are the slices of the pieces. */
+static void piece_plans(void)
+{
+    static const size_t chunks[] = {64 << 10, 4 << 20};
+    static const size_t firsts[] = {0, 4 << 10, 64 << 10, 512 << 10, 8 << 20};
+    static const unsigned pieces[] = {1, 3, 8, 1024};
+    static const size_t sizes[] = {1, 4095, 4096, 100000, 1 << 20, (4 << 20) + 1,
+                                   (64 << 20) + 12345};
+    for (size_t c = 0; c < 2; c++)
+        for (size_t f = 0; f < 5; f++)
+            for (size_t k = 0; k < 4; k++)
+                for (size_t z = 0; z < 7; z++) {
+                    pm__copy_settings set = {.slice_bytes = 16 << 10, .first_piece = firsts[f],
+                                             .pieces = pieces[k]};
+                    const size_t bytes = sizes[z], chunk = chunks[c];
+                    pm__piece_plan p = pm__plan_pieces(&set, chunk, bytes);
+                    size_t first = firsts[f] ? firsts[f] : set.slice_bytes;
+                    first = first < chunk ? first : chunk;
+                    CHECK(p.first == first && p.target >= p.first && p.target <= chunk);
+                    size_t off = 0, slices = 0, last = 0;
+                    bool ok = true;
+                    for (unsigned i = 0; off < bytes && ok; i++) {
+                        size_t n = pm__plan_piece(&p, i, off);
+                        size_t want = i == 0 ? first : last * 2 < p.target ? last * 2 : p.target;
+                        want = want < bytes - off ? want : bytes - off;
+                        ok = n == want && n > 0 && n <= chunk;
+                        slices += (n + p.slice - 1) / p.slice;
+                        off += n;
+                        last = n;
+                    }
+                    if (!ok || off != bytes || slices != pm__plan_slices(&p))
+                        fprintf(stderr, "plan of %zu bytes (chunk %zu, first %zu, pieces %u) is "
+                                        "wrong\n",
+                                bytes, chunk, firsts[f], pieces[k]);
+                    CHECK(ok && off == bytes && slices == pm__plan_slices(&p));
+                }
+}
+
+/* Copies cut every way the settings allow, with workers that spin between
+ * them: every byte arrives. */
+static void piece_settings(void)
+{
+    const size_t cap = (3 << 20) + 999;
+    SCOPED_MALLOC uint8_t *src = malloc(cap), *dst = malloc(cap);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(cap);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(src && dst && dev);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    static const size_t firsts[] = {4 << 10, 8 << 10, 64 << 10, 1 << 20};
+    static const unsigned pieces[] = {1, 2, 16, 300};
+    for (unsigned k = 0; k < 16; k++) {
+        pm_copy_config c = saved;
+        c.first_piece_bytes = firsts[k % 4];
+        c.pieces = pieces[k / 4];
+        c.spin_us = k % 3 == 0 ? 200 : 0;
+        CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+        size_t n = 1 + rnd(cap);
+        round_trip(src, dst, n, dev, k % 2, s, 700 + k);
     }
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }
@@ -555,6 +700,9 @@ int main(void)
     across_pool_blocks();
     eight_threads();
     small_rings();
+    both_ways();
+    piece_plans();
+    piece_settings();
     steered_fillers();
     registration_pieces();
     ordering();

@@ -44,7 +44,9 @@ static bool same_config(const pm_copy_config *a, const pm_copy_config *b)
            a->registration_cache == b->registration_cache &&
            a->cache_min_bytes == b->cache_min_bytes && a->cache_max_bytes == b->cache_max_bytes &&
            a->pinned_budget == b->pinned_budget && a->staging_stores == b->staging_stores &&
-           a->slice_bytes == b->slice_bytes && a->htod_workers == b->htod_workers;
+           a->slice_bytes == b->slice_bytes && a->htod_workers == b->htod_workers &&
+           a->first_piece_bytes == b->first_piece_bytes && a->pieces == b->pieces &&
+           a->spin_us == b->spin_us && a->ring == b->ring && a->batch == b->batch;
 }
 
 /* The configuration in effect goes back in unchanged. */
@@ -106,6 +108,28 @@ static const env_case env_cases[] = {
     {"PINMEM_PINNED_BUDGET", "99999999999999999999", BAD, NO_FIELD, 0},
     {"PINMEM_PINNED_BUDGET", "20000000000G", BAD, NO_FIELD, 0},
     {"PINMEM_PINNED_BUDGET", "-1", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_FIRST_PIECE", "1", GOOD, FIELD(first_piece_bytes), 4 * KIB},
+    {"PINMEM_COPY_FIRST_PIECE", "0", GOOD, FIELD(first_piece_bytes), 512 * KIB}, /* the slice */
+    {"PINMEM_COPY_FIRST_PIECE", "128K", GOOD, FIELD(first_piece_bytes), 128 * KIB},
+    {"PINMEM_COPY_FIRST_PIECE", "512M", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_FIRST_PIECE", "-1", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_PIECES", "8", GOOD, FIELD(pieces), 8},
+    {"PINMEM_COPY_PIECES", "0", GOOD, FIELD(pieces), 1},
+    {"PINMEM_COPY_PIECES", "1025", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_PIECES", "4K", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_SPIN_US", "100", GOOD, FIELD(spin_us), 100},
+    {"PINMEM_COPY_SPIN_US", "-1", GOOD, FIELD(spin_us), UINT_MAX},
+    {"PINMEM_COPY_SPIN_US", "0", GOOD, FIELD(spin_us), UINT_MAX}, /* the default: none */
+    {"PINMEM_COPY_SPIN_US", "10001", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_SPIN_US", "-2", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_RING", "shared", GOOD, FIELD(ring), PM_COPY_RING_SHARED},
+    {"PINMEM_COPY_RING", "default", GOOD, FIELD(ring), PM_COPY_RING_SPLIT},
+    {"PINMEM_COPY_RING", "half", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_RING", "2", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_BATCH", "driver", GOOD, FIELD(batch), PM_COPY_BATCH_DRIVER},
+    {"PINMEM_COPY_BATCH", "each", GOOD, FIELD(batch), PM_COPY_BATCH_EACH},
+    {"PINMEM_COPY_BATCH", "default", GOOD, FIELD(batch), PM_COPY_BATCH_GATHER},
+    {"PINMEM_COPY_BATCH", "kernel", BAD, NO_FIELD, 0},
     {"PINMEM_STATS", "yes", BAD, NO_FIELD, 0},
     {"PINMEM_POOL_VMM", "2", BAD, NO_FIELD, 0},
     {"PINMEM_POOL_VMM", "1", GOOD, NO_FIELD, 0},
@@ -233,6 +257,14 @@ static void code(void)
     EXPECT_REFUSED(staging_stores, (pm_copy_stores)4);
     EXPECT_REFUSED(staging_stores, (pm_copy_stores)-1);
     EXPECT_REFUSED(cache_min_bytes, (size_t)-1);
+    EXPECT_REFUSED(first_piece_bytes, 512 * MIB);
+    EXPECT_REFUSED(first_piece_bytes, (size_t)-1);
+    EXPECT_REFUSED(pieces, 1025);
+    EXPECT_REFUSED(spin_us, 10001);
+    EXPECT_REFUSED(spin_us, UINT_MAX - 1);
+    EXPECT_REFUSED(ring, (pm_copy_ring)3);
+    EXPECT_REFUSED(ring, (pm_copy_ring)-1);
+    EXPECT_REFUSED(batch, (pm_copy_batch)4);
     EXPECT_TAKEN(workers, 256, 256u);
     EXPECT_TAKEN(buffers, 1024, 1024u);
     EXPECT_TAKEN(chunk_bytes, 65537, 65536 + 4096);
@@ -245,6 +277,18 @@ static void code(void)
     EXPECT_TAKEN(workers, 0, saved.workers); /* 0: the default */
     EXPECT_TAKEN(staging_stores, PM_COPY_STORES_CACHED, PM_COPY_STORES_CACHED);
     EXPECT_TAKEN(pinned_budget, 64 * MIB, 64 * MIB);
+    EXPECT_TAKEN(first_piece_bytes, 1, 4 * KIB);
+    EXPECT_TAKEN(first_piece_bytes, 0, saved.slice_bytes); /* 0: the default, the slice */
+    EXPECT_TAKEN(first_piece_bytes, 256 * MIB, 256 * MIB);
+    EXPECT_TAKEN(pieces, 1024, 1024u);
+    EXPECT_TAKEN(pieces, 0, 1u);
+    EXPECT_TAKEN(spin_us, 200, 200u);
+    EXPECT_TAKEN(spin_us, UINT_MAX, UINT_MAX);
+    EXPECT_TAKEN(spin_us, 0, UINT_MAX); /* 0: the default, none */
+    EXPECT_TAKEN(ring, PM_COPY_RING_SHARED, PM_COPY_RING_SHARED);
+    EXPECT_TAKEN(ring, PM_COPY_RING_DEFAULT, PM_COPY_RING_SPLIT);
+    EXPECT_TAKEN(batch, PM_COPY_BATCH_EACH, PM_COPY_BATCH_EACH);
+    EXPECT_TAKEN(batch, PM_COPY_BATCH_DEFAULT, PM_COPY_BATCH_GATHER);
     /* where each value came from */
     c = saved;
     c.workers = saved.workers + 1;
@@ -272,6 +316,10 @@ static void settings_list(void)
     CHECK_RESULT(pm_get_setting(n, &st), PM_ERROR_NOT_FOUND);
     CHECK_RESULT(pm_get_setting(0, NULL), PM_ERROR_INVALID_VALUE);
     CHECK(setting("PINMEM_COPY_CHUNK", &st) && strcmp(st.value, "4M") == 0);
+    CHECK(setting("PINMEM_COPY_SPIN_US", &st) && strcmp(st.value, "-1") == 0);
+    CHECK(setting("PINMEM_COPY_RING", &st) && strcmp(st.value, "split") == 0);
+    CHECK(setting("PINMEM_COPY_BATCH", &st) && strcmp(st.value, "gather") == 0);
+    CHECK(setting("PINMEM_COPY_FIRST_PIECE", &st) && strcmp(st.value, "512K") == 0);
 }
 
 /* pm_set_pinned_budget and pm_copy_config.pinned_budget are one setting. */

@@ -41,6 +41,19 @@ typedef struct baseline {
     pm_result (*marker_record)(void *m);
     void (*marker_close)(void *m);
 
+    /* The DMA the other way: a copy into page-locked memory queued on the
+     * default stream. */
+    pm_result (*copy_dtoh_queued)(void *dst, pm_deviceptr d, size_t bytes);
+
+    /* The driver's copy on a stream, direction from the pointers
+     * (cuMemcpyAsync; posix: the backend's own copy, queued on the stream
+     * where a host side is page-locked, else a memcpy after the stream's
+     * work), and the wait for a stream (cuStreamSynchronize). pm_stream_t is
+     * a CUstream on cuda. */
+    const char *async_name;
+    pm_result (*copy_async)(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s);
+    pm_result (*stream_synchronize)(pm_stream_t s);
+
     /* What "device" and "driver" mean in the tables where it is not what the
      * words say (posix); NULL on cuda. */
     const char *meaning;

@@ -29,6 +29,8 @@ typedef struct driver {
     CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
     CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
     CUresult (*memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*memcpy_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*stream_synchronize)(CUstream);
     CUresult (*event_create)(CUevent *, unsigned int);
     CUresult (*event_record)(CUevent, CUstream);
@@ -60,6 +62,8 @@ static const struct symbol {
     SYM(memcpy_htod, "cuMemcpyHtoD", 3020),
     SYM(memcpy_dtoh, "cuMemcpyDtoH", 3020),
     SYM(memcpy_htod_async, "cuMemcpyHtoDAsync", 3020),
+    SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync", 3020),
+    SYM(memcpy_async, "cuMemcpyAsync", 4000),
     SYM(stream_synchronize, "cuStreamSynchronize", 2000),
     SYM(event_create, "cuEventCreate", 2000),
     SYM(event_record, "cuEventRecord", 2000),
@@ -217,6 +221,22 @@ static pm_result copy_htod_queued(pm_deviceptr d, const void *src, size_t bytes)
     IN_CONTEXT("cuMemcpyHtoDAsync", cu.memcpy_htod_async((CUdeviceptr)d, src, bytes, NULL));
 }
 
+static pm_result copy_dtoh_queued(void *dst, pm_deviceptr d, size_t bytes)
+{
+    IN_CONTEXT("cuMemcpyDtoHAsync", cu.memcpy_dtoh_async(dst, (CUdeviceptr)d, bytes, NULL));
+}
+
+static pm_result copy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s)
+{
+    IN_CONTEXT("cuMemcpyAsync",
+               cu.memcpy_async((CUdeviceptr)dst, (CUdeviceptr)src, bytes, (CUstream)s));
+}
+
+static pm_result stream_synchronize(pm_stream_t s)
+{
+    IN_CONTEXT("cuStreamSynchronize", cu.stream_synchronize((CUstream)s));
+}
+
 /* Without timing, as the staging ring's markers. */
 static pm_result marker_open(void **m)
 {
@@ -248,11 +268,15 @@ static const baseline table = {
     .copy_htod = copy_htod,
     .copy_dtoh = copy_dtoh,
     .synchronize = synchronize,
-    .queued_name = "cuMemcpyHtoDAsync",
+    .queued_name = "cuMemcpyHtoDAsync / DtoHAsync",
     .copy_htod_queued = copy_htod_queued,
     .marker_open = marker_open,
     .marker_record = marker_record,
     .marker_close = marker_close,
+    .copy_dtoh_queued = copy_dtoh_queued,
+    .async_name = "cuMemcpyAsync",
+    .copy_async = copy_async,
+    .stream_synchronize = stream_synchronize,
     .meaning = NULL,
 };
 

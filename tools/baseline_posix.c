@@ -86,6 +86,28 @@ static pm_result copy_htod_queued(pm_deviceptr d, const void *src, size_t bytes)
     return pm_memcpy_htod_async(d, src, bytes, NULL);
 }
 
+static pm_result copy_dtoh_queued(void *dst, pm_deviceptr d, size_t bytes)
+{
+    return pm_memcpy_dtoh_async(dst, d, bytes, NULL);
+}
+
+/* Whether p is host memory pinmem page-locked. */
+static int page_locked(pm_deviceptr p)
+{
+    unsigned flags;
+    return pm_mem_host_get_flags(&flags, (void *)(uintptr_t)p) == PM_SUCCESS;
+}
+
+static pm_result copy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s)
+{
+    if (page_locked(dst) || page_locked(src))
+        return pm_memcpy_async(dst, src, bytes, s);
+    pm_result r = pm_stream_synchronize(s);
+    if (r == PM_SUCCESS)
+        memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+    return r;
+}
+
 static pm_result marker_open(void **m) { return pm_event_create((pm_event_t *)m); }
 static pm_result marker_record(void *m) { return pm_event_record(m, NULL); }
 static void marker_close(void *m) { pm_event_destroy(m); }
@@ -105,11 +127,15 @@ const baseline *baseline_posix(void)
         .copy_htod = copy_htod,
         .copy_dtoh = copy_dtoh,
         .synchronize = synchronize,
-        .queued_name = "pm_memcpy_htod_async from page-locked memory",
+        .queued_name = "pm_memcpy_htod_async / dtoh_async with page-locked memory",
         .copy_htod_queued = copy_htod_queued,
         .marker_open = marker_open,
         .marker_record = marker_record,
         .marker_close = marker_close,
+        .copy_dtoh_queued = copy_dtoh_queued,
+        .async_name = "memcpy after the stream's work (queued from page-locked memory)",
+        .copy_async = copy_async,
+        .stream_synchronize = pm_stream_synchronize,
         .meaning = "posix backend: \"device\" memory is host memory the backend simulates "
                    "device memory with (pm_device_alloc), and \"driver\" is the backend's own "
                    "copy, a memcpy after the default stream's work; the figures measure this "

@@ -1,15 +1,22 @@
 /* Copies: pinmem's pm_memcpy_* against the driver's own copy (cuMemcpyHtoD /
  * DtoH; on posix a memcpy into simulated device memory) on the same
- * buffers, sizes 4 KiB to 1 GiB, side by side and interleaved; from
- * page-locked memory; and repeated copies of one large pageable buffer with
- * the registration cache warm. --plot draws bandwidth against size with
- * gnuplot. */
+ * buffers, sizes 4 KiB to 1 GiB, each direction with its pinned ceiling (the
+ * driver's copy from or into page-locked memory, same run), side by side and
+ * interleaved; repeated copies of one large pageable buffer with the
+ * registration cache warm; both directions at once (bench_copy_both.c); and
+ * batches of scattered blocks (bench_copy_batch.c). --plot draws bandwidth
+ * against size and the batches with gnuplot.
+ *
+ * PINMEM_BENCH_COPY picks sections (default "sizes cache both batch"):
+ * sizes (4 KiB to the largest), mid (256 KiB to 16 MiB only), cache, both,
+ * batch, and summary (a last line of key=value figures for scripts that
+ * compare settings, bench/gpu-copy.sh). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "commands.h"
+#include "bench_copy.h"
 
 typedef pm_result (*copy_fn)(const baseline *bl, pm_deviceptr d, uint8_t *h, size_t n);
 
@@ -49,6 +56,13 @@ static void time_pair(const baseline *b, copy_fn f1, copy_fn f2, pm_deviceptr d,
 {
     int reps = reps_for(n);
     double *a = malloc(sizeof *a * (size_t)reps), *c = malloc(sizeof *c * (size_t)reps);
+    if (!a || !c) {
+        free(a);
+        free(c);
+        *failed = true;
+        *t1 = *t2 = 0;
+        return;
+    }
     *failed |= f1(b, d, h, n) != PM_SUCCESS || f2(b, d, h, n) != PM_SUCCESS; /* warm */
     for (int k = 0; k < reps; k++) {
         copy_fn first = k % 2 ? f2 : f1, second = k % 2 ? f1 : f2;
@@ -77,12 +91,215 @@ static void set_cache(bool on, size_t direct_max)
 
 static double gbps(size_t n, double ns) { return ns > 0 ? (double)n / ns : 0; }
 
+const char *short_size(size_t bytes, char *buf, size_t cap)
+{
+    static const char units[] = "BKMGT";
+    int u = 0;
+    while (bytes >= 1024 && bytes % 1024 == 0 && u < 4) {
+        bytes /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, cap, "%zu", bytes);
+    else
+        snprintf(buf, cap, "%zu%c", bytes, units[u]);
+    return buf;
+}
+
+void summary_add(copy_summary *s, const char *key, double value)
+{
+    size_t used = strlen(s->text);
+    snprintf(s->text + used, sizeof s->text - used, " %s=%.3g", key, value);
+}
+
+/* Which sections PINMEM_BENCH_COPY names (all but mid and summary when unset). */
+typedef struct sections {
+    bool sizes, mid, cache, both, batch, summary;
+} sections;
+
+static bool names(const char *list, const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)) != NULL; p += n)
+        if ((p == list || strchr(" ,", p[-1])) && (p[n] == '\0' || strchr(" ,", p[n])))
+            return true;
+    return false;
+}
+
+static sections sections_asked(void)
+{
+    const char *v = getenv("PINMEM_BENCH_COPY");
+    if (!v || !*v)
+        return (sections){.sizes = true, .cache = true, .both = true, .batch = true};
+    return (sections){.sizes = names(v, "sizes"), .mid = names(v, "mid"),
+                      .cache = names(v, "cache"), .both = names(v, "both"),
+                      .batch = names(v, "batch"), .summary = names(v, "summary")};
+}
+
+/* One direction's figures at one size, GB/s. */
+typedef struct size_row {
+    size_t n;
+    double pinmem, driver, pinned, pinmem_pinned, staged_over_driver;
+} size_row;
+
+enum { MAX_ROWS = 16 };
+
+/* Measures one direction at each size, prints its table and fills rows. */
+static size_t direction_table(const copy_buffers *cb, bool htod, const size_t *sizes, size_t n_sizes,
+                              const pm_copy_config *cfg, size_row *rows, copy_summary *sum,
+                              bool *failed)
+{
+    const baseline *b = cb->bl;
+    copy_fn mine = htod ? pinmem_htod : pinmem_dtoh, theirs = htod ? driver_htod : driver_dtoh;
+    printf("\n%s\n", htod ? "pageable -> device, and from page-locked memory (the ceiling)"
+                          : "device -> pageable, and into page-locked memory (the ceiling)");
+    printf("%-9s | %7s %7s %9s | %7s %11s | %16s | %s\n", "size", "pinmem", "driver", "x driver",
+           "pinned", "% of pinned", "pinmem, pinned", "staged only");
+    printf("%-9s | %7s %7s %9s | %7s %11s | %16s | %s\n", "", "GB/s", "GB/s", "higher", "GB/s",
+           "higher", "% of driver", "time / driver");
+    printf("%-9s | %7s %7s %9s | %7s %11s | %16s | %s\n", "", "", "", "is better", "", "is better",
+           "higher is better", "lower is better");
+    char demoting[512] = "";
+    size_t count = 0;
+    for (size_t i = 0; i < n_sizes && count < MAX_ROWS; i++) {
+        const size_t n = sizes[i];
+        double tp, td, tpp, tdp, ts, tds;
+        pm_copy_stats before = {.struct_size = sizeof before}, after = before;
+        pm_copy_get_stats(&before);
+        time_pair(b, mine, theirs, cb->dev, cb->pageable, n, &tp, &td, failed);
+        pm_copy_get_stats(&after);
+        char sz[32], key[48];
+        unsigned long long staged = after.staged_bytes - before.staged_bytes;
+        if (htod && staged && n >= ((size_t)64 << 20)) {
+            size_t used = strlen(demoting);
+            snprintf(demoting + used, sizeof demoting - used, "%s%s %.0f%%", used ? ", " : "",
+                     human_size(n, sz, sizeof sz),
+                     100.0 * (double)(after.demoted_bytes - before.demoted_bytes) / (double)staged);
+        }
+        time_pair(b, mine, theirs, cb->dev, cb->pinned, n, &tpp, &tdp, failed);
+        set_cache(false, (size_t)-1); /* everything through the staging ring */
+        time_pair(b, mine, theirs, cb->dev, cb->pageable, n, &ts, &tds, failed);
+        set_cache(false, cfg->direct_max);
+        size_row *r = &rows[count++];
+        *r = (size_row){.n = n, .pinmem = gbps(n, tp), .driver = gbps(n, td),
+                        .pinned = gbps(n, tdp), .pinmem_pinned = gbps(n, tpp),
+                        .staged_over_driver = tds > 0 ? ts / tds : 0};
+        double share = r->pinned > 0 ? 100 * r->pinmem / r->pinned : 0;
+        printf("%-9s | %7.1f %7.1f %8.2fx | %7.1f %10.1f%% | %15.1f%% | %.2fx\n",
+               human_size(n, sz, sizeof sz), r->pinmem, r->driver, tp > 0 ? td / tp : 0, r->pinned,
+               share, r->pinned > 0 ? 100 * r->pinmem_pinned / r->pinned : 0,
+               r->staged_over_driver);
+        snprintf(key, sizeof key, "%s.%s", htod ? "htod" : "dtoh", short_size(n, sz, sizeof sz));
+        summary_add(sum, key, share);
+        snprintf(key, sizeof key, "%s.%s.x", htod ? "htod" : "dtoh", short_size(n, sz, sizeof sz));
+        summary_add(sum, key, tp > 0 ? td / tp : 0);
+        snprintf(key, sizeof key, "%s.%s.staged", htod ? "htod" : "dtoh",
+                 short_size(n, sz, sizeof sz));
+        summary_add(sum, key, r->staged_over_driver);
+    }
+    if (demoting[0])
+        printf("(pageable -> device bytes staged with demoting stores, chosen by the engine: %s)\n",
+               demoting);
+    return count;
+}
+
+/* Repeated copies of one large pageable buffer, the cache warm. */
+static void cache_section(const copy_buffers *cb, const pm_copy_config *cfg, bool *failed)
+{
+    set_cache(true, cfg->direct_max);
+    double first = now_ns();
+    *failed |= pm_memcpy_htod(cb->dev, cb->pageable, cb->max) != PM_SUCCESS;
+    first = now_ns() - first;
+    double t[10];
+    for (int k = 0; k < 10; k++) {
+        double t0 = now_ns();
+        *failed |= pm_memcpy_htod(cb->dev, cb->pageable, cb->max) != PM_SUCCESS;
+        t[k] = now_ns() - t0;
+    }
+    double warm = median(t, 10);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    pm_copy_get_stats(&st);
+    char sz[32];
+    printf("\nregistration cache (%s), repeated copies of one %s pageable buffer to the device: "
+           "first %.1f GB/s, then %.1f GB/s (median of 10); %llu registrations, %llu hits\n",
+           st.cache_listening ? "hears unmaps" : "off: no userfaultfd",
+           human_size(cb->max, sz, sizeof sz), gbps(cb->max, first), gbps(cb->max, warm),
+           st.cache_registrations, st.cache_hits);
+    set_cache(false, cfg->direct_max);
+}
+
+/* The upper panel: bandwidth against size both ways, with the ceilings. */
+static void plot_sizes(FILE *f, const char *base, const size_row *to, size_t n_rows)
+{
+    size_t max = to[n_rows - 1].n;
+    fprintf(f,
+            "set title 'Copy bandwidth against size, from and to pageable host memory'\n"
+            "set logscale x 2\n"
+            "set xtics (");
+    for (size_t i = 0; i < n_rows; i++) {
+        char sz[32];
+        fprintf(f, "%s\"%s\" %zu", i ? ", " : "", human_size(to[i].n, sz, sizeof sz), to[i].n);
+    }
+    fprintf(f,
+            ")\n"
+            "set xrange [%zu:%zu]\n"
+            "set yrange [0:*]\n"
+            "set xlabel 'bytes per copy'\n"
+            "set ylabel 'GB/s'\n"
+            "set key below center vertical maxrows 3 Left reverse width 4 noenhanced\n"
+            "set grid\n"
+            "plot '%s.dat' index 0 using 1:2 with linespoints lw 2 lc rgb '#1f5fbf' pt 7 "
+            "title 'pinmem, host to device', "
+            "'' index 0 using 1:5 with linespoints lw 2 lc rgb '#c0392b' pt 5 "
+            "title 'pinmem, device to host', "
+            "'' index 0 using 1:4 with lines dt 3 lw 2 lc rgb '#1f5fbf' "
+            "title 'driver, host to device, from pinned memory', "
+            "'' index 0 using 1:7 with lines dt 3 lw 2 lc rgb '#c0392b' "
+            "title 'driver, device to host, into pinned memory', "
+            "'' index 0 using 1:3 with linespoints dt 2 lw 1 lc rgb '#1f5fbf' pt 6 "
+            "title 'driver, host to device', "
+            "'' index 0 using 1:6 with linespoints dt 2 lw 1 lc rgb '#c0392b' pt 4 "
+            "title 'driver, device to host'\n",
+            to[0].n * 3 / 4, max + max / 3, base);
+}
+
+/* The lower panel: the batches, a group of bars each. */
+static void plot_batches(FILE *f, const char *base, int index)
+{
+    fprintf(f,
+            "set title 'Batches of scattered blocks (pm_memcpy_batch_async)' noenhanced\n"
+            "unset logscale x\n"
+            "set xrange [*:*]\n"
+            "set yrange [0:*]\n"
+            "set xtics () norotate\n"
+            "set xlabel 'blocks, to or from the device'\n"
+            "set ylabel 'GB/s'\n"
+            "set grid\n"
+            "set style data histograms\n"
+            "set style histogram clustered gap 1\n"
+            "set style fill solid 0.85 border -1\n"
+            "set key below center vertical maxrows 2 Left reverse width 4 noenhanced\n"
+            "plot '%s.dat' index %d using 2:xtic(1) lc rgb '#1f5fbf' "
+            "title 'pinmem, from or to pageable blocks', "
+            "'' index %d using 3 lc rgb '#aaaaaa' title 'driver, a copy a pageable block', "
+            "'' index %d using 4 lc rgb '#555555' title 'one contiguous pinned copy (ceiling)', "
+            "'' index %d using 5 lc rgb '#7fb3e8' title 'pinmem, from or to pinned blocks'\n",
+            base, index, index, index, index);
+}
+
 /* Writes FILE.dat and FILE.gp beside FILE and runs gnuplot on them; where
  * gnuplot is missing (the GPU machine), the two stay to be drawn elsewhere.
- * The sizes on the x axis read in KiB, MiB and GiB, and the legend sits
- * below the plot, where it covers no curve. */
-static void plot(const char *file, const char *subtitle, const char *rows, size_t max)
+ * Above, bandwidth against size both ways with the pinned ceilings; below,
+ * the batches (each panel where its section ran). The sizes on the x axis
+ * read in KiB, MiB and GiB, and the legends sit below their plots, where
+ * they cover nothing. */
+static void plot(const char *file, const char *subtitle, const size_row *to, const size_row *from,
+                 size_t n_rows, const char *batch_rows)
 {
+    if (n_rows == 0 && !batch_rows[0]) {
+        printf("plot: nothing to draw (neither sizes nor batches ran)\n");
+        return;
+    }
     char path[1024];
     snprintf(path, sizeof path, "%s.dat", file);
     FILE *f = fopen(path, "w");
@@ -90,45 +307,38 @@ static void plot(const char *file, const char *subtitle, const char *rows, size_
         printf("plot: cannot write %s\n", path);
         return;
     }
-    fputs("# bytes, GB/s: pinmem htod, driver htod, pinmem dtoh, driver dtoh, pinned driver htod\n", f);
-    fputs(rows, f);
+    if (n_rows) {
+        fputs("# bytes, GB/s: pinmem htod, driver htod, pinned htod, pinmem dtoh, driver dtoh, "
+              "pinned dtoh\n",
+              f);
+        for (size_t i = 0; i < n_rows; i++)
+            fprintf(f, "%zu %.3f %.3f %.3f %.3f %.3f %.3f\n", to[i].n, to[i].pinmem,
+                    to[i].driver, to[i].pinned, from[i].pinmem, from[i].driver, from[i].pinned);
+        fputs("\n\n", f);
+    }
+    if (batch_rows[0]) {
+        fputs("# batches, GB/s: pinmem from pageable blocks, the driver a block, one contiguous "
+              "pinned copy, pinmem from pinned blocks\n",
+              f);
+        fputs(batch_rows, f);
+    }
     fclose(f);
     const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
     snprintf(path, sizeof path, "%s.gp", file);
     f = fopen(path, "w");
     if (!f)
         return;
+    int panels = (n_rows > 0) + (batch_rows[0] != 0);
     fprintf(f,
-            "set terminal pngcairo size 1000,680\n"
+            "set terminal pngcairo size 1000,%d\n"
             "set output '%s'\n"
-            "set title \"Copy bandwidth against size, from and to pageable host memory\\n%s\" "
-            "noenhanced\n"
-            "set logscale x 2\n"
-            "set xtics (",
-            base, subtitle);
-    for (size_t n = 4096; n <= max; n *= 4) {
-        char sz[32];
-        fprintf(f, "%s\"%s\" %zu", n > 4096 ? ", " : "", human_size(n, sz, sizeof sz), n);
-    }
-    fprintf(f,
-            ")\n"
-            "set xrange [3072:%zu]\n"
-            "set yrange [0:*]\n"
-            "set xlabel 'bytes per copy'\n"
-            "set ylabel 'GB/s'\n"
-            "set key below center vertical maxrows 3 Left reverse width 4 noenhanced\n"
-            "set grid\n"
-            "plot '%s.dat' using 1:2 with linespoints lw 2 lc rgb '#1f5fbf' pt 7 "
-            "title 'pinmem, host to device', "
-            "'' using 1:4 with linespoints lw 2 lc rgb '#c0392b' pt 5 "
-            "title 'pinmem, device to host', "
-            "'' using 1:6 with lines dt 3 lw 2 lc rgb '#555555' "
-            "title 'driver, host to device, from pinned memory', "
-            "'' using 1:3 with linespoints dt 2 lw 2 lc rgb '#1f5fbf' pt 6 "
-            "title 'driver, host to device', "
-            "'' using 1:5 with linespoints dt 2 lw 2 lc rgb '#c0392b' pt 4 "
-            "title 'driver, device to host'\n",
-            max + max / 3, base);
+            "set multiplot layout %d,1 title \"%s\" noenhanced\n",
+            panels * 650, base, panels, subtitle);
+    if (n_rows)
+        plot_sizes(f, base, to, n_rows);
+    if (batch_rows[0])
+        plot_batches(f, base, n_rows ? 1 : 0);
+    fputs("unset multiplot\n", f);
     fclose(f);
     char cmd[2300];
     snprintf(cmd, sizeof cmd, "cd \"$(dirname '%s')\" && gnuplot '%s.gp' 2>&1", file, base);
@@ -140,88 +350,62 @@ static void plot(const char *file, const char *subtitle, const char *rows, size_
 
 int bench_copy(bool quick, const char *plot_file)
 {
+    const sections sec = sections_asked();
     copy_buffers cb;
     if (!copy_buffers_open(&cb, "bench copy", quick))
         return 1;
     const baseline *b = cb.bl;
-    const size_t max = cb.max;
-    uint8_t *pageable = cb.pageable, *pinned = cb.pinned;
-    pm_deviceptr dev = cb.dev;
     pm_copy_config cfg = {.struct_size = sizeof cfg};
     pm_copy_get_config(&cfg);
     pm_capabilities caps = {.struct_size = sizeof caps};
     pm_get_capabilities(&caps);
+    char spin[32] = "none";
+    if (cfg.spin_us != (unsigned)-1)
+        snprintf(spin, sizeof spin, "%u us", cfg.spin_us);
     printf("copies, median (backend %s: %u workers, %u of them to the device, %u buffers of %zu "
-           "KiB, %zu KiB slices; driver's own path up to %zu KiB; driver: %s)\n",
+           "KiB, %zu KiB slices, first piece %zu KiB, at least %u pieces, spin %s, ring %s, "
+           "batches %s; driver's own path up to %zu KiB; driver: %s)\n",
            caps.backend, cfg.workers, cfg.htod_workers, cfg.buffers, cfg.chunk_bytes >> 10,
-           cfg.slice_bytes >> 10, cfg.direct_max >> 10, b->copy_name);
+           cfg.slice_bytes >> 10, cfg.first_piece_bytes >> 10, cfg.pieces, spin,
+           cfg.ring == PM_COPY_RING_SHARED ? "shared" : "split",
+           cfg.batch == PM_COPY_BATCH_EACH     ? "a call a DMA"
+           : cfg.batch == PM_COPY_BATCH_DRIVER ? "to the driver"
+                                               : "gathered",
+           cfg.direct_max == (size_t)-1 ? 0 : cfg.direct_max >> 10, b->copy_name);
     if (b->meaning)
         printf("(%s)\n", b->meaning);
-    printf("%-9s | %-33s | %-33s | %-33s | %s\n", "", "pageable -> device", "device -> pageable",
-           "pinned -> device", "staged only, -> device");
-    printf("%-9s | %7s %7s %17s | %7s %7s %17s | %7s %7s %17s | %s\n", "size", "pinmem", "driver",
-           "x driver", "pinmem", "driver", "x driver", "pinmem", "driver", "% of driver",
-           "time / driver");
-    printf("%-9s | %7s %7s %17s | %7s %7s %17s | %7s %7s %17s | %s\n", "", "GB/s", "GB/s",
-           "higher is better", "GB/s", "GB/s", "higher is better", "GB/s", "GB/s",
-           "higher is better", "lower is better");
-    char rows[4096] = "", demoting[512] = "";
+    copy_summary sum = {.text = "summary:"};
     bool failed = false;
-    for (size_t n = 4096; n <= max; n *= 4) {
-        double ph, dh, pd, dd, pp, dp, sh, dh2;
-        pm_copy_stats before = {.struct_size = sizeof before}, after = before;
-        pm_copy_get_stats(&before);
-        time_pair(b, pinmem_htod, driver_htod, dev, pageable, n, &ph, &dh, &failed);
-        pm_copy_get_stats(&after);
-        unsigned long long staged = after.staged_bytes - before.staged_bytes;
-        char sz[32];
-        if (staged && n >= ((size_t)64 << 20)) {
-            size_t used = strlen(demoting);
-            snprintf(demoting + used, sizeof demoting - used, "%s%s %.0f%%", used ? ", " : "",
-                     human_size(n, sz, sizeof sz),
-                     100.0 * (double)(after.demoted_bytes - before.demoted_bytes) / (double)staged);
-        }
-        time_pair(b, pinmem_dtoh, driver_dtoh, dev, pageable, n, &pd, &dd, &failed);
-        time_pair(b, pinmem_htod, driver_htod, dev, pinned, n, &pp, &dp, &failed);
-        set_cache(false, (size_t)-1); /* everything through the staging ring */
-        time_pair(b, pinmem_htod, driver_htod, dev, pageable, n, &sh, &dh2, &failed);
-        set_cache(false, cfg.direct_max);
-        printf("%-9s | %7.1f %7.1f %16.2fx | %7.1f %7.1f %16.2fx | %7.1f %7.1f %16.1f%% | %.2fx\n",
-               human_size(n, sz, sizeof sz), gbps(n, ph), gbps(n, dh), dh / ph, gbps(n, pd),
-               gbps(n, dd), dd / pd, gbps(n, pp), gbps(n, dp), 100 * dp / pp, sh / dh2);
-        size_t used = strlen(rows);
-        snprintf(rows + used, sizeof rows - used, "%zu %.3f %.3f %.3f %.3f %.3f\n", n, gbps(n, ph),
-                 gbps(n, dh), gbps(n, pd), gbps(n, dd), gbps(n, dp));
+    size_t sizes[MAX_ROWS], n_sizes = 0, n_rows = 0;
+    if (sec.sizes)
+        for (size_t n = 4096; n <= cb.max && n_sizes < MAX_ROWS; n *= 4)
+            sizes[n_sizes++] = n;
+    else if (sec.mid)
+        for (size_t n = 256 << 10; n <= ((size_t)16 << 20) && n <= cb.max; n *= 2)
+            sizes[n_sizes++] = n;
+    size_row to[MAX_ROWS], from[MAX_ROWS];
+    if (n_sizes) {
+        n_rows = direction_table(&cb, true, sizes, n_sizes, &cfg, to, &sum, &failed);
+        direction_table(&cb, false, sizes, n_sizes, &cfg, from, &sum, &failed);
+        pm_copy_stats now = {.struct_size = sizeof now};
+        pm_copy_get_stats(&now);
+        printf("(x driver: the driver's time over pinmem's; %% of pinned: pinmem's rate from or "
+               "into pageable memory as a share of the driver's from or into page-locked memory; "
+               "pinmem, pinned: pinmem's rate from page-locked memory as a share of the "
+               "driver's; staged only: pinmem through the staging ring at every size, its time "
+               "over the driver's)\n");
+        printf("(workers filling buffers for host-to-device copies at the end: %u of at most %u)\n",
+               now.htod_fillers, cfg.htod_workers);
     }
-    pm_copy_stats now = {.struct_size = sizeof now};
-    pm_copy_get_stats(&now);
-    printf("(x driver: the driver's time over pinmem's; %% of driver: pinmem's rate as a share of "
-           "the driver's, 100%% is par; time / driver: pinmem's time over the driver's)\n");
-    printf("(workers filling buffers for host-to-device copies at the end: %u of at most %u)\n",
-           now.htod_fillers, cfg.htod_workers);
-    if (demoting[0])
-        printf("(pageable -> device bytes staged with demoting stores, chosen by the engine: %s)\n",
-               demoting);
-    /* Repeated copies of one large pageable buffer, the cache warm. */
-    set_cache(true, cfg.direct_max);
-    double first = now_ns();
-    failed |= pm_memcpy_htod(dev, pageable, max) != PM_SUCCESS;
-    first = now_ns() - first;
-    double t[10];
-    for (int k = 0; k < 10; k++) {
-        double t0 = now_ns();
-        failed |= pm_memcpy_htod(dev, pageable, max) != PM_SUCCESS;
-        t[k] = now_ns() - t0;
-    }
-    double warm = median(t, 10);
-    pm_copy_stats st = {.struct_size = sizeof st};
-    pm_copy_get_stats(&st);
-    char sz[32];
-    printf("\nregistration cache (%s), repeated copies of one %s pageable buffer to the device: "
-           "first %.1f GB/s, then %.1f GB/s (median of 10); %llu registrations, %llu hits\n",
-           st.cache_listening ? "hears unmaps" : "off: no userfaultfd", human_size(max, sz, sizeof sz),
-           gbps(max, first), gbps(max, warm), st.cache_registrations, st.cache_hits);
-    set_cache(false, cfg.direct_max);
+    if (sec.cache)
+        cache_section(&cb, &cfg, &failed);
+    if (sec.both)
+        failed |= bench_copy_both(&cb, quick, &sum);
+    char batch_rows[2048] = "";
+    if (sec.batch)
+        failed |= bench_copy_batch(&cb, quick, &sum, batch_rows, sizeof batch_rows);
+    if (sec.summary)
+        printf("%s\n", sum.text);
     if (failed)
         printf("(a copy failed: pinmem's last error: %s; the driver's: %s)\n",
                pm_last_error_detail(), baseline_detail());
@@ -229,7 +413,7 @@ int bench_copy(bool quick, const char *plot_file)
         plot(plot_file,
              b->meaning ? "posix backend: device memory simulated by host memory, memcpy as the driver"
                         : caps.device_name,
-             rows, max);
+             to, from, n_rows, batch_rows);
     copy_buffers_close(&cb);
     return failed;
 }

@@ -81,9 +81,9 @@ static void cold_rows(pm_deviceptr dev, uint8_t *host, size_t max, bool *failed)
     }
 }
 
-/* The DMA engine's own rate for pieces queued back to back from page-locked
- * memory, with and without a marker behind each piece as the ring records:
- * the ceiling for a staged copy of that piece size. */
+/* The DMA engine's own rate for pieces queued back to back from and into
+ * page-locked memory, with and without a marker behind each piece as the
+ * ring records: the ceiling for a staged copy of that piece size. */
 static void dma_ceiling(const baseline *b, pm_deviceptr dev, uint8_t *pinned, size_t total,
                         bool *failed)
 {
@@ -95,25 +95,31 @@ static void dma_ceiling(const baseline *b, pm_deviceptr dev, uint8_t *pinned, si
         return;
     }
     char sz[32];
-    printf("\nDMA from page-locked memory, %s in pieces queued on one stream (%s, median of %d)\n",
+    printf("\nDMA of page-locked memory, %s in pieces queued on one stream (%s, median of %d)\n",
            human_size(total, sz, sizeof sz), b->queued_name, REPS);
-    for (size_t piece = (size_t)256 << 10; piece <= ((size_t)4 << 20); piece *= 2) {
-        double t[2][REPS];
+    printf("%-9s | %9s %14s | %9s %14s\n", "pieces", "to device", "marker behind", "from dev.",
+           "marker behind");
+    for (size_t piece = (size_t)64 << 10; piece <= ((size_t)4 << 20); piece *= 2) {
+        double t[2][2][REPS]; /* [from the device][marked][k] */
         for (int k = 0; k < REPS; k++)
-            for (int marked = 0; marked < 2; marked++) {
-                double t0 = now_ns();
-                for (size_t off = 0; off < total; off += piece) {
-                    *failed |= b->copy_htod_queued(dev + off, pinned + off, piece) != PM_SUCCESS;
-                    if (marked)
-                        *failed |= b->marker_record(mark) != PM_SUCCESS;
+            for (int from = 0; from < 2; from++)
+                for (int marked = 0; marked < 2; marked++) {
+                    double t0 = now_ns();
+                    for (size_t off = 0; off < total; off += piece) {
+                        *failed |= (from ? b->copy_dtoh_queued(pinned + off, dev + off, piece)
+                                         : b->copy_htod_queued(dev + off, pinned + off, piece)) !=
+                                   PM_SUCCESS;
+                        if (marked)
+                            *failed |= b->marker_record(mark) != PM_SUCCESS;
+                    }
+                    *failed |= b->synchronize() != PM_SUCCESS;
+                    t[from][marked][k] = now_ns() - t0;
                 }
-                *failed |= b->synchronize() != PM_SUCCESS;
-                t[marked][k] = now_ns() - t0;
-            }
-        printf("%-9s pieces: %5.1f GB/s, with a marker behind each %5.1f GB/s\n",
-               human_size(piece, sz, sizeof sz), (double)total / median(t[0], REPS),
-               (double)total / median(t[1], REPS));
+        printf("%-9s | %9.1f %14.1f | %9.1f %14.1f\n", human_size(piece, sz, sizeof sz),
+               (double)total / median(t[0][0], REPS), (double)total / median(t[0][1], REPS),
+               (double)total / median(t[1][0], REPS), (double)total / median(t[1][1], REPS));
     }
+    printf("(GB/s; marker behind: an event recorded after each piece, as the staging ring does)\n");
     b->marker_close(mark);
 }
 

@@ -176,6 +176,23 @@ typedef struct pm__backend {
      * does copies from host to host. */
     pm_result (*copy_any)(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
                           bool sync, bool device_only);
+    /* count copies queued on s in any order among themselves, each with
+     * page-locked host memory or device memory on both sides (direction
+     * from the pointers, as copy_any) but the first read_now, whose sources
+     * are pageable host memory that the call reads before it returns (cuda:
+     * source access order DURING_API_CALL); the others run in stream order
+     * and may still run after it returns. In one call where one_call and
+     * the backend can (cuda: cuMemcpyBatchAsync where the driver has it, on
+     * a stream other than the legacy one; posix: one task of the stream),
+     * else one queued copy each; *batched says whether one call took them. */
+    pm_result (*copy_batch_async)(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                                  const size_t *sizes, size_t count, size_t read_now,
+                                  pm_stream_t s, bool one_call, bool *batched);
+    /* pointer_kind, and for device memory the extent of its allocation,
+     * [*lo, *hi), where every address answers the same (*lo == *hi when it
+     * is not known), so that a batch asks once for many pointers. */
+    pm_result (*pointer_extent)(pm_deviceptr p, size_t bytes, pm__memory_kind *kind,
+                                pm_deviceptr *lo, pm_deviceptr *hi);
 } pm__backend;
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */

@@ -469,8 +469,10 @@ static pm_result cuda_device_release(pm_deviceptr d)
 /* One query for the memory type and the extent the driver knows: host memory
  * it pinned is copied by the driver only when the whole copy lies in one such
  * extent (it refuses copies that run past a registration's end). Pageable
- * memory gets the default answers (type 0), not an error. */
-static pm_result cuda_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
+ * memory gets the default answers (type 0), not an error. Device memory
+ * answers the same from the start of its allocation to its end. */
+static pm_result cuda_pointer_extent(pm_deviceptr p, size_t bytes, pm__memory_kind *kind,
+                                     pm_deviceptr *lo, pm_deviceptr *hi)
 {
     CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                     CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
@@ -487,15 +489,84 @@ static pm_result cuda_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind
     ctx_leave(&scope);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuPointerGetAttributes");
-    if (type == 0)
+    *lo = *hi = 0;
+    if (type == 0) {
         *kind = PM__MEMORY_HOST;
-    else if (type == CU_MEMORYTYPE_HOST)
+    } else if (type == CU_MEMORYTYPE_HOST) {
         *kind = p >= start && p - start < size && bytes <= size - (p - start)
                     ? PM__MEMORY_HOST_DRIVER_PINNED
                     : PM__MEMORY_HOST;
-    else
+    } else {
         *kind = PM__MEMORY_DEVICE;
+        if (p >= start && p - start < size) {
+            *lo = start;
+            *hi = start + size;
+        }
+    }
     return PM_SUCCESS;
+}
+
+static pm_result cuda_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
+{
+    pm_deviceptr lo, hi;
+    return cuda_pointer_extent(p, bytes, kind, &lo, &hi);
+}
+
+/* The driver's batch copy refuses the legacy stream (NULL, or its handle). */
+static bool takes_batches(pm_stream_t s)
+{
+    return (cu->memcpy_batch_async || cu->memcpy_batch_async_12080) && s != NULL &&
+           (CUstream)s != CU_STREAM_LEGACY;
+}
+
+/* One cuMemcpyBatchAsync: a source access order for the copies that read
+ * pageable memory during the call (the first read_now) and stream order for
+ * the rest, no hints, no flags. */
+static CUresult batch_call(const pm_deviceptr *dsts, const pm_deviceptr *srcs, const size_t *sizes,
+                           size_t count, size_t read_now, CUstream s)
+{
+    CUmemcpyAttributes attrs[2];
+    size_t first[2], n = 0;
+    memset(attrs, 0, sizeof attrs);
+    if (read_now > 0) {
+        attrs[n].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+        first[n++] = 0;
+    }
+    if (read_now < count) {
+        attrs[n].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        first[n++] = read_now;
+    }
+    /* The driver reads the arrays and writes none of them. */
+    CUdeviceptr *d = (CUdeviceptr *)(uintptr_t)dsts, *f = (CUdeviceptr *)(uintptr_t)srcs;
+    size_t *z = (size_t *)(uintptr_t)sizes;
+    if (cu->memcpy_batch_async)
+        return cu->memcpy_batch_async(d, f, z, count, attrs, first, n, s);
+    size_t failed = SIZE_MAX;
+    return cu->memcpy_batch_async_12080(d, f, z, count, attrs, first, n, &failed, s);
+}
+
+static pm_result cuda_copy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                                       const size_t *sizes, size_t count, size_t read_now,
+                                       pm_stream_t s, bool one_call, bool *batched)
+{
+    *batched = false;
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = CUDA_SUCCESS;
+    const char *call = "cuMemcpyAsync";
+    if (one_call && count > 1 && takes_batches(s)) {
+        call = "cuMemcpyBatchAsync";
+        rc = batch_call(dsts, srcs, sizes, count, read_now, (CUstream)s);
+        *batched = rc == CUDA_SUCCESS;
+    } else {
+        for (size_t i = 0; i < count && rc == CUDA_SUCCESS; i++)
+            rc = cu->memcpy_unified_async((CUdeviceptr)dsts[i], (CUdeviceptr)srcs[i], sizes[i],
+                                          (CUstream)s);
+    }
+    ctx_leave(&scope);
+    return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, call);
 }
 
 static pm_result cuda_stream_capture_status(pm_stream_t s, bool *capturing)
@@ -651,5 +722,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->stream_capture_status = cuda_stream_capture_status;
     out->own_thread_start = cuda_own_thread_start;
     out->copy_any = cuda_copy_any;
+    out->copy_batch_async = cuda_copy_batch_async;
+    out->pointer_extent = cuda_pointer_extent;
     return PM_SUCCESS;
 }

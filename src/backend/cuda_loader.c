@@ -66,8 +66,11 @@ static const symbol required[] = {
     SYM(thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode", 10010),
 };
 
-/* Left NULL when missing: the pools then pin whole chunks. */
+/* Left NULL when missing: the pools then pin whole chunks, and batches of
+ * copies take one driver call a copy. */
 static const symbol optional[] = {
+    SYM(memcpy_batch_async, "cuMemcpyBatchAsync", 13000),
+    SYM(memcpy_batch_async_12080, "cuMemcpyBatchAsync", 12080),
     SYM(mem_address_reserve, "cuMemAddressReserve", 10020),
     SYM(mem_address_free, "cuMemAddressFree", 10020),
     SYM(mem_create, "cuMemCreate", 10020),

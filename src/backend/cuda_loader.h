@@ -67,6 +67,13 @@ typedef struct pm__cuda_api {
     CUresult (*pointer_get_attributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
     CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*thread_exchange_capture_mode)(CUstreamCaptureMode *);
+    /* Many copies in one call (CUDA 13.0's form, then 12.8's with failIdx):
+     * NULL where the driver lacks them. */
+    CUresult (*memcpy_batch_async)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                                   CUmemcpyAttributes *, size_t *, size_t, CUstream);
+    CUresult (*memcpy_batch_async_12080)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                                         CUmemcpyAttributes *, size_t *, size_t, size_t *,
+                                         CUstream);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

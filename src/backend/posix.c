@@ -327,10 +327,12 @@ static pm_result posix_device_release(pm_deviceptr d)
     return PM_SUCCESS;
 }
 
-static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
+static pm_result posix_pointer_extent(pm_deviceptr p, size_t bytes, pm__memory_kind *kind,
+                                      pm_deviceptr *lo, pm_deviceptr *hi)
 {
     pm__range r;
     *kind = PM__MEMORY_HOST;
+    *lo = *hi = 0;
     if (!devices() || !pm__ranges_find(devices(), (uintptr_t)p, &r))
         return PM_SUCCESS;
     if (bytes > r.base + r.size - (uintptr_t)p)
@@ -339,7 +341,15 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
                         "allocation at 0x%llx (%zu bytes)",
                         bytes, p, (unsigned long long)r.base, r.size);
     *kind = PM__MEMORY_DEVICE;
+    *lo = r.base;
+    *hi = r.base + r.size;
     return PM_SUCCESS;
+}
+
+static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
+{
+    pm_deviceptr lo, hi;
+    return posix_pointer_extent(p, bytes, kind, &lo, &hi);
 }
 
 static void posix_own_thread_start(void) {}
@@ -417,6 +427,52 @@ static pm_result posix_copy_dtoh_async(void *dst, pm_deviceptr d, size_t bytesiz
                                        bool host_pinned)
 {
     return copy_async(dst, (const void *)(uintptr_t)d, bytesize, s, host_pinned);
+}
+
+/* Many copies as one task of the stream, as the driver's batch copy is one
+ * call: the stream's thread plays the DMA engine for all of them. */
+typedef struct batch_task {
+    size_t count;
+    copy_task copies[];
+} batch_task;
+
+static void run_batch(void *arg)
+{
+    batch_task *t = arg;
+    for (size_t i = 0; i < t->count; i++)
+        memcpy(t->copies[i].dst, t->copies[i].src, t->copies[i].bytes);
+    free(t);
+}
+
+static pm_result posix_copy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                                        const size_t *sizes, size_t count, size_t read_now,
+                                        pm_stream_t s, bool one_call, bool *batched)
+{
+    *batched = false;
+    pm_result r = PM_SUCCESS;
+    if (read_now > 0 && (r = pm__posix_stream_synchronize(s)) != PM_SUCCESS)
+        return r;
+    for (size_t i = 0; i < read_now; i++) /* pageable sources: now, as the driver's own path */
+        memcpy((void *)(uintptr_t)dsts[i], (const void *)(uintptr_t)srcs[i], sizes[i]);
+    size_t rest = count - read_now;
+    if (!one_call || rest < 2) {
+        for (size_t i = read_now; i < count && r == PM_SUCCESS; i++)
+            r = copy_async((void *)(uintptr_t)dsts[i], (const void *)(uintptr_t)srcs[i], sizes[i],
+                           s, true);
+        return r;
+    }
+    batch_task *t = malloc(sizeof *t + rest * sizeof t->copies[0]);
+    if (!t)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "batch of copies: out of memory");
+    t->count = rest;
+    for (size_t i = 0; i < rest; i++)
+        t->copies[i] = (copy_task){(void *)(uintptr_t)dsts[read_now + i],
+                                   (const void *)(uintptr_t)srcs[read_now + i], sizes[read_now + i]};
+    r = pm__posix_stream_launch_host_func(s, run_batch, t);
+    if (r != PM_SUCCESS)
+        free(t);
+    *batched = r == PM_SUCCESS;
+    return r;
 }
 
 static pm_result posix_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
@@ -502,5 +558,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->stream_capture_status = posix_stream_capture_status;
     out->own_thread_start = posix_own_thread_start;
     out->copy_any = posix_copy_any;
+    out->copy_batch_async = posix_copy_batch_async;
+    out->pointer_extent = posix_pointer_extent;
     return PM_SUCCESS;
 }

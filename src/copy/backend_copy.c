@@ -17,3 +17,16 @@ pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, 
     return dir == PM__HTOD ? b->copy_htod_async(dev, host, n, s, pinned)
                            : b->copy_dtoh_async(host, dev, n, s, pinned);
 }
+
+pm_result pm__copy_backend_batch(const pm__backend *b, const pm_deviceptr *dsts,
+                                 const pm_deviceptr *srcs, const size_t *sizes, size_t count,
+                                 size_t read_now, pm_stream_t s, bool one_call)
+{
+    if (PM__TEST_FAULT(pm__fault_backend_copy))
+        return pm__fail(PM_ERROR_UNKNOWN, "a batch of %zu copies failed (injected fault)", count);
+    bool batched = false;
+    pm_result r = b->copy_batch_async(dsts, srcs, sizes, count, read_now, s, one_call, &batched);
+    if (r == PM_SUCCESS && batched)
+        atomic_fetch_add_explicit(&pm__copy_count.dma_batch_calls, 1, memory_order_relaxed);
+    return r;
+}

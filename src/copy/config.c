@@ -3,6 +3,7 @@
  * their check live below the engine (settings.c); a change that reshapes the
  * engine stops it here, above it, so that the next staged copy starts the
  * new one. */
+#include <limits.h>
 #include <string.h>
 
 #include "../budget.h"
@@ -26,6 +27,11 @@ static pm_copy_config config_of(const pm__copy_settings *s)
         .pinned_budget = pm__budget_cap(),
         .staging_stores = s->stores,
         .slice_bytes = s->slice_bytes,
+        .first_piece_bytes = s->first_piece,
+        .pieces = s->pieces,
+        .spin_us = s->spin_ns ? (unsigned)(s->spin_ns / 1000) : UINT_MAX,
+        .ring = s->ring_split ? PM_COPY_RING_SPLIT : PM_COPY_RING_SHARED,
+        .batch = s->batch,
     };
 }
 

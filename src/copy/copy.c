@@ -9,11 +9,6 @@
 #include "../instance.h"
 #include "copy.h"
 
-typedef struct piece {
-    uintptr_t end;
-    bool pinned;
-} piece;
-
 /* The bytes of a registered range the driver registered (its extent is
  * page-rounded; the driver knows only the bytes). Other kinds: all of the
  * extent is registered. */
@@ -39,8 +34,10 @@ uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uin
     return min_addr(next, end);
 }
 
-/* The longest piece from at (before end) that is all page-locked in one
- * registration, or all pageable. */
+typedef pm__piece piece;
+
+/* pm__copy_next_piece, for this file's own calls (the copy path), as the
+ * compiler inlines it. */
 static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
                         uintptr_t end)
 {
@@ -60,6 +57,12 @@ static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t
 static void count(_Atomic unsigned long long *counter, size_t n)
 {
     atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
+}
+
+pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
+                              uintptr_t end)
+{
+    return next_piece(ranges, registration_piece, at, end);
 }
 
 /* Through a cached registration: a DMA the caller waits for, because the

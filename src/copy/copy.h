@@ -39,6 +39,11 @@ typedef struct pm__copy_settings {
     size_t cache_min_bytes, cache_max_bytes;
     pm_copy_stores stores, default_stores /* PINMEM_COPY_STORES */;
     bool cpu_demotes; /* the CPU has cldemote (memcopy.c) */
+    size_t first_piece;          /* a staged copy's first piece (plan.c) */
+    unsigned pieces;             /* at least this many pieces a staged copy */
+    unsigned long long spin_ns;  /* a worker looks for work this long before it sleeps */
+    bool ring_split;             /* both ways at once: at most half the ring each */
+    pm_copy_batch batch;         /* GATHER, EACH or DRIVER */
 } pm__copy_settings;
 
 /* The largest ring that demoting stores are used for by default: the ring
@@ -89,12 +94,41 @@ static inline pm_copy_stores pm__copy_stores_for(const pm__copy_settings *set,
     return bytes < ((size_t)256 << 20) ? PM_COPY_STORES_STREAMING : PM_COPY_STORES_CACHED;
 }
 
+/* One stretch of a staged job: host bytes and the device bytes they go to or
+ * come from. A pm_memcpy_* copy is one; the pageable blocks of a batch are
+ * many, staged as if they lay end to end (at: where one starts in that). */
+typedef struct pm__segment {
+    uint8_t *host;
+    pm_deviceptr dev;
+    size_t bytes, at;
+} pm__segment;
+
+/* plan.c: how a staged job of bytes is cut into pieces, each one buffer and
+ * one DMA (or one driver call for the DMAs of the segments in it). The
+ * first piece is first bytes, each next one twice the one before up to
+ * target, so the first DMA starts after little copying and the later ones
+ * run the DMA engine at its large-piece rate; target is the job's bytes /
+ * pieces, from first up to a whole buffer (chunk). A thread copies one slice
+ * of a piece at a time. */
+typedef struct pm__piece_plan {
+    size_t bytes, chunk, first, target, slice;
+} pm__piece_plan;
+pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, size_t chunk, size_t bytes);
+/* The size of piece k, which starts at offset. */
+size_t pm__plan_piece(const pm__piece_plan *p, unsigned k, size_t offset);
+/* The slices of the whole job. */
+size_t pm__plan_slices(const pm__piece_plan *p);
+/* The index of the segment that holds byte at of a job (segs sorted by at,
+ * none empty). */
+size_t pm__segment_at(const pm__segment *segs, size_t n, size_t at);
+
 /* counters.c */
 typedef struct pm__copy_counters {
     _Atomic unsigned long long direct_bytes, staged_bytes, driver_bytes, cached_bytes;
     _Atomic unsigned long long cache_registrations, cache_hits, cache_invalidations;
     _Atomic unsigned long long staged_pieces, staging_copy_ns, staging_wait_ns, staging_queue_ns;
     _Atomic unsigned long long demoted_bytes;
+    _Atomic unsigned long long batch_calls, batch_copies, dma_batch_calls;
 } pm__copy_counters;
 
 extern pm__copy_counters pm__copy_count;
@@ -122,6 +156,12 @@ void pm__copy_publish(const pm_copy_config *c, bool by_code);
 pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
                           pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool sync,
                           bool *no_ring);
+/* The same for n segments of bytes in all (at set, in order, none empty),
+ * as one job: host to device returns once every segment has been read,
+ * device to host once every segment holds its bytes. */
+pm_result pm__staged_segments(const pm__copy_settings *set, pm__direction dir,
+                              const pm__segment *segs, size_t n, size_t bytes, pm_stream_t stream,
+                              bool *no_ring);
 /* The staging ring: its shape (as configured, or smaller to fit what may be
  * pinned), whether it fits at all, whether it is pinned now, and a note
  * saying why it is not as configured ("" when it is). */
@@ -169,6 +209,16 @@ bool pm__regcache_listening(void);
 uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
                               uintptr_t end);
 
+/* The longest piece of a host range from at (before end) that is all
+ * page-locked in one registration (and one registration piece), or all
+ * pageable: a DMA never crosses where they meet. */
+typedef struct pm__piece {
+    uintptr_t end;
+    bool pinned;
+} pm__piece;
+pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
+                              uintptr_t end);
+
 /* Whether the stream of a copy captures a graph: not known yet (the copy
  * asks when it must), or known to the caller. */
 typedef enum { PM__CAPTURE_ASK, PM__CAPTURE_NONE, PM__CAPTURE_ACTIVE } pm__capture;
@@ -186,5 +236,9 @@ typedef enum { PM__VIA_PINNED, PM__VIA_PAGEABLE, PM__VIA_SYNC } pm__copy_via;
 /* backend_copy.c: the backend's copy calls, with the test fault point in front. */
 pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
                            size_t n, pm_stream_t s, pm__copy_via via);
+/* The backend's copy_batch_async, with the same fault point (one pass a call). */
+pm_result pm__copy_backend_batch(const pm__backend *b, const pm_deviceptr *dsts,
+                                 const pm_deviceptr *srcs, const size_t *sizes, size_t count,
+                                 size_t read_now, pm_stream_t s, bool one_call);
 
 #endif

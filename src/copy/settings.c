@@ -4,6 +4,7 @@
  * gate that copies hold while they read the settings. The public calls that
  * change them (config.c) sit above the engine; this file sits below it, so
  * that a copy never reaches up for its settings. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -45,6 +46,12 @@ static size_t machine_cache_max(void)
     return quarter > ((size_t)1 << 20) ? quarter & ~(((size_t)1 << 20) - 1) : (size_t)1 << 20;
 }
 
+/* The environment's spin time as the options table reads it (0: unset). */
+static unsigned long long spin_env(const pm_copy_config *e)
+{
+    return e->spin_us == UINT_MAX ? PM__OPT_NONE : e->spin_us;
+}
+
 /* A value given (not 0), else the environment's, else the machine's. */
 static unsigned long long pick(unsigned long long given, unsigned long long env,
                                unsigned long long machine)
@@ -82,8 +89,15 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
         {PM__OPT_REGISTRATION_CACHE_MIN, (long long)c->cache_min_bytes, c->cache_min_bytes, 0},
         {PM__OPT_REGISTRATION_CACHE_MAX, (long long)c->cache_max_bytes, c->cache_max_bytes, 0},
         {PM__OPT_PINNED_BUDGET, (long long)c->pinned_budget, c->pinned_budget, 0},
+        {PM__OPT_COPY_FIRST_PIECE, (long long)c->first_piece_bytes, c->first_piece_bytes, 0},
+        {PM__OPT_COPY_PIECES, c->pieces, c->pieces, 0},
+        {PM__OPT_COPY_SPIN_US, c->spin_us == UINT_MAX ? -1 : (long long)c->spin_us,
+         c->spin_us == UINT_MAX ? PM__OPT_NONE : c->spin_us, 0},
+        {PM__OPT_COPY_RING, c->ring, (unsigned long long)(long long)c->ring, 0},
+        {PM__OPT_COPY_BATCH, c->batch, (unsigned long long)(long long)c->batch, 0},
     };
-    enum { W, HW, CHUNK, SLICE, BUF, DIRECT, STORES, CACHE, CMIN, CMAX, BUDGET, N };
+    enum { W, HW, CHUNK, SLICE, BUF, DIRECT, STORES, CACHE, CMIN, CMAX, BUDGET, FIRST, PIECES,
+           SPIN, RING, BATCH, N };
     for (int i = 0; i < N; i++) {
         char name[128];
         snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id), f[i].shown);
@@ -105,6 +119,12 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     out->cache_min_bytes = pick(f[CMIN].checked, e->cache_min_bytes, (size_t)64 << 20);
     out->cache_max_bytes = pick(f[CMAX].checked, e->cache_max_bytes, machine_cache_max());
     out->pinned_budget = pick(f[BUDGET].checked, e->pinned_budget, 0);
+    out->first_piece_bytes = pick(f[FIRST].checked, e->first_piece_bytes, out->slice_bytes);
+    out->pieces = (unsigned)pick(f[PIECES].checked, e->pieces, 1);
+    unsigned long long spin = pick(f[SPIN].checked, spin_env(e), PM__OPT_NONE);
+    out->spin_us = spin == PM__OPT_NONE ? UINT_MAX : (unsigned)spin;
+    out->ring = (pm_copy_ring)pick(f[RING].checked, e->ring, PM_COPY_RING_SPLIT);
+    out->batch = (pm_copy_batch)pick(f[BATCH].checked, e->batch, PM_COPY_BATCH_GATHER);
     *s = (pm__copy_settings){
         .workers = out->workers,
         .htod_workers = out->htod_workers,
@@ -118,6 +138,11 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
         .stores = out->staging_stores,
         .default_stores = e->staging_stores,
         .cpu_demotes = pm__copy_cpu_demotes(),
+        .first_piece = out->first_piece_bytes,
+        .pieces = out->pieces,
+        .spin_ns = out->spin_us == UINT_MAX ? 0 : 1000ull * out->spin_us,
+        .ring_split = out->ring == PM_COPY_RING_SPLIT,
+        .batch = out->batch,
     };
     return PM_SUCCESS;
 }
@@ -144,6 +169,15 @@ void pm__copy_publish(const pm_copy_config *c, bool by_code)
                        by_code);
     pm__option_publish(PM__OPT_REGISTRATION_CACHE_MAX, c->cache_max_bytes, d->cache_max_bytes,
                        by_code);
+    pm__option_publish(PM__OPT_COPY_FIRST_PIECE, c->first_piece_bytes, d->first_piece_bytes,
+                       by_code);
+    pm__option_publish(PM__OPT_COPY_PIECES, c->pieces, d->pieces, by_code);
+    pm__option_publish(PM__OPT_COPY_SPIN_US, c->spin_us == UINT_MAX ? PM__OPT_NONE : c->spin_us,
+                       d->spin_us == UINT_MAX ? PM__OPT_NONE : d->spin_us, by_code);
+    pm__option_publish(PM__OPT_COPY_RING, (unsigned long long)c->ring,
+                       (unsigned long long)d->ring, by_code);
+    pm__option_publish(PM__OPT_COPY_BATCH, (unsigned long long)c->batch,
+                       (unsigned long long)d->batch, by_code);
 }
 
 static void choose_defaults(void)
@@ -163,6 +197,13 @@ static void choose_defaults(void)
     e->cache_min_bytes = pm__option_env(PM__OPT_REGISTRATION_CACHE_MIN, &v) ? (size_t)v : 0;
     e->cache_max_bytes = pm__option_env(PM__OPT_REGISTRATION_CACHE_MAX, &v) ? (size_t)v : 0;
     e->pinned_budget = pm__option_env(PM__OPT_PINNED_BUDGET, &v) ? v : 0;
+    e->first_piece_bytes = pm__option_env(PM__OPT_COPY_FIRST_PIECE, &v) ? (size_t)v : 0;
+    e->pieces = pm__option_env(PM__OPT_COPY_PIECES, &v) ? (unsigned)v : 0;
+    e->spin_us = pm__option_env(PM__OPT_COPY_SPIN_US, &v)
+                     ? (v == PM__OPT_NONE ? UINT_MAX : (unsigned)v)
+                     : 0;
+    e->ring = (pm_copy_ring)(pm__option_env(PM__OPT_COPY_RING, &v) ? v : 0);
+    e->batch = (pm_copy_batch)(pm__option_env(PM__OPT_COPY_BATCH, &v) ? v : 0);
     pm_copy_config asked = {.struct_size = sizeof asked,
                             .registration_cache = e->registration_cache};
     if (pm__copy_resolve(&asked, "PINMEM_COPY_*", &defaults, &settings) != PM_SUCCESS) {

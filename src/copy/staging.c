@@ -1,13 +1,20 @@
 /* The staging engine: copies from and to pageable memory through a ring of
- * pinned buffers. A copy becomes a job of buffer-sized pieces, each moved by
- * one DMA; the CPU side of a piece is cut into slices that several threads
- * copy at once. Large DMAs keep the copy engine near its peak (its rate by
- * piece size is in docs/performance.md), while small slices keep every core
- * busy and let the first DMA start early.
+ * pinned buffers. A copy becomes a job of pieces of up to a buffer, each
+ * moved by one DMA; the CPU side of a piece is cut into slices that several
+ * threads copy at once. Large DMAs keep the copy engine near its peak (its
+ * rate by piece size is in docs/performance.md), while small slices keep
+ * every core busy and small first pieces let the first DMA start early
+ * (plan.c). A job may be many segments (a batch's pageable blocks), laid end
+ * to end: a piece then gathers several, and its DMAs, one a segment, go to
+ * the driver in one call where it can take them so.
  *
  * Worker threads (started on first use, never per call) take slices from all
  * jobs in turn, so several callers are served at once and fairly, and each
- * caller works on its own job too.
+ * caller works on its own job too. While jobs run both ways at once, each
+ * direction may hold at most half the buffers (unless the ring is shared),
+ * so that neither waits for buffers the other keeps busy. A worker that ran
+ * out of slices may look for new ones a while before it sleeps (spin_ns),
+ * so that back-to-back copies find it awake.
  *
  * Only some of the workers (the fillers) take slices of host-to-device
  * copies: the DMA engine reads the buffers from the memory the threads copy
@@ -57,6 +64,7 @@ typedef struct buffer {
     pm__marker mark; /* behind the last DMA from or into p; reused */
     bool pending;    /* mark may not be done yet */
     /* The piece it carries, guarded by the engine lock: */
+    pm__direction dir;
     size_t offset, bytes; /* in the job */
     unsigned slices, slices_left;
     dma_state dma; /* device to host */
@@ -64,9 +72,11 @@ typedef struct buffer {
 
 typedef struct job {
     pm__direction dir;
-    uint8_t *host;
-    pm_deviceptr dev;
-    size_t bytes, chunk, slice;
+    const pm__segment *segs; /* in order, none empty */
+    size_t n_segs;
+    size_t bytes, slice;
+    pm__piece_plan plan;
+    bool one_call; /* a piece's DMAs in one driver call where it takes them */
     pm_stream_t stream;
     pm_copy_stores stores; /* of the CPU copies */
     unsigned store_kind;   /* PM__STORE_PLAIN or PM__STORE_DEMOTING */
@@ -106,7 +116,15 @@ static struct {
     /* has_work: for the workers that take every kind of slice; dtoh_work:
      * for those that take only device-to-host ones */
     pthread_cond_t has_work, dtoh_work, progressed, buffer_freed, dma_ready;
+    /* Moved on whenever a slice may have become claimable (a job listed, a
+     * buffer freed, a DMA queued ahead), for the workers that spin. */
+    _Atomic unsigned long long events;
+    _Atomic unsigned long long spin_ns;
     job *jobs;       /* active jobs with slices left to take */
+    /* Jobs running in each direction, buffers each holds, and whether each
+     * may then hold at most its share of the ring. */
+    unsigned running[2], held[2];
+    bool ring_split;
     job *turn;       /* the job whose turn it is */
     pthread_t *threads;
     unsigned n_threads, want_threads; /* running; asked for (a start that failed is retried) */
@@ -150,29 +168,24 @@ static void count_ns(_Atomic unsigned long long *counter, _Atomic unsigned long 
 
 static unsigned slices_of(size_t bytes, size_t slice) { return (unsigned)((bytes + slice - 1) / slice); }
 
-/* The size of piece k, starting at offset. The first pieces ramp up from one
- * slice, doubling, to a whole buffer: the first DMA starts as soon as one
- * slice is copied, while the workers are still waking, instead of waiting
- * for a whole buffer to fill. */
-static size_t piece_bytes(const job *j, unsigned k, size_t offset)
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* lock held: something a worker may claim may have changed. */
+static void note_event(void) { atomic_fetch_add_explicit(&eng.events, 1, memory_order_relaxed); }
+
+/* lock held: the most buffers direction dir may hold now. */
+static unsigned share_of(pm__direction dir)
 {
-    size_t ramp = k < 16 ? j->slice << k : j->chunk;
-    size_t n = ramp < j->chunk ? ramp : j->chunk;
-    return j->bytes - offset < n ? j->bytes - offset : n;
+    if (!eng.ring_split || !eng.running[PM__HTOD] || !eng.running[PM__DTOH] || eng.n_buffers < 2)
+        return eng.n_buffers;
+    unsigned dtoh = eng.n_buffers / 2;
+    return dir == PM__DTOH ? dtoh : eng.n_buffers - dtoh;
 }
 
-/* Slices in the whole job: the ramp piece by piece, then whole buffers. */
-static size_t slices_in(const job *j)
+/* lock held: whether a piece of direction dir may take a free buffer now. */
+static bool may_take_buffer(pm__direction dir)
 {
-    size_t off = 0, slices = 0;
-    unsigned k = 0;
-    for (; off < j->bytes && piece_bytes(j, k, off) < j->chunk; k++) {
-        slices += slices_of(piece_bytes(j, k, off), j->slice);
-        off += piece_bytes(j, k, off);
-    }
-    size_t rest = j->bytes - off;
-    return slices + rest / j->chunk * slices_of(j->chunk, j->slice) +
-           slices_of(rest % j->chunk, j->slice);
+    return eng.queue_count > 0 && eng.held[dir] < share_of(dir);
 }
 
 static void record_error(job *j, pm_result r)
@@ -209,7 +222,7 @@ static bool claimable(const job *j)
 {
     if (j->current || j->ahead_count > 0)
         return true;
-    return j->next_offset < j->bytes && eng.queue_count > 0;
+    return j->next_offset < j->bytes && may_take_buffer(j->dir);
 }
 
 /* lock held: j's next piece in the oldest free buffer (there is one). */
@@ -218,8 +231,10 @@ static buffer *start_piece(job *j)
     buffer *b = &eng.ring[eng.queue[eng.queue_head]];
     eng.queue_head = (eng.queue_head + 1) % eng.n_buffers;
     eng.queue_count--;
+    b->dir = j->dir;
+    eng.held[j->dir]++;
     b->offset = j->next_offset;
-    b->bytes = piece_bytes(j, j->pieces_started++, b->offset);
+    b->bytes = pm__plan_piece(&j->plan, j->pieces_started++, b->offset);
     b->slices = b->slices_left = slices_of(b->bytes, j->slice);
     b->dma = DMA_NOT_QUEUED;
     j->next_offset += b->bytes;
@@ -279,28 +294,51 @@ static claim_result claim_slice(job *only, claim *c, bool may_htod)
     return any ? NEED_BUFFER : NOTHING;
 }
 
+/* lock held: whether the ring is split between the directions now (a freed
+ * buffer may then be one that only some of its waiters may take). */
+static bool split_now(void) { return share_of(PM__HTOD) < eng.n_buffers; }
+
 /* lock held: b goes back to the free queue. */
 static void give_buffer(buffer *b)
 {
     eng.queue[(eng.queue_head + eng.queue_count) % eng.n_buffers] = (unsigned)(b - eng.ring);
     eng.queue_count++;
-    pthread_cond_signal(&eng.buffer_freed);
+    eng.held[b->dir]--;
+    note_event();
+    if (split_now())
+        pthread_cond_broadcast(&eng.buffer_freed);
+    else
+        pthread_cond_signal(&eng.buffer_freed);
 }
 
 /* lock held, after a wait for a free buffer and the claim that followed it:
  * a thread woken for a buffer it did not take passes the wake on, so that no
- * other thread waiting for one sleeps beside a free buffer. */
+ * other thread waiting for one sleeps beside a free buffer. (A split ring
+ * wakes every waiter instead: one that may not take the buffer would only
+ * pass the wake to another like it.) */
 static void pass_on_buffer_wake(void)
 {
-    if (eng.queue_count > 0)
+    if (eng.queue_count > 0 && !split_now())
         pthread_cond_signal(&eng.buffer_freed);
 }
 
-/* The CPU half of a slice, timed for the statistics. */
-static void cpu_copy(job *j, pm_copy_stores stores, void *dst, const void *src, size_t n)
+/* The CPU half of a slice: bytes [off, off + n) of j between the segments
+ * that hold them and ring (into the ring for host to device), timed for the
+ * statistics. */
+static void cpu_copy(job *j, pm_copy_stores stores, uint8_t *ring, size_t off, size_t n)
 {
     unsigned long long t0 = pm__now_ns();
-    pm__copy_bytes(dst, src, n, stores);
+    for (size_t i = pm__segment_at(j->segs, j->n_segs, off); n > 0; i++) {
+        const pm__segment *s = &j->segs[i];
+        size_t in = off - s->at, take = min_size(s->bytes - in, n);
+        if (j->dir == PM__HTOD)
+            pm__copy_bytes(ring, s->host + in, take, stores);
+        else
+            pm__copy_bytes(s->host + in, ring, take, stores);
+        ring += take;
+        off += take;
+        n -= take;
+    }
     count_ns(&pm__copy_count.staging_copy_ns, &j->copy_ns, t0);
 }
 
@@ -329,13 +367,44 @@ static size_t slice_span(const claim *c, size_t *n)
     return off;
 }
 
-/* Queues the DMA of b's piece and re-records b's marker behind it. */
+/* The DMAs of a piece that spans segments from the i-th on: one a segment,
+ * in driver calls of up to DMA_GROUP (a 4 MiB buffer of 8 KiB blocks in
+ * one). */
+enum { DMA_GROUP = 512 };
+static pm_result queue_segment_dmas(const pm__backend *be, const job *j, const buffer *b, size_t i)
+{
+    pm_deviceptr dsts[DMA_GROUP], srcs[DMA_GROUP];
+    size_t sizes[DMA_GROUP], n = 0;
+    const size_t end = b->offset + b->bytes;
+    pm_result r = PM_SUCCESS;
+    for (size_t off = b->offset; off < end && r == PM_SUCCESS; i++) {
+        const pm__segment *s = &j->segs[i];
+        size_t in = off - s->at, take = min_size(s->bytes - in, end - off);
+        pm_deviceptr ring = (pm_deviceptr)(uintptr_t)((uint8_t *)b->p + (off - b->offset));
+        dsts[n] = j->dir == PM__HTOD ? s->dev + in : ring;
+        srcs[n] = j->dir == PM__HTOD ? ring : s->dev + in;
+        sizes[n++] = take;
+        off += take;
+        if (n == DMA_GROUP || off == end) {
+            r = pm__copy_backend_batch(be, dsts, srcs, sizes, n, 0, j->stream, j->one_call);
+            n = 0;
+        }
+    }
+    return r;
+}
+
+/* Queues the DMA of b's piece (or its DMAs, one a segment) and re-records
+ * b's marker behind it. */
 static pm_result queue_dma(const job *j, buffer *b)
 {
     const pm__backend *be = pm__instance_backend();
     unsigned long long t0 = pm__now_ns();
-    pm_result r = pm__copy_backend(be, j->dir, b->p, j->dev + b->offset, b->bytes, j->stream,
-                                   PM__VIA_PINNED);
+    size_t i = pm__segment_at(j->segs, j->n_segs, b->offset);
+    const pm__segment *s = &j->segs[i];
+    pm_result r = b->offset + b->bytes <= s->at + s->bytes
+                      ? pm__copy_backend(be, j->dir, b->p, s->dev + (b->offset - s->at), b->bytes,
+                                         j->stream, PM__VIA_PINNED)
+                      : queue_segment_dmas(be, j, b, i);
     if (r == PM_SUCCESS)
         r = be->marker_rerecord(j->stream, &b->mark);
     if (r == PM_SUCCESS) {
@@ -363,11 +432,11 @@ static void run_htod_slice(const claim *c, bool skip)
     /* Pieces smaller than a buffer (the ramp at a copy's start, and its last)
      * wait for their slices alone: streaming stores, which cost a thread half
      * the time of demoting ones, start their DMAs sooner. */
-    pm_copy_stores stores = j->stores == PM_COPY_STORES_DEMOTING && b->bytes < j->chunk
+    pm_copy_stores stores = j->stores == PM_COPY_STORES_DEMOTING && b->bytes < j->plan.chunk
                                 ? PM_COPY_STORES_STREAMING
                                 : j->stores;
     if (!skip)
-        cpu_copy(j, stores, (uint8_t *)b->p + off, j->host + b->offset + off, n);
+        cpu_copy(j, stores, (uint8_t *)b->p + off, b->offset + off, n);
     pthread_mutex_lock(&eng.lock);
     bool last = --b->slices_left == 0;
     skip |= j->error != PM_SUCCESS;
@@ -396,11 +465,12 @@ static void queue_ahead(job *j)
         return;
     }
     j->queuing_ahead = true;
-    while (j->error == PM_SUCCESS && j->next_offset < j->bytes && eng.queue_count > 0 &&
+    while (j->error == PM_SUCCESS && j->next_offset < j->bytes && may_take_buffer(j->dir) &&
            j->ahead_count < eng.dtoh_ahead) {
         buffer *b = start_piece(j);
         b->dma = DMA_QUEUING;
         j->ahead[(j->ahead_head + j->ahead_count++) % AHEAD_MAX] = b;
+        note_event();
         pthread_cond_broadcast(&eng.buffer_freed); /* its slices may be taken */
         pthread_mutex_unlock(&eng.lock);
         wait_previous_dma(j, b);
@@ -449,7 +519,7 @@ static void run_dtoh_slice(const claim *c, bool skip)
     if (queued)
         r = wait_marker(j, b);
     if (queued && r == PM_SUCCESS)
-        cpu_copy(j, j->stores, j->host + b->offset + off, (uint8_t *)b->p + off, n);
+        cpu_copy(j, j->stores, (uint8_t *)b->p + off, b->offset + off, n);
     pthread_mutex_lock(&eng.lock);
     record_error(j, r);
     bool last = --b->slices_left == 0;
@@ -479,11 +549,37 @@ static void finish_slice(const claim *c)
     pthread_mutex_unlock(&eng.lock);
 }
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+/* Lock not held: waits until eng.events moves past seen (true) or the clock
+ * passes until (false), without a system call, so that work queued within
+ * the time finds this thread awake. */
+static bool spin_for_event(unsigned long long seen, unsigned long long until)
+{
+    for (unsigned k = 1;; k++) {
+        if (atomic_load_explicit(&eng.events, memory_order_relaxed) != seen)
+            return true;
+        if (k % 64 == 0 && pm__now_ns() >= until)
+            return false;
+        cpu_relax();
+    }
+}
+
 static void *worker_main(void *arg)
 {
     const unsigned index = (unsigned)(uintptr_t)arg;
     pm__instance_backend()->own_thread_start();
     pthread_mutex_lock(&eng.lock);
+    /* Until when the worker spins rather than sleeps: only just after a
+     * slice, never while idle for longer. 0: it sleeps. */
+    unsigned long long spin_until = 0;
     for (;;) {
         claim c;
         claim_result got = NOTHING;
@@ -492,6 +588,16 @@ static void *worker_main(void *arg)
                (got = claim_slice(NULL, &c, index < eng.fillers)) != CLAIMED) {
             if (woke_for_buffer)
                 pass_on_buffer_wake();
+            woke_for_buffer = false;
+            if (spin_until) {
+                unsigned long long seen = atomic_load_explicit(&eng.events, memory_order_relaxed);
+                pthread_mutex_unlock(&eng.lock);
+                bool moved = spin_for_event(seen, spin_until);
+                pthread_mutex_lock(&eng.lock);
+                if (!moved)
+                    spin_until = 0;
+                continue;
+            }
             woke_for_buffer = got == NEED_BUFFER;
             pthread_cond_t *idle = index < eng.fillers ? &eng.has_work : &eng.dtoh_work;
             pthread_cond_wait(woke_for_buffer ? &eng.buffer_freed : idle, &eng.lock);
@@ -504,6 +610,8 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&eng.lock);
         finish_slice(&c);
         pthread_mutex_lock(&eng.lock);
+        unsigned long long spin = atomic_load_explicit(&eng.spin_ns, memory_order_relaxed);
+        spin_until = spin ? pm__now_ns() + spin : 0;
         /* A filler that stopped being one while it ran a slice (the count was
          * steered down) leaves the rest of the piece to the fillers and the
          * copy's caller, who may all be asleep waiting for a buffer that this
@@ -715,6 +823,7 @@ void pm__staging_stop(void)
 {
     pthread_mutex_lock(&eng.lock);
     eng.stopping = true;
+    note_event(); /* for the workers that spin */
     pthread_cond_broadcast(&eng.has_work);
     pthread_cond_broadcast(&eng.dtoh_work);
     pthread_cond_broadcast(&eng.buffer_freed);
@@ -774,7 +883,10 @@ static pm_result start_locked(const pm__copy_settings *set)
 
 /* Whether j counts for the filler count: host-to-device jobs of several whole
  * buffers (the ramp at a copy's start waits little whatever the count). */
-static bool steers_fillers(const job *j) { return j->dir == PM__HTOD && j->bytes >= 8 * j->chunk; }
+static bool steers_fillers(const job *j)
+{
+    return j->dir == PM__HTOD && j->bytes >= 8 * j->plan.chunk;
+}
 
 /* lock held, after a host-to-device job: one filler more when its threads
  * hardly waited for DMAs (the CPU side could not keep up), one fewer when
@@ -839,9 +951,20 @@ static void time_job(const job *j, unsigned size_class, unsigned long long t0)
     pthread_mutex_unlock(&eng.lock);
 }
 
-pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
-                          pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool sync,
-                          bool *no_ring)
+/* lock held: a job of direction dir starts (1) or ends (-1). As the last of
+ * one direction ends beside the other's, the ring is whole again for the
+ * other: its waiters may now take what they could not. */
+static void count_running(pm__direction dir, int change)
+{
+    eng.running[dir] = (unsigned)((int)eng.running[dir] + change);
+    if (change < 0 && eng.running[dir] == 0 && eng.running[dir ^ 1]) {
+        note_event();
+        pthread_cond_broadcast(&eng.buffer_freed);
+    }
+}
+
+static pm_result staged(const pm__copy_settings *set, pm__direction dir, const pm__segment *segs,
+                        size_t n_segs, size_t bytes, pm_stream_t stream, bool sync, bool *no_ring)
 {
     *no_ring = false;
     pthread_mutex_lock(&eng.lock);
@@ -857,20 +980,28 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
     }
     /* After the engine's start, which would weigh on the first copy's time. */
     const unsigned long long t0 = pm__now_ns();
-    job j = {.dir = dir, .host = host, .dev = dev, .bytes = bytes, .chunk = eng.chunk,
-             .slice = set->slice_bytes < eng.chunk ? set->slice_bytes : eng.chunk, .stream = stream};
+    eng.ring_split = set->ring_split;
+    atomic_store_explicit(&eng.spin_ns, set->spin_ns, memory_order_relaxed);
+    job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
+             .one_call = set->batch != PM_COPY_BATCH_EACH};
+    j.plan = pm__plan_pieces(set, eng.chunk, bytes);
+    j.slice = j.plan.slice;
     unsigned size_class = 0;
     bool timed;
     choose_stores(set, &j, sync, &size_class, &timed);
     take_fillers_of(&j);
-    j.slices = slices_in(&j);
+    j.slices = pm__plan_slices(&j.plan);
+    count_running(dir, 1);
     if (j.slices > 1) { /* a single slice is the caller's alone: no hand-off */
         j.listed = true;
         j.following = eng.jobs;
         if (eng.jobs)
             eng.jobs->prev = &j;
         eng.jobs = &j;
+        note_event();
         pthread_cond_broadcast(&eng.has_work);
+        /* Workers waiting for a buffer for another job may take this one's. */
+        pthread_cond_broadcast(&eng.buffer_freed);
         if (dir == PM__DTOH)
             pthread_cond_broadcast(&eng.dtoh_work);
     }
@@ -895,6 +1026,7 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
         pthread_cond_wait(&eng.progressed, &eng.lock);
     if (j.listed)
         unlist(&j);
+    count_running(dir, -1);
     if (j.error == PM_SUCCESS)
         steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
@@ -906,4 +1038,19 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
     if (dir == PM__HTOD && j.stores == PM_COPY_STORES_DEMOTING)
         atomic_fetch_add_explicit(&pm__copy_count.demoted_bytes, bytes, memory_order_relaxed);
     return PM_SUCCESS;
+}
+
+pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,
+                          pm_deviceptr dev, size_t bytes, pm_stream_t stream, bool sync,
+                          bool *no_ring)
+{
+    const pm__segment one = {.host = host, .dev = dev, .bytes = bytes, .at = 0};
+    return staged(set, dir, &one, 1, bytes, stream, sync, no_ring);
+}
+
+pm_result pm__staged_segments(const pm__copy_settings *set, pm__direction dir,
+                              const pm__segment *segs, size_t n, size_t bytes, pm_stream_t stream,
+                              bool *no_ring)
+{
+    return staged(set, dir, segs, n, bytes, stream, false, no_ring);
 }

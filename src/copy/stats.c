@@ -39,6 +39,9 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .ring_pinned = ring.pinned,
         .ring_buffers = ring.fits ? ring.buffers : 0,
         .ring_buffer_bytes = ring.fits ? ring.chunk : 0,
+        .batch_calls = atomic_load(&c->batch_calls),
+        .batch_copies = atomic_load(&c->batch_copies),
+        .dma_batch_calls = atomic_load(&c->dma_batch_calls),
     };
     snprintf(full.ring_note, sizeof full.ring_note, "%s", ring.note);
     memcpy(stats, &full, stats->struct_size);

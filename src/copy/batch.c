@@ -1,0 +1,397 @@
+/* pm_memcpy_batch_async: many copies in one call, each what pm_memcpy_async
+ * would make of it, in any order among themselves.
+ *
+ * Every element is checked, and the host side of each cut where page-locked
+ * and pageable memory meet, before anything moves. Then the page-locked
+ * pieces and device-to-device copies go to the DMA engine in one driver call
+ * where the driver has a batch copy (cuMemcpyBatchAsync): one call for a
+ * thousand DMAs costs far less than a thousand calls. The pageable pieces of
+ * each direction become one staging job of many segments, so the workers
+ * gather small blocks into full buffers (or scatter them out of full ones),
+ * and each buffer's DMAs again go in one call. With pm_copy_config.batch
+ * DRIVER, pageable pieces go to the driver's batch copy instead (it reads
+ * pageable sources during the call). Host-to-host copies are the backend's
+ * own, one by one. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../errors.h"
+#include "../instance.h"
+#include "copy.h"
+
+static const char name[] = "pm_memcpy_batch_async";
+
+/* What an element is, from its pointers. */
+typedef enum {
+    WAY_NONE, /* 0 bytes */
+    WAY_HTOD, /* host memory to device memory: pinmem's or pageable, cut into pieces */
+    WAY_DTOH,
+    WAY_DMA,  /* device to device, or memory the driver page-locked itself and device memory */
+    WAY_HTOH  /* host to host, of any kinds */
+} way;
+
+/* Device allocations seen in this call: blocks that lie in one large
+ * allocation (a cache of blocks) then cost one query of the backend. */
+enum { KNOWN_DEVICE = 8 };
+typedef struct known_device {
+    pm_deviceptr lo[KNOWN_DEVICE], hi[KNOWN_DEVICE];
+    unsigned n, next;
+} known_device;
+
+/* Memory pinmem pinned is host memory for the engine, whatever the backend
+ * would call it (as memcpy.c says); then a device allocation seen before;
+ * then the backend. */
+static pm_result kind_of(pm__instance *inst, known_device *kd, pm_deviceptr p, size_t bytes,
+                         pm__memory_kind *kind)
+{
+    pm__range r;
+    if (pm__ranges_find_extent(inst->ranges, (uintptr_t)p, &r)) {
+        *kind = PM__MEMORY_HOST;
+        return PM_SUCCESS;
+    }
+    for (unsigned i = 0; i < kd->n; i++)
+        if (p >= kd->lo[i] && p < kd->hi[i] && bytes <= kd->hi[i] - p) {
+            *kind = PM__MEMORY_DEVICE;
+            return PM_SUCCESS;
+        }
+    pm_deviceptr lo = 0, hi = 0;
+    pm_result res = inst->backend.pointer_extent(p, bytes, kind, &lo, &hi);
+    if (res == PM_SUCCESS && *kind == PM__MEMORY_DEVICE && lo < hi) {
+        kd->lo[kd->next] = lo;
+        kd->hi[kd->next] = hi;
+        kd->next = (kd->next + 1) % KNOWN_DEVICE;
+        kd->n += kd->n < KNOWN_DEVICE;
+    }
+    return res;
+}
+
+static way way_of(pm__memory_kind to, pm__memory_kind from)
+{
+    if (to == PM__MEMORY_DEVICE && from == PM__MEMORY_HOST)
+        return WAY_HTOD;
+    if (to == PM__MEMORY_HOST && from == PM__MEMORY_DEVICE)
+        return WAY_DTOH;
+    if (to == PM__MEMORY_DEVICE || from == PM__MEMORY_DEVICE)
+        return WAY_DMA;
+    return WAY_HTOH;
+}
+
+/* A range an element writes (dst) or reads, for the check that no copy of
+ * the batch depends on another. */
+typedef struct span {
+    pm_deviceptr lo, hi;
+    size_t index;
+    bool dst;
+} span;
+
+static int by_start(const void *a, const void *b)
+{
+    const span *x = a, *y = b;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* Sorted by start, a range overlaps an earlier one exactly when it starts
+ * before the furthest end seen so far; a destination may overlap nothing,
+ * a source no destination. (An element's own two ranges were checked
+ * already.) */
+static pm_result check_dependences(span *v, size_t n)
+{
+    qsort(v, n, sizeof *v, by_start);
+    const span *far_any = NULL, *far_dst = NULL;
+    for (size_t k = 0; k < n; k++) {
+        const span *x = &v[k];
+        const span *hit = x->dst && far_any && x->lo < far_any->hi   ? far_any
+                          : !x->dst && far_dst && x->lo < far_dst->hi ? far_dst
+                                                                      : NULL;
+        if (hit)
+            return pm__fail(PM_ERROR_INVALID_VALUE,
+                            "%s: element %zu's %s (0x%llx, %llu bytes) overlaps element %zu's %s "
+                            "(0x%llx, %llu bytes): the copies of a batch may not depend on each "
+                            "other",
+                            name, x->index, x->dst ? "destination" : "source", x->lo,
+                            x->hi - x->lo, hit->index, hit->dst ? "destination" : "source",
+                            hit->lo, hit->hi - hit->lo);
+        if (!far_any || x->hi > far_any->hi)
+            far_any = x;
+        if (x->dst && (!far_dst || x->hi > far_dst->hi))
+            far_dst = x;
+    }
+    return PM_SUCCESS;
+}
+
+/* r again, its detail (and the driver's code) now naming element i. */
+static pm_result name_element(pm_result r, size_t i)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", pm_last_error_detail());
+    return pm__fail_driver(r, pm_last_driver_error(), "%s: element %zu: %s", name, i, why);
+}
+
+/* The check of element i, and its way. */
+static pm_result check_element(pm__instance *inst, known_device *kd, size_t i, pm_deviceptr dst,
+                               pm_deviceptr src, size_t bytes, bool capturing, uint8_t *w)
+{
+    if (!dst || !src)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: element %zu: the %s pointer is NULL", name, i,
+                        dst ? "source" : "destination");
+    if (bytes > UINT64_MAX - dst || bytes > UINT64_MAX - src || bytes > UINTPTR_MAX)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "%s: element %zu: %zu bytes from 0x%llx or 0x%llx wrap around", name, i,
+                        bytes, dst, src);
+    if (dst < src + bytes && src < dst + bytes)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "%s: element %zu: its ranges overlap (destination 0x%llx, source 0x%llx, "
+                        "%zu bytes)",
+                        name, i, dst, src, bytes);
+    pm__memory_kind to, from;
+    pm_result r;
+    if ((r = kind_of(inst, kd, dst, bytes, &to)) != PM_SUCCESS ||
+        (r = kind_of(inst, kd, src, bytes, &from)) != PM_SUCCESS)
+        return name_element(r, i);
+    /* A capture takes page-locked host memory only (copy.c says why). */
+    if (capturing && ((to != PM__MEMORY_DEVICE &&
+                       (r = pm__copy_capturable(inst, name, dst, bytes)) != PM_SUCCESS) ||
+                      (from != PM__MEMORY_DEVICE &&
+                       (r = pm__copy_capturable(inst, name, src, bytes)) != PM_SUCCESS)))
+        return name_element(r, i);
+    *w = (uint8_t)way_of(to, from);
+    return PM_SUCCESS;
+}
+
+/* A growing list of DMAs, and one of staging segments. */
+typedef struct dmas {
+    pm_deviceptr *dst, *src;
+    size_t *bytes;
+    size_t n, cap;
+} dmas;
+
+typedef struct segments {
+    pm__segment *v;
+    size_t n, cap, bytes;
+} segments;
+
+static bool add_dma(dmas *d, pm_deviceptr dst, pm_deviceptr src, size_t n)
+{
+    if (d->n == d->cap) {
+        size_t more = d->cap ? 2 * d->cap : 64;
+        pm_deviceptr *a = realloc(d->dst, more * sizeof *a);
+        if (!a)
+            return false;
+        d->dst = a;
+        if (!(a = realloc(d->src, more * sizeof *a)))
+            return false;
+        d->src = a;
+        size_t *z = realloc(d->bytes, more * sizeof *z);
+        if (!z)
+            return false;
+        d->bytes = z;
+        d->cap = more;
+    }
+    d->dst[d->n] = dst;
+    d->src[d->n] = src;
+    d->bytes[d->n++] = n;
+    return true;
+}
+
+static bool add_segment(segments *s, uint8_t *host, pm_deviceptr dev, size_t n)
+{
+    if (s->n == s->cap) {
+        size_t more = s->cap ? 2 * s->cap : 64;
+        pm__segment *v = realloc(s->v, more * sizeof *v);
+        if (!v)
+            return false;
+        s->v = v;
+        s->cap = more;
+    }
+    s->v[s->n++] = (pm__segment){.host = host, .dev = dev, .bytes = n, .at = s->bytes};
+    s->bytes += n;
+    return true;
+}
+
+/* Everything the call moves, sorted by how it moves. */
+typedef struct plan {
+    dmas now;      /* pageable sources for the driver to read during its call (DRIVER) */
+    dmas queued;   /* page-locked and device memory: DMAs in stream order */
+    segments staged[2]; /* pageable pieces through the staging engine, by direction */
+    bool wait;     /* pageable destinations given to the driver: wait for the stream */
+    unsigned long long direct, driver;
+} plan;
+
+static void plan_free(plan *p)
+{
+    dmas *d[2] = {&p->now, &p->queued};
+    for (int k = 0; k < 2; k++) {
+        free(d[k]->dst);
+        free(d[k]->src);
+        free(d[k]->bytes);
+    }
+    free(p->staged[0].v);
+    free(p->staged[1].v);
+}
+
+/* Element i (host to device or back) into the plan, cut where page-locked
+ * and pageable memory meet. On a capturing stream all of it is page-locked
+ * (checked), pieces the driver pinned included. */
+static bool plan_host_element(pm__instance *inst, plan *p, way w, pm_deviceptr dst,
+                              pm_deviceptr src, size_t bytes, bool capturing, bool to_driver)
+{
+    const pm__backend *b = &inst->backend;
+    const uintptr_t start = (uintptr_t)(w == WAY_HTOD ? src : dst), end = start + bytes;
+    const pm_deviceptr dev = w == WAY_HTOD ? dst : src;
+    for (uintptr_t at = start; at < end;) {
+        pm__piece piece = pm__copy_next_piece(inst->ranges, b->registration_piece, at, end);
+        size_t n = piece.end - at;
+        pm_deviceptr host = (pm_deviceptr)at, d = dev + (at - start);
+        bool ok;
+        if (piece.pinned || capturing) {
+            ok = add_dma(&p->queued, w == WAY_HTOD ? d : host, w == WAY_HTOD ? host : d, n);
+            p->direct += n;
+        } else if (to_driver && !pm__regcache_overlaps((void *)at, n)) {
+            /* The driver's own path reads through a registration the cache still
+             * holds, so such memory is staged instead. */
+            ok = w == WAY_HTOD ? add_dma(&p->now, d, host, n) : add_dma(&p->queued, host, d, n);
+            p->wait |= w == WAY_DTOH;
+            p->driver += n;
+        } else {
+            ok = add_segment(&p->staged[w == WAY_HTOD ? PM__HTOD : PM__DTOH], (uint8_t *)at, d, n);
+        }
+        if (!ok)
+            return false;
+        at = piece.end;
+    }
+    return true;
+}
+
+/* The pageable pieces of one direction through the staging engine; where no
+ * ring can be pinned, each through the backend's own path. */
+static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, pm__direction dir,
+                            const segments *s, pm_stream_t stream, unsigned long long *driver)
+{
+    if (s->n == 0)
+        return PM_SUCCESS;
+    bool no_ring = false;
+    pm_result r = pm__staged_segments(set, dir, s->v, s->n, s->bytes, stream, &no_ring);
+    if (!no_ring)
+        return r;
+    for (size_t i = 0; i < s->n; i++) {
+        const pm__segment *g = &s->v[i];
+        if (pm__regcache_overlaps(g->host, g->bytes))
+            return r; /* the driver would read through the cache's registration */
+        pm_result each = pm__copy_backend(b, dir, g->host, g->dev, g->bytes, stream,
+                                          PM__VIA_PAGEABLE);
+        if (each != PM_SUCCESS)
+            return each;
+        *driver += g->bytes;
+    }
+    return PM_SUCCESS;
+}
+
+/* Moves what the plan holds: the DMAs first, so the DMA engine works while
+ * the threads gather; then host to host; then the staged pieces. */
+static pm_result run(pm__instance *inst, const pm__copy_settings *set, plan *p,
+                     const pm_deviceptr *dsts, const pm_deviceptr *srcs, const size_t *sizes,
+                     const uint8_t *ways, size_t count, pm_stream_t stream, bool capturing)
+{
+    const pm__backend *b = &inst->backend;
+    const bool one_call = !capturing && set->batch != PM_COPY_BATCH_EACH;
+    pm_result r = PM_SUCCESS;
+    if (p->now.n + p->queued.n > 0) {
+        /* One call takes both groups, the one the driver reads now first. */
+        const size_t now = p->now.n;
+        dmas *all = now ? &p->now : &p->queued;
+        for (size_t i = 0; now && i < p->queued.n; i++)
+            if (!add_dma(all, p->queued.dst[i], p->queued.src[i], p->queued.bytes[i]))
+                return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory", name);
+        r = pm__copy_backend_batch(b, all->dst, all->src, all->bytes, all->n, now, stream,
+                                   one_call);
+    }
+    for (size_t i = 0; i < count && r == PM_SUCCESS; i++)
+        if (ways[i] == WAY_HTOH)
+            r = b->copy_any(dsts[i], srcs[i], sizes[i], stream, false, false);
+    if (r == PM_SUCCESS)
+        r = run_staged(set, b, PM__HTOD, &p->staged[PM__HTOD], stream, &p->driver);
+    if (r == PM_SUCCESS)
+        r = run_staged(set, b, PM__DTOH, &p->staged[PM__DTOH], stream, &p->driver);
+    if (r == PM_SUCCESS && p->wait)
+        r = b->stream_synchronize(stream);
+    return r;
+}
+
+static void count(_Atomic unsigned long long *counter, unsigned long long n)
+{
+    atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
+}
+
+pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                                const size_t *sizes, size_t count_, pm_stream_t stream)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (!dsts || !srcs || !sizes)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %s is NULL", name,
+                        !dsts ? "dsts" : !srcs ? "srcs" : "sizes");
+    if (count_ == 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: count is 0", name);
+    if (count_ > SIZE_MAX / (2 * sizeof(span)))
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: count %zu is too large", name, count_);
+    const pm__backend *b = &inst->backend;
+    pm_result r = b->stream_check(stream);
+    if (r != PM_SUCCESS)
+        return r;
+    bool capturing = false;
+    if ((r = b->stream_capture_status(stream, &capturing)) != PM_SUCCESS)
+        return r;
+    uint8_t *ways = malloc(count_);
+    span *spans = malloc(2 * count_ * sizeof *spans);
+    if (!ways || !spans) {
+        free(ways);
+        free(spans);
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory for %zu elements", name,
+                        count_);
+    }
+    known_device kd = {.n = 0};
+    size_t n_spans = 0, copies = 0;
+    for (size_t i = 0; i < count_ && r == PM_SUCCESS; i++) {
+        ways[i] = WAY_NONE;
+        if (sizes[i] == 0)
+            continue; /* as cuMemcpyAsync of 0 bytes: nothing, whatever the pointers */
+        r = check_element(inst, &kd, i, dsts[i], srcs[i], sizes[i], capturing, &ways[i]);
+        spans[n_spans++] = (span){dsts[i], dsts[i] + sizes[i], i, true};
+        spans[n_spans++] = (span){srcs[i], srcs[i] + sizes[i], i, false};
+        copies++;
+    }
+    if (r == PM_SUCCESS)
+        r = check_dependences(spans, n_spans);
+    free(spans);
+    if (r != PM_SUCCESS) {
+        free(ways);
+        return r;
+    }
+    const pm__copy_settings *set = pm__copy_enter();
+    const bool to_driver = set->batch == PM_COPY_BATCH_DRIVER && !capturing;
+    plan p = {0};
+    for (size_t i = 0; i < count_ && r == PM_SUCCESS; i++) {
+        bool ok = true;
+        if (ways[i] == WAY_HTOD || ways[i] == WAY_DTOH) {
+            ok = plan_host_element(inst, &p, (way)ways[i], dsts[i], srcs[i], sizes[i], capturing,
+                                   to_driver);
+        } else if (ways[i] == WAY_DMA) {
+            ok = add_dma(&p.queued, dsts[i], srcs[i], sizes[i]);
+        }
+        if (!ok)
+            r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory", name);
+    }
+    if (r == PM_SUCCESS)
+        r = run(inst, set, &p, dsts, srcs, sizes, ways, count_, stream, capturing);
+    pm__copy_leave();
+    if (r == PM_SUCCESS) {
+        count(&pm__copy_count.direct_bytes, p.direct);
+        count(&pm__copy_count.driver_bytes, p.driver);
+        count(&pm__copy_count.batch_calls, copies > 0);
+        count(&pm__copy_count.batch_copies, copies);
+    }
+    plan_free(&p);
+    free(ways);
+    return r;
+}
