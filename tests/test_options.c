@@ -93,7 +93,7 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_SLICE", "1", GOOD, FIELD(slice_bytes), 4 * KIB},
     {"PINMEM_COPY_SLICE", "1T", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_DIRECT_MAX", "-1", GOOD, FIELD(direct_max), SIZE_MAX},
-    {"PINMEM_COPY_DIRECT_MAX", "0", GOOD, FIELD(direct_max), 2 * MIB},
+    {"PINMEM_COPY_DIRECT_MAX", "0", GOOD, FIELD(direct_max), 512 * KIB},
     {"PINMEM_COPY_DIRECT_MAX", "64K", GOOD, FIELD(direct_max), 64 * KIB},
     {"PINMEM_COPY_DIRECT_MAX", "-2", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_STORES", "streaming", GOOD, FIELD(staging_stores), PM_COPY_STORES_STREAMING},
@@ -271,7 +271,7 @@ static void code(void)
     EXPECT_TAKEN(chunk_bytes, 256 * MIB, 256 * MIB);
     EXPECT_TAKEN(slice_bytes, 1, 4 * KIB);
     EXPECT_TAKEN(direct_max, (size_t)-1, (size_t)-1);
-    EXPECT_TAKEN(direct_max, 0, 2 * MIB); /* 0: the default */
+    EXPECT_TAKEN(direct_max, 0, 512 * KIB); /* 0: the default */
     EXPECT_TAKEN(direct_max, 12345, 12345u);
     EXPECT_TAKEN(cache_min_bytes, 1, 4 * KIB);
     EXPECT_TAKEN(workers, 0, saved.workers); /* 0: the default */

@@ -113,7 +113,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     out->slice_bytes = pick(f[SLICE].checked, e->slice_bytes, (size_t)512 << 10);
     unsigned buffers = machine_buffers(out->workers, out->slice_bytes, out->chunk_bytes);
     out->buffers = (unsigned)pick(f[BUF].checked, e->buffers, buffers);
-    out->direct_max = pick(f[DIRECT].checked, e->direct_max, (size_t)2 << 20); /* -1: none */
+    out->direct_max = pick(f[DIRECT].checked, e->direct_max, (size_t)512 << 10); /* -1: none */
     out->staging_stores = (pm_copy_stores)pick(f[STORES].checked, e->staging_stores, 0);
     out->registration_cache = (int)f[CACHE].checked;
     out->cache_min_bytes = pick(f[CMIN].checked, e->cache_min_bytes, (size_t)64 << 20);
