@@ -219,6 +219,14 @@ def bench_overhead(reps):
     rows = [("C call through ctypes (pm_memcpy)", raw),
             ("pinmem.copy(int, int, 64)", per_call(lambda: pinmem.copy(d_ptr, s_ptr, n))),
             ("pinmem.copy(DeviceBuffer, Buffer, 64)", per_call(lambda: pinmem.copy(dst, src, n)))]
+    # an int address inside a pinmem buffer needs no system call; one that
+    # pinmem does not know is checked as mapped (msync)
+    rows.append(("pinmem.copy(int, int inside a Buffer)", per_call(lambda: pinmem.copy(d_ptr, s_ptr + 64, n))))
+    page = bytearray(4096)
+    held = (ctypes.c_char * len(page)).from_buffer(page)
+    p_ptr = ctypes.addressof(held)
+    rows.append(("pinmem.copy(int, foreign int, 64)", per_call(lambda: pinmem.copy(d_ptr, p_ptr, n))))
+    rows.append(("pinmem.copy(DeviceBuffer, bytearray)", per_call(lambda: pinmem.copy(dst, page, n))))
     try:
         import numpy
         arr = numpy.empty(n, dtype=numpy.uint8)
@@ -230,9 +238,17 @@ def bench_overhead(reps):
         a = torch.empty(n, dtype=torch.uint8)
         d = torch.empty(n, dtype=torch.uint8, device="cuda")
         rows.append(("pinmem.copy(cuda tensor, cpu tensor)", per_call(lambda: pinmem.copy(d, a))))
+    else:
+        try:
+            import torch
+            a = torch.empty(n, dtype=torch.uint8)
+            rows.append(("pinmem.copy(DeviceBuffer, cpu tensor)", per_call(lambda: pinmem.copy(dst, a, n))))
+        except ImportError:
+            pass
     for name, us in rows:
         extra = "" if name.startswith("C call") else f"  (+{us - raw:.2f} over the ctypes call)"
         print(f"  {name:<40} {us:7.2f}{extra}")
+    del held
     src.close()
     dst.close()
     return dict(rows)

@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 from . import _dlpack, _lib
 from ._errors import check
-from ._resolve import DEVICE, HOST, Side
+from ._resolve import DEVICE, HOST, disown, own
 
 # Python 3.12 lets a class export its memory itself (__buffer__), so exports
 # are counted and close() refuses while any is alive; before 3.12 a Buffer is
@@ -93,6 +93,7 @@ class Buffer:
                     f"cannot close the buffer: {self._exports} memoryview(s), array(s), "
                     f"tensor(s) or capsule(s) made from it are still alive")
             ptr, self._ptr = self._ptr, None
+            disown(ptr)
         _free(ptr, self._pool)
 
     def __enter__(self):
@@ -105,12 +106,16 @@ class Buffer:
         try:
             ptr, self._ptr = self._ptr, None
             if ptr is not None:
+                disown(ptr)
                 _free(ptr, self._pool)
         except Exception:
             pass
 
-    def _copy_side(self, writable, what):
-        return Side(self.ptr, self._nbytes, HOST, keep=self)
+    def _copy_side(self, writable, what, consumer_stream=None):
+        ptr = self._ptr
+        if ptr is None:
+            raise ValueError(f"{what}: the buffer is closed")
+        return (ptr, self._nbytes, HOST, None, None)
 
     # ------------------------------------------------------- sharing memory
 
@@ -272,6 +277,7 @@ def make(ptr, nbytes, pool, flags):
     b._pool = pool
     b._flags = flags
     b._exports = 0
+    own(ptr, nbytes)
     return b
 
 
@@ -328,6 +334,7 @@ class DeviceBuffer:
         check(lib.pm_device_alloc(ctypes.byref(d), nbytes), "pinmem.device_empty")
         self._ptr = d.value
         self._nbytes = nbytes
+        own(d.value, nbytes)
 
     @property
     def ptr(self):
@@ -353,12 +360,17 @@ class DeviceBuffer:
         return {"shape": (self._nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                 "strides": None, "version": 3, "stream": None}
 
-    def _copy_side(self, writable, what):
-        return Side(self.ptr, self._nbytes, DEVICE, keep=self)
+    def _copy_side(self, writable, what, consumer_stream=None):
+        ptr = self._ptr
+        if ptr is None:
+            raise ValueError(f"{what}: the device buffer is closed")
+        return (ptr, self._nbytes, DEVICE, None, None)
 
     def close(self):
         with _close_lock:
             ptr, self._ptr = self._ptr, None
+            if ptr is not None:
+                disown(ptr)
         if ptr is not None:
             check(_lib.load().pm_device_free(ptr), "DeviceBuffer.close")
 

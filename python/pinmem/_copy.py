@@ -1,8 +1,8 @@
 """pinmem.copy: one call for every kind of memory on either side."""
 
 from . import _lib
-from ._errors import check
-from ._resolve import DEVICE, UNKNOWN, mapped, resolve
+from ._errors import error
+from ._resolve import DEVICE, UNKNOWN, handler, handlers, mapped
 from ._stream import stream_handle, wait_for
 
 # The CUDA array interface's stream numbers 1 and 2 are the legacy and the
@@ -10,10 +10,12 @@ from ._stream import stream_handle, wait_for
 # pinmem's NULL stream is the legacy one.
 _LEGACY = 1
 
+_DST = "pinmem.copy: destination"
+_SRC = "pinmem.copy: source"
 
-def _order_after(side, handle):
+
+def _order_after(theirs, handle):
     """Makes the copy's stream wait for the stream the CUDA array interface named."""
-    theirs = side.stream
     if theirs is None or isinstance(theirs, bool) or not isinstance(theirs, int):
         return
     ours = _LEGACY if not handle else handle
@@ -22,9 +24,8 @@ def _order_after(side, handle):
     wait_for(0 if ours == _LEGACY else ours, 0 if theirs == _LEGACY else theirs)
 
 
-def _size(nbytes, dst, src):
-    if nbytes is None and dst.nbytes == src.nbytes and dst.nbytes is not None:
-        return dst.nbytes
+def _size(nbytes, dst_n, src_n):
+    """The bytes to copy; dst_n and src_n are None for int addresses."""
     if nbytes is not None:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             try:
@@ -33,19 +34,23 @@ def _size(nbytes, dst, src):
                 raise TypeError(f"pinmem.copy: nbytes must be an int, not {type(nbytes).__name__}") from None
         if nbytes < 0:
             raise ValueError(f"pinmem.copy: nbytes must not be negative ({nbytes})")
-        for side, role in ((dst, "destination"), (src, "source")):
-            if side.nbytes is not None and nbytes > side.nbytes:
-                raise ValueError(f"pinmem.copy: {nbytes} bytes do not fit the {role}, which has "
-                                 f"{side.nbytes}")
+        for n, role in ((dst_n, "destination"), (src_n, "source")):
+            if n is not None and nbytes > n:
+                raise ValueError(f"pinmem.copy: {nbytes} bytes do not fit the {role}, which has {n}")
         return nbytes
-    if dst.nbytes is None and src.nbytes is None:
+    if dst_n is None and src_n is None:
         raise ValueError("pinmem.copy: both sides are addresses; give nbytes")
-    if dst.nbytes is None or src.nbytes is None:
-        return src.nbytes if dst.nbytes is None else dst.nbytes
-    if dst.nbytes != src.nbytes:
-        raise ValueError(f"pinmem.copy: the sizes differ (destination {dst.nbytes} bytes, source "
-                         f"{src.nbytes}); give nbytes to copy part of one")
-    return dst.nbytes
+    if dst_n is None or src_n is None:
+        return src_n if dst_n is None else dst_n
+    if dst_n != src_n:
+        raise ValueError(f"pinmem.copy: the sizes differ (destination {dst_n} bytes, source "
+                         f"{src_n}); give nbytes to copy part of one")
+    return dst_n
+
+
+def _unmapped(role, address, n):
+    return ValueError(f"pinmem.copy: the {role} address {address:#x} (+{n} bytes) is not mapped "
+                      f"in this process")
 
 
 def copy(dst, src, nbytes=None, *, stream=None):
@@ -67,28 +72,42 @@ def copy(dst, src, nbytes=None, *, stream=None):
     (PM_ERROR_STREAM_CAPTURE_UNSUPPORTED) before anything is captured, as
     PyTorch raises for a pageable tensor. Returns dst.
     """
-    handle = stream_handle(stream, "pinmem.copy: stream")
-    d = resolve(dst, writable=True, what="pinmem.copy: destination", consumer_stream=handle)
+    # Every call pays for what follows, so it reads each side once, as a
+    # tuple, and asks the system only about int addresses it cannot vouch for.
+    handle = None if stream is None else stream_handle(stream, "pinmem.copy: stream")
+    d_addr, d_n, d_where, d_stream, d_release = \
+        (handlers.get(type(dst)) or handler(dst))(dst, True, _DST, handle)
     try:
-        s = resolve(src, writable=False, what="pinmem.copy: source", consumer_stream=handle)
+        s_addr, s_n, s_where, s_stream, s_release = \
+            (handlers.get(type(src)) or handler(src))(src, False, _SRC, handle)
         try:
-            n = _size(nbytes, d, s)
-            for side, role in ((d, "destination"), (s, "source")):
-                if n and side.where == UNKNOWN and side.address and not mapped(side.address, n):
-                    raise ValueError(f"pinmem.copy: the {role} address {side.address:#x} (+{n} "
-                                     f"bytes) is not mapped in this process")
+            if nbytes is None and d_n == s_n and d_n is not None:
+                n = d_n
+            elif (type(nbytes) is int and 0 <= nbytes and (d_n is None or nbytes <= d_n)
+                  and (s_n is None or nbytes <= s_n)):
+                n = nbytes
+            else:
+                n = _size(nbytes, d_n, s_n)
             if n:
+                if d_where is UNKNOWN and d_addr and not mapped(d_addr, n):
+                    raise _unmapped("destination", d_addr, n)
+                if s_where is UNKNOWN and s_addr and not mapped(s_addr, n):
+                    raise _unmapped("source", s_addr, n)
                 lib = _lib._lib or _lib.load()
-                if d.stream is not None and d.where == DEVICE:
-                    _order_after(d, handle)
-                if s.stream is not None and s.where == DEVICE:
-                    _order_after(s, handle)
+                if d_stream is not None and d_where is DEVICE:
+                    _order_after(d_stream, handle)
+                if s_stream is not None and s_where is DEVICE:
+                    _order_after(s_stream, handle)
                 if handle is None:
-                    check(lib.pm_memcpy(d.address, s.address, n), "pinmem.copy")
+                    rc = lib.pm_memcpy(d_addr, s_addr, n)
                 else:
-                    check(lib.pm_memcpy_async(d.address, s.address, n, handle or None), "pinmem.copy")
+                    rc = lib.pm_memcpy_async(d_addr, s_addr, n, handle or None)
+                if rc:
+                    raise error(rc, "pinmem.copy")
         finally:
-            s.release()
+            if s_release is not None:
+                s_release()
     finally:
-        d.release()
+        if d_release is not None:
+            d_release()
     return dst

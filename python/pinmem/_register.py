@@ -4,7 +4,7 @@ import threading
 
 from . import _lib
 from ._errors import check
-from ._resolve import DEVICE, HOST, UNKNOWN, Side, resolve
+from ._resolve import DEVICE, HOST, UNKNOWN, disown, own, resolve
 
 REGISTER_FLAGS = 0xF  # PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
 READ_ONLY = 0x8
@@ -44,12 +44,12 @@ class Registration:
     def closed(self):
         return self._side is None
 
-    def _copy_side(self, writable, what):
+    def _copy_side(self, writable, what, consumer_stream=None):
         if self._side is None:
             raise ValueError(f"{what}: the registration is closed")
         if writable and self._flags & READ_ONLY:
             raise ValueError(f"{what}: the memory was registered read-only")
-        return Side(self._address, self._nbytes, HOST, keep=self)
+        return (self._address, self._nbytes, HOST, None, None)
 
     def close(self):
         """Unregisters the memory and lets the object go (a second close does nothing)."""
@@ -57,6 +57,7 @@ class Registration:
             side, self._side = self._side, None
         if side is None:
             return
+        disown(self._address)
         try:
             check(_lib.load().pm_mem_host_unregister(self._address), "Registration.close")
         finally:
@@ -115,4 +116,5 @@ def register(obj, *, flags=0):
     reg._obj = obj
     reg._flags = flags
     reg._side = side
+    own(side.address, side.nbytes)
     return reg

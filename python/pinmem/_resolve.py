@@ -1,13 +1,13 @@
 """The address and size behind the objects copy() and register() take."""
 
+import bisect
 import ctypes
+import sys
+import threading
 
 from . import _dlpack
 
-PyBUF_WRITABLE = 0x0001
-PyBUF_FORMAT = 0x0004
-PyBUF_ND = 0x0008
-PyBUF_STRIDES = 0x0010 | PyBUF_ND
+PyBUF_SIMPLE = 0
 
 
 class _Py_buffer(ctypes.Structure):
@@ -31,8 +31,6 @@ _api.PyObject_GetBuffer.restype = ctypes.c_int
 _api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_Py_buffer), ctypes.c_int]
 _api.PyBuffer_Release.restype = None
 _api.PyBuffer_Release.argtypes = [ctypes.POINTER(_Py_buffer)]
-_api.PyBuffer_IsContiguous.restype = ctypes.c_int
-_api.PyBuffer_IsContiguous.argtypes = [ctypes.POINTER(_Py_buffer), ctypes.c_char]
 
 HOST = "host"
 DEVICE = "device"
@@ -40,28 +38,77 @@ UNKNOWN = "unknown"  # an int address: the library tells
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mincore.restype = ctypes.c_int
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_msync = _libc.msync
+_msync.restype = ctypes.c_int
+_msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MS_ASYNC = 1
 _PAGE = __import__("mmap").PAGESIZE
+
+# The memory behind live pinmem objects (Buffer, DeviceBuffer, Registration),
+# base address -> bytes, and the same bases sorted: each object adds its
+# range when made and removes it before the memory goes, so an int address
+# inside one needs no system call. Reads take no lock (copy() reads on every
+# call); a read that races an update can only miss, and a miss asks msync.
+owned = {}
+_bases = []
+_owned_lock = threading.Lock()
+
+
+def own(base, nbytes):
+    """Records [base, base + nbytes) as the memory of a live pinmem object."""
+    if not base:
+        return
+    with _owned_lock:
+        if base not in owned:
+            bisect.insort(_bases, base)
+        owned[base] = nbytes
+
+
+def disown(base):
+    """Forgets the range at base; called before its memory is given back."""
+    with _owned_lock:
+        if owned.pop(base, None) is not None:
+            i = bisect.bisect_left(_bases, base)
+            if i < len(_bases) and _bases[i] == base:
+                del _bases[i]
+
+
+_after = bisect.bisect_right
 
 
 def mapped(address, nbytes):
-    """Whether the first and the last page of [address, address + nbytes) are
-    mapped in this process (mincore answers ENOMEM for unmapped pages): a
-    stray int address then fails cleanly instead of faulting in a copy.
-    Device pointers lie in address space the driver reserves, so they pass."""
-    vec = ctypes.c_ubyte()
-    for at in {address, address + max(nbytes, 1) - 1}:
-        page = at - at % _PAGE
-        if _libc.mincore(page, _PAGE, ctypes.byref(vec)) != 0:
-            return False
-    return True
+    """Whether every page of [address, address + nbytes) is mapped in this
+    process: a stray int address then fails cleanly instead of faulting in a
+    copy. Inside a live pinmem object it is; otherwise msync(MS_ASYNC), which
+    on Linux flushes nothing and answers ENOMEM when any page of the range is
+    unmapped, checks the whole range in one call. Device pointers lie in
+    address space the driver reserves, so they pass."""
+    n = owned.get(address)
+    if n is not None and n >= nbytes:
+        return True
+    i = _after(_bases, address)
+    if i:
+        try:
+            base = _bases[i - 1]
+        except IndexError:  # shrunk meanwhile (free-threaded Python)
+            base = None
+        if base is not None:
+            n = owned.get(base)
+            if n is not None and address + nbytes <= base + n:
+                return True
+    page = address - address % _PAGE
+    end = address + max(nbytes, 1)
+    if end > 1 << 64:
+        return False
+    return _msync(page, end - page, _MS_ASYNC) == 0
 
 
 class Side:
-    """One side of a copy: where, how many bytes, on which side of the bus
-    (as far as the object says), a stream the data is ordered on (the CUDA
-    array interface's), and what to release afterwards."""
+    """One side of a copy or registration, as an object: where, how many
+    bytes, on which side of the bus (as far as the object says), a stream the
+    data is ordered on (the CUDA array interface's), and what to release
+    afterwards. copy() takes the same five fields as the tuple a handler
+    returns (see _pick), which costs less than an object per call."""
 
     __slots__ = ("address", "nbytes", "where", "stream", "_release", "keep")
 
@@ -124,47 +171,20 @@ def _from_interface(iface, obj, writable, what, where):
     for s in shape:
         count *= s
     stream = iface.get("stream") if where == DEVICE else None
-    return Side(int(address or 0) + int(iface.get("offset", 0) or 0), count * itemsize, where,
-                stream=stream, keep=obj)
+    return (int(address or 0) + int(iface.get("offset", 0) or 0), count * itemsize, where,
+            stream, None)
 
 
-def _from_torch(t, writable, what):
-    if getattr(t, "is_sparse", False) or str(getattr(t, "layout", "torch.strided")) != "torch.strided":
-        raise ValueError(f"{what}: sparse and other non-strided tensors cannot be copied")
-    if not t.is_contiguous():
-        raise ValueError(f"{what}: the tensor is not contiguous; call .contiguous() first")
-    for bit in ("is_conj", "is_neg"):
-        if getattr(t, bit, None) and getattr(t, bit)():
-            raise ValueError(f"{what}: the tensor has a lazy {bit[3:]} bit; call .resolve_{bit[3:]}() first")
-    where = DEVICE if t.device.type == "cuda" else HOST if t.device.type == "cpu" else None
-    if where is None:
-        raise ValueError(f"{what}: tensors on {t.device.type} are not supported (cpu or cuda only)")
-    return Side(t.data_ptr(), t.numel() * t.element_size(), where, keep=t)
-
-
-def _from_buffer(obj, writable, what):
+def _from_read_only(obj, what):
+    """Read-only memory, whose address only the C API gives: the buffer
+    stays exported until the copy is done."""
     view = _Py_buffer()
+    ref = ctypes.byref(view)
     try:
-        _api.PyObject_GetBuffer(obj, ctypes.byref(view), PyBUF_STRIDES | (PyBUF_WRITABLE if writable else 0))
+        _api.PyObject_GetBuffer(obj, ref, PyBUF_SIMPLE)
     except BufferError as e:
-        if writable:
-            try:
-                _api.PyObject_GetBuffer(obj, ctypes.byref(view), PyBUF_STRIDES)
-            except BufferError:
-                pass
-            else:
-                _api.PyBuffer_Release(ctypes.byref(view))
-                raise ValueError(f"{what}: the {_name(obj)} is read-only") from None
         raise ValueError(f"{what}: the {_name(obj)} gives no usable buffer: {e}") from None
-    if not _api.PyBuffer_IsContiguous(ctypes.byref(view), b"C"):
-        _api.PyBuffer_Release(ctypes.byref(view))
-        raise ValueError(f"{what}: the {_name(obj)} is not contiguous; copy only takes contiguous "
-                         f"memory")
-
-    def release(view=view):
-        _api.PyBuffer_Release(ctypes.byref(view))
-
-    return Side(view.buf or 0, view.len, HOST, release=release, keep=obj)
+    return (view.buf or 0, view.len, HOST, None, lambda: _api.PyBuffer_Release(ref))
 
 
 def _from_dlpack(obj, writable, what, consumer_stream):
@@ -186,25 +206,50 @@ def _from_dlpack(obj, writable, what, consumer_stream):
         imported.release()
         raise ValueError(f"{what}: the {_name(obj)} is not contiguous; copy only takes contiguous "
                          f"memory")
-    return Side(imported.address, imported.nbytes, where, release=imported.release, keep=obj)
+    return (imported.address, imported.nbytes, where, None, imported.release)
 
+
+# Handlers: handler(obj, writable, what, consumer_stream) -> (address, nbytes,
+# where, stream, release), with nbytes None for an int address, stream the
+# CUDA array interface's (or None) and release None or what to call when the
+# copy is done.
 
 def _by_int(obj, writable, what, consumer_stream):
     if obj < 0 or obj >= 1 << 64:
         raise ValueError(f"{what}: {obj} is not an address")
-    return Side(obj, None, UNKNOWN)
+    return (obj, None, UNKNOWN, None, None)
 
 
 def _by_bool(obj, writable, what, consumer_stream):
     raise TypeError(f"{what}: expected memory or an int address, not a bool")
 
 
-def _by_pinmem(obj, writable, what, consumer_stream):
-    return obj._copy_side(writable, what)
+def _torch_handler(cls):
+    strided = getattr(sys.modules.get("torch"), "strided", None)
+    # the lazy conjugate and negative bits (torch 1.10 and later), read
+    # through the type so that an older torch needs no test per call
+    none = lambda t: False  # noqa: E731
+    is_conj = getattr(cls, "is_conj", none)
+    is_neg = getattr(cls, "is_neg", none)
 
+    def by_torch(t, writable, what, consumer_stream):
+        if t.layout is not strided:
+            raise ValueError(f"{what}: sparse and other non-strided tensors cannot be copied")
+        if not t.is_contiguous():
+            raise ValueError(f"{what}: the tensor is not contiguous; call .contiguous() first")
+        if is_conj(t) or is_neg(t):
+            bit = "conj" if is_conj(t) else "neg"
+            raise ValueError(f"{what}: the tensor has a lazy {bit} bit; call .resolve_{bit}() first")
+        if t.is_cuda:
+            where = DEVICE
+        elif getattr(t, "is_cpu", False) or t.device.type == "cpu":
+            where = HOST
+        else:
+            raise ValueError(f"{what}: tensors on {t.device.type} are not supported (cpu or cuda "
+                             f"only)")
+        return (t.data_ptr(), t.numel() * t.element_size(), where, None, None)
 
-def _by_torch(obj, writable, what, consumer_stream):
-    return _from_torch(obj, writable, what)
+    return by_torch
 
 
 def _by_interface(name, where):
@@ -228,29 +273,87 @@ def _by_numpy(obj, writable, what, consumer_stream):
                          f"memory (numpy.ascontiguousarray makes a contiguous copy)")
     if writable and not flags.writeable:
         raise ValueError(f"{what}: the ndarray is read-only")
-    return Side(obj.__array_interface__["data"][0], obj.nbytes, HOST, keep=obj)
+    return (obj.__array_interface__["data"][0], obj.nbytes, HOST, None, None)
+
+
+def _ndarray_data():
+    """A function reading an ndarray's data pointer where numpy's C API keeps
+    it (PyArray_DATA: the field right after the object header, which every
+    compiled extension relies on), or None when a probe finds it elsewhere.
+    Building __array_interface__ for the address costs most of a copy call."""
+    numpy = sys.modules.get("numpy")
+    at = object.__basicsize__
+    read = ctypes.c_void_p.from_address
+
+    def data(a):
+        return read(id(a) + at).value or 0
+
+    try:
+        probe = numpy.arange(64, dtype=numpy.uint8)
+        for a in (probe, probe[3:], probe.reshape(8, 8)[2:5], numpy.zeros(3, dtype=numpy.float64)):
+            if data(a) != a.__array_interface__["data"][0]:
+                return None
+    except Exception:
+        return None
+    return data
+
+
+def _numpy_handler(cls):
+    numpy = sys.modules.get("numpy")
+    data = _ndarray_data() if issubclass(cls, getattr(numpy, "ndarray", ())) else None
+    if data is None:
+        return _by_numpy
+
+    def by_ndarray(obj, writable, what, consumer_stream):
+        flags = obj.flags
+        if not flags.c_contiguous:
+            raise ValueError(f"{what}: the ndarray is not contiguous; copy only takes contiguous "
+                             f"memory (numpy.ascontiguousarray makes a contiguous copy)")
+        if writable and not flags.writeable:
+            raise ValueError(f"{what}: the ndarray is read-only")
+        return (data(obj), obj.nbytes, HOST, None, None)
+
+    return by_ndarray
 
 
 def _by_dlpack(obj, writable, what, consumer_stream):
     return _from_dlpack(obj, writable, what, consumer_stream)
 
 
+_char_at = ctypes.c_char.from_buffer
+
+
 def _by_buffer(obj, writable, what, consumer_stream):
     try:
-        memoryview(obj).release()
+        view = memoryview(obj)
     except TypeError:
         raise TypeError(
             f"{what}: cannot take the memory of a {_name(obj)}; pass a pinmem.Buffer, a tensor or "
             f"array (torch, CuPy, numpy or anything with __cuda_array_interface__, "
             f"__array_interface__ or DLPack), an object with the buffer protocol, or an int "
             f"address") from None
-    return _from_buffer(obj, writable, what)
+    except BufferError as e:
+        raise ValueError(f"{what}: the {_name(obj)} gives no usable buffer: {e}") from None
+    if not view.c_contiguous:
+        view.release()
+        raise ValueError(f"{what}: the {_name(obj)} is not contiguous; copy only takes contiguous "
+                         f"memory")
+    if view.readonly:
+        view.release()
+        if writable:
+            raise ValueError(f"{what}: the {_name(obj)} is read-only")
+        return _from_read_only(obj, what)
+    # The view keeps the memory exported (a bytearray cannot be resized)
+    # until the copy is done; its address is read through a ctypes object
+    # that goes at once.
+    nbytes = view.nbytes
+    return (ctypes.addressof(_char_at(view)) if nbytes else 0, nbytes, HOST, None, view.release)
 
 
 # How each type's memory is found, learnt from its first object: every
 # interface consulted is an attribute of the type, so the choice holds for
 # all its objects.
-_handlers = {int: _by_int, bool: _by_bool}
+handlers = {int: _by_int, bool: _by_bool}
 
 
 def _pick(cls):
@@ -262,13 +365,13 @@ def _pick(cls):
     if issubclass(cls, int):
         return _by_int
     if issubclass(cls, (Buffer, DeviceBuffer, Registration)):
-        return _by_pinmem
+        return cls._copy_side  # called unbound: (obj, writable, what, consumer_stream)
     mod = cls.__module__ or ""
     if (mod == "torch" or mod.startswith("torch.")) and hasattr(cls, "data_ptr") \
             and hasattr(cls, "element_size"):
-        return _by_torch
+        return _torch_handler(cls)
     if mod.split(".")[0] == "numpy" and hasattr(cls, "flags") and hasattr(cls, "__array_interface__"):
-        return _by_numpy
+        return _numpy_handler(cls)
     if hasattr(cls, "__cuda_array_interface__"):
         return _by_cuda_interface
     if hasattr(cls, "__array_interface__"):
@@ -278,14 +381,21 @@ def _pick(cls):
     return _by_buffer
 
 
+def handler(obj):
+    """The handler for obj's type, learnt on first use (copy() reads the
+    table itself first)."""
+    cls = type(obj)
+    found = handlers.get(cls)
+    if found is None:
+        if isinstance(obj, type):
+            return _by_buffer
+        found = handlers[cls] = _pick(cls)
+    return found
+
+
 def resolve(obj, *, writable, what, consumer_stream=None):
     """A Side for obj; TypeError for an object that is no memory at all,
     ValueError for memory copy() cannot take (non-contiguous, read-only for a
     destination, closed)."""
-    cls = type(obj)
-    handler = _handlers.get(cls)
-    if handler is None:
-        if isinstance(obj, type):
-            return _by_buffer(obj, writable, what, consumer_stream)
-        handler = _handlers[cls] = _pick(cls)
-    return handler(obj, writable, what, consumer_stream)
+    address, nbytes, where, stream, release = handler(obj)(obj, writable, what, consumer_stream)
+    return Side(address, nbytes, where, stream, release, keep=obj)

@@ -1,0 +1,196 @@
+"""pinmem.copy with int addresses: inside pinmem's own memory no system call
+is needed; any other address is checked as mapped over its whole range, so
+a stray one raises instead of crashing the interpreter."""
+
+import ctypes
+import mmap
+
+import pytest
+
+import pinmem
+from pinmem import _resolve
+
+PAGE = mmap.PAGESIZE
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+@pytest.fixture
+def msync_calls(monkeypatch):
+    """Counts the mapped checks that reach the system."""
+    calls = []
+    real = _resolve._msync
+
+    def counting(address, length, flags):
+        calls.append((address, length))
+        return real(address, length, flags)
+
+    monkeypatch.setattr(_resolve, "_msync", counting)
+    return calls
+
+
+@pytest.fixture
+def pages():
+    """Three fresh anonymous pages (read-write), unmapped afterwards; the
+    test may unmap some of them first (munmap of an unmapped page is fine)."""
+    base = _libc.mmap(None, 3 * PAGE, mmap.PROT_READ | mmap.PROT_WRITE,
+                      mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if base in (None, _MAP_FAILED):
+        pytest.skip(f"mmap of three pages failed (errno {ctypes.get_errno()})")
+    yield base
+    _libc.munmap(base, 3 * PAGE)
+
+
+def test_inside_a_live_buffer_needs_no_system_call(msync_calls):
+    src = bytes(range(256)) * 4
+    with pinmem.empty(4096) as b, pinmem.device_empty(4096) as dev:
+        pinmem.copy(b.ptr + 100, src, len(src))  # inside, not at the base
+        pinmem.copy(dev.ptr + 8, b.ptr + 100, len(src))
+        pinmem.copy(b.ptr, b.ptr + 4096 - 16, 16)  # the last bytes, to the base
+        out = bytearray(len(src))
+        pinmem.copy(out, dev.ptr + 8, len(src))
+        assert bytes(out) == src
+    assert msync_calls == []
+
+
+def test_inside_a_registration_needs_no_system_call(msync_calls):
+    mem = bytearray(3 * PAGE)
+    try:
+        reg = pinmem.register(mem)
+    except pinmem.PinmemError as e:
+        pytest.skip(f"registration refused here: {e}")
+    with reg:
+        address = reg.ptr
+        pinmem.copy(address + 10, b"abc", 3)
+        assert mem[10:13] == b"abc"
+        assert msync_calls == []
+    # closed: the address is pinmem's no longer and is asked about
+    out = bytearray(3)
+    pinmem.copy(out, address + 10, 3)
+    assert out == b"abc"
+    assert len(msync_calls) == 1
+
+
+def _address_of(obj):
+    held = (ctypes.c_char * len(obj)).from_buffer(obj)
+    try:
+        return ctypes.addressof(held)
+    finally:
+        del held
+
+
+def test_foreign_address_is_checked_once(msync_calls):
+    mem = bytearray(1000)
+    address = _address_of(mem)
+    pinmem.copy(address, b"x" * 1000, 1000)
+    assert mem == b"x" * 1000
+    assert len(msync_calls) == 1
+    checked_at, length = msync_calls[0]
+    # the whole range, from its first page on
+    assert checked_at == address - address % PAGE
+    assert checked_at + length >= address + 1000
+
+
+def test_just_freed_buffer_is_checked_and_refused():
+    # 64 KiB: a hole too small for the interpreter's arenas or malloc's
+    # mmaps to fill before the copy below
+    b = pinmem.empty(1 << 16)
+    address = b.ptr
+    b.close()
+    assert address not in _resolve.owned
+    assert not _resolve.mapped(address, 1 << 16)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(address, b"x" * 64, 64)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(bytearray(64), address + 128, 64)
+
+
+def test_just_freed_device_buffer_is_checked():
+    d = pinmem.device_empty(1 << 16)
+    address = d.ptr
+    d.close()
+    assert address not in _resolve.owned
+    if pinmem.backend() == "posix":
+        with pytest.raises(ValueError, match="not mapped"):
+            pinmem.copy(address, b"x" * 64, 64)
+
+
+def test_unmapped_address(pages):
+    _libc.munmap(pages, 3 * PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(pages, b"x" * 64, 64)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(bytearray(64), pages + 8, 64)
+
+
+def test_range_whose_last_page_is_unmapped(pages):
+    _libc.munmap(pages + 2 * PAGE, PAGE)
+    pinmem.copy(pages, b"y" * (2 * PAGE), 2 * PAGE)  # the two mapped pages
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(pages, b"y" * (2 * PAGE + 1), 2 * PAGE + 1)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(bytearray(PAGE), pages + PAGE + 100, PAGE)
+
+
+def test_range_with_an_unmapped_page_inside(pages):
+    # first and last page mapped, the middle one not: only a check of the
+    # whole range sees it
+    _libc.munmap(pages + PAGE, PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(pages, b"z" * (3 * PAGE), 3 * PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(bytearray(3 * PAGE), pages, 3 * PAGE)
+    pinmem.copy(pages + 2 * PAGE, b"z" * PAGE, PAGE)
+
+
+def test_range_past_a_live_buffer_is_checked(msync_calls):
+    with pinmem.empty(PAGE) as b:
+        pinmem.copy(bytearray(16), b.ptr + PAGE - 16, 16)
+        assert msync_calls == []
+        # 32 bytes from 16 before the end run past the buffer: the system
+        # is asked (only asked: the next page is none of this test's)
+        _resolve.mapped(b.ptr + PAGE - 16, 32)
+        assert len(msync_calls) == 1
+
+
+def test_addresses_beyond_the_address_space():
+    with pytest.raises(ValueError):
+        pinmem.copy((1 << 64) - 8, b"x" * 64, 64)
+    with pytest.raises(ValueError):
+        pinmem.copy(1 << 64, b"x", 1)
+
+
+def test_threads_make_and_free_while_others_copy():
+    import threading
+
+    errors = []
+    n = 4096
+    before = len(_resolve.owned)
+
+    def worker(seed):
+        try:
+            for i in range(200):
+                with pinmem.empty(n) as b:
+                    data = bytes([(seed + i) & 0xFF]) * 64
+                    pinmem.copy(b.ptr + 64 * (i % 32), data, 64)
+                    out = bytearray(64)
+                    pinmem.copy(out, b.ptr + 64 * (i % 32), 64)
+                    assert out == data
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    # every buffer the threads made is forgotten again, the index with it
+    assert sorted(_resolve.owned) == _resolve._bases
+    assert len(_resolve.owned) == before
