@@ -53,6 +53,7 @@ used = pool.stats()["used"]
 assert n <= used <= n * 9 // 8, used          # PyTorch's own would take 16 MiB
 assert torch_host.counts()["live"] == 1
 if hasattr(torch.cuda, "host_memory_stats"):
+    torch.cuda.init()  # before it, host_memory_stats answers {} whatever is allocated
     # PyTorch's names for the statistics vary by version: find the current
     # count of active requests and bytes among the flattened keys.
     stats = torch.cuda.host_memory_stats()
