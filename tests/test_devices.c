@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "instance.h"
@@ -130,6 +132,89 @@ static void struct_size_checked(void)
     for (size_t i = old; i < sizeof u.bytes; i++)
         untouched = untouched && u.bytes[i] == 0x5A;
     CHECK(untouched);
+}
+
+/* PINMEM_DEVICE is read once, at init, and a child forked after init
+ * cannot use pinmem: each value runs in a new process of this program
+ * ("init" as its argument), which prints pm_init's result and detail.
+ * Returns whether the detail names PINMEM_DEVICE, or -1 when the child did
+ * not answer. */
+static int init_with_device(const char *device, const char *backend_name, pm_result *r)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    int pipefd[2];
+    if (n <= 0 || pipe(pipefd) != 0)
+        return -1;
+    self[n] = '\0';
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pipefd[0]);
+        dup2(pipefd[1], STDOUT_FILENO);
+        setenv("PINMEM_DEVICE", device, 1);
+        if (backend_name)
+            setenv("PINMEM_BACKEND", backend_name, 1);
+        else
+            unsetenv("PINMEM_BACKEND");
+        execl(self, self, "init", (char *)NULL);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    char line[700] = "";
+    size_t got = 0;
+    ssize_t k;
+    while (pid > 0 && got < sizeof line - 1 &&
+           (k = read(pipefd[0], line + got, sizeof line - 1 - got)) > 0)
+        got += (size_t)k;
+    close(pipefd[0]);
+    int status = 0;
+    if (pid > 0)
+        waitpid(pid, &status, 0);
+    line[got] = '\0';
+    int code = -1;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || sscanf(line, "%d", &code) != 1)
+        return -1;
+    *r = (pm_result)code;
+    line[strcspn(line, "\n")] = '\0';
+    printf("PINMEM_DEVICE=%s%s%s: %s\n", device, backend_name ? ", PINMEM_BACKEND=" : "",
+           backend_name ? backend_name : "", line);
+    return strstr(line, "PINMEM_DEVICE") != NULL ? 1 : 0;
+}
+
+/* The child's side of init_with_device. */
+static int init_only(void)
+{
+    pm_result r = pm_init(0);
+    printf("%d %s\n", (int)r, pm_last_error_detail());
+    return 0;
+}
+
+/* An ordinal past the count is refused at init, by whichever backend would
+ * serve (posix simulates one device), never quietly replaced by another
+ * backend that ignores it; the last ordinal is taken. */
+static void pinmem_device_past_the_count(void)
+{
+    int n = device_count();
+    REQUIRE(n >= 1);
+    char past[16], last[16];
+    snprintf(past, sizeof past, "%d", n);
+    snprintf(last, sizeof last, "%d", n - 1);
+    const char *names[] = {NULL, on_backend("cuda") ? "cuda" : "posix"};
+    for (size_t i = 0; i < 2; i++) {
+        pm_result r = PM_SUCCESS;
+        int named = init_with_device(past, names[i], &r);
+        REQUIRE(named >= 0);
+        /* Forcing cuda wraps the backend's failure in NO_DEVICE (pm_init). */
+        CHECK(r == PM_ERROR_INVALID_DEVICE ||
+              (names[i] && strcmp(names[i], "cuda") == 0 && r == PM_ERROR_NO_DEVICE));
+        CHECK(named == 1);
+        REQUIRE(init_with_device("9999", names[i], &r) >= 0);
+        CHECK(r != PM_SUCCESS);
+        r = PM_ERROR_UNKNOWN;
+        REQUIRE(init_with_device(last, names[i], &r) >= 0);
+        CHECK_RESULT(r, PM_SUCCESS);
+    }
 }
 
 /* Device memory from pm_device_alloc belongs to the device in use, at its
@@ -436,8 +521,10 @@ static void non_portable_memory_on_another_device(void) { NEED_TWO_DEVICES(); }
 static void copies_to_two_devices_at_once(void) { NEED_TWO_DEVICES(); }
 #endif
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "init") == 0)
+        return init_only();
     if (pm_init(0) != PM_SUCCESS) {
         printf("pm_init: %s\n", pm_last_error_detail());
         return 1;
@@ -447,6 +534,7 @@ int main(void)
     info_for_every_ordinal();
     ordinals_that_do_not_exist();
     struct_size_checked();
+    pinmem_device_past_the_count();
     pointer_device_of_device_memory();
     pool_memory_is_portable();
     ring_memory_is_portable();

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../errors.h"
+#include "../options.h"
 #include "../ranges.h"
 #include "../test_hooks.h"
 #include "backend.h"
@@ -534,6 +535,14 @@ static void posix_cache_unregister(void *p, size_t bytesize)
 
 pm_result pm__backend_posix_open(pm__backend *out)
 {
+    /* One simulated device: another ordinal names a device that is not
+     * there, as it would on a machine with one GPU. */
+    unsigned long long device = pm__option_value(PM__OPT_DEVICE);
+    if (device != 0)
+        return pm__fail(PM_ERROR_INVALID_DEVICE,
+                        "PINMEM_DEVICE=%llu is not a device ordinal below 1 (the posix backend "
+                        "simulates one device)",
+                        device);
     memset(out, 0, sizeof *out);
     out->name = "posix";
     pm_capabilities *c = &out->caps;
