@@ -152,9 +152,12 @@ static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, s
     pm__detail_save(&before);
     pm_result r = map_and_register(bytesize, 0, -1, base, pin_len, &rc);
     /* A stale registration the user never undid can sit at the address the
-     * kernel just handed out; the driver picks its own address instead. */
+     * kernel just handed out; the driver picks its own address instead.
+     * PORTABLE, as map_and_register pins: the staging ring comes from here,
+     * and every device's context may use it (the caller's flags are what
+     * pinmem answers for the memory, not what the driver was asked). */
     if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
-        r = driver_host_alloc(bytesize, flags, base, pin_len, tag);
+        r = driver_host_alloc(bytesize, flags | CU_MEMHOSTALLOC_PORTABLE, base, pin_len, tag);
         if (r == PM_SUCCESS)
             pm__detail_restore(&before);
         return r;
