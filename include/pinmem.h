@@ -141,6 +141,38 @@ typedef struct pm_capabilities {
  * checked). */
 PM_API pm_result pm_get_capabilities(pm_capabilities *caps);
 
+/* ---------------------------------------------------------------- devices */
+
+/* One device the backend sees. cuda: every device the driver lists (as
+ * CUDA_VISIBLE_DEVICES leaves them), by driver ordinal; posix: one simulated
+ * device, ordinal 0, whose "device" memory is host memory (pm_capabilities
+ * still says device_ordinal -1 there: no CUDA device is in use). */
+typedef struct pm_device_info {
+    size_t struct_size;  /* set by the caller to sizeof(pm_device_info) */
+    int ordinal;
+    int in_use;          /* 1: the device whose primary context pinmem uses (PINMEM_DEVICE) */
+    char name[128];
+    char pci_bus_id[32]; /* "0000:17:00.0" (lower case); "" where there is none (posix) */
+    int host_numa_node;  /* nearest host NUMA node (cuda: the driver's HOST_NUMA_ID, else
+                            the PCI device's numa_node in sysfs); -1 if unknown */
+    int pcie_generation; /* of the link now (sysfs current_link_speed): 1 to 6; 0 if unknown */
+    int pcie_width;      /* lanes now (sysfs current_link_width); 0 if unknown */
+    int can_map_host_memory;
+    int unified_addressing;
+    int can_use_host_pointer_for_registered_mem;
+    int read_only_host_register_supported;
+    int pageable_memory_access_uses_host_page_tables;
+} pm_device_info;
+
+/* How many devices pm_device_get_info answers for, at least 1. count must
+ * not be NULL. */
+PM_API pm_result pm_device_count(int *count);
+/* Fills *info as far as info->struct_size goes (info and its struct_size
+ * are checked). An ordinal below 0 or not below the count is
+ * PM_ERROR_INVALID_DEVICE, as with the driver's cuDeviceGet, and the detail
+ * names the count. */
+PM_API pm_result pm_device_get_info(int ordinal, pm_device_info *info);
+
 /* ----------------------------------------------------------- pinned budget */
 
 /* A cap on the bytes the whole process pins through pinmem: host

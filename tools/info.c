@@ -87,6 +87,55 @@ static void print_numa_nodes(void)
     printf(")\n");
 }
 
+/* "gen5 x16", "gen5, width unknown", "unknown". */
+static const char *pcie_link(const pm_device_info *d, char *buf, size_t cap)
+{
+    char gen[16] = "gen unknown", width[24] = "width unknown";
+    if (!d->pcie_generation && !d->pcie_width)
+        return "unknown";
+    if (d->pcie_generation)
+        snprintf(gen, sizeof gen, "gen%d", d->pcie_generation);
+    if (d->pcie_width)
+        snprintf(width, sizeof width, "x%d", d->pcie_width);
+    snprintf(buf, cap, "%s%s%s", gen, d->pcie_generation && d->pcie_width ? " " : ", ", width);
+    return buf;
+}
+
+static const char *yes_no(int v) { return v ? "yes" : "no"; }
+
+/* Every device, the one pinmem uses marked. */
+static void print_devices(void)
+{
+    int count = 0;
+    if (pm_device_count(&count) != PM_SUCCESS) {
+        printf("devices:                 unknown (%s)\n", pm_last_error_detail());
+        return;
+    }
+    printf("devices:                 %d (* marks the one pinmem uses)\n", count);
+    for (int i = 0; i < count; i++) {
+        pm_device_info d = {.struct_size = sizeof d};
+        if (pm_device_get_info(i, &d) != PM_SUCCESS) {
+            printf("    %d: unknown (%s)\n", i, pm_last_error_detail());
+            continue;
+        }
+        char link[48];
+        printf("  %c %d: %s\n", d.in_use ? '*' : ' ', d.ordinal, d.name);
+        printf("       PCI bus id %s; PCIe link %s; nearest NUMA node ",
+               d.pci_bus_id[0] ? d.pci_bus_id : "none", pcie_link(&d, link, sizeof link));
+        if (d.host_numa_node >= 0)
+            printf("%d\n", d.host_numa_node);
+        else
+            printf("unknown\n");
+        printf("       can map host memory %s; unified addressing %s; host pointer for "
+               "registered memory %s;\n",
+               yes_no(d.can_map_host_memory), yes_no(d.unified_addressing),
+               yes_no(d.can_use_host_pointer_for_registered_mem));
+        printf("       read-only registration %s; pageable access via host page tables %s\n",
+               d.read_only_host_register_supported ? "supported" : "not supported",
+               yes_no(d.pageable_memory_access_uses_host_page_tables));
+    }
+}
+
 /* The staging ring pageable copies go through, and why it is smaller than
  * configured, or why there is none. */
 static void print_ring(void)
@@ -149,6 +198,7 @@ int cmd_info(void)
     print_memlock_limit();
     print_numa_nodes();
     print_ring();
+    print_devices();
     print_settings();
     return 0;
 }

@@ -193,6 +193,19 @@ typedef struct pm__backend {
      * is not known), so that a batch asks once for many pointers. */
     pm_result (*pointer_extent)(pm_deviceptr p, size_t bytes, pm__memory_kind *kind,
                                 pm_deviceptr *lo, pm_deviceptr *hi);
+
+    /* Devices. device_count (at least 1) and device_in_use (the ordinal
+     * whose primary context serves threads without a context) are fixed
+     * when the backend opens; posix simulates one device, ordinal 0.
+     * device_info fills the whole of *info (struct_size aside) for an
+     * ordinal below device_count. */
+    int device_count;
+    int device_in_use;
+    pm_result (*device_info)(int ordinal, pm_device_info *info);
+    /* The ordinal of the device whose memory p is (cuda: the pointer's
+     * DEVICE_ORDINAL attribute; posix: 0 for a live device_alloc range);
+     * INVALID_VALUE when p is not device memory. */
+    pm_result (*pointer_device)(pm_deviceptr p, int *ordinal);
 } pm__backend;
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */
@@ -214,9 +227,20 @@ void *pm__map_anonymous_aligned(size_t bytesize, size_t align, size_t *map_len);
 /* Binds [p, p + len) to one NUMA node before it is faulted in. */
 pm_result pm__bind_to_node(void *p, size_t len, int node);
 bool pm__numa_node_exists(int node);
+/* The machine's NUMA node when it has exactly one, else -1. */
+int pm__only_numa_node(void);
 /* Bytes this process may still lock with mlock: RLIMIT_MEMLOCK less what is
  * locked now; SIZE_MAX when no limit binds (unlimited, or CAP_IPC_LOCK). */
 size_t pm__memlock_headroom(void);
+/* sysfs facts of a PCI device, for device_info. bus_id as the driver
+ * writes it ("0000:3B:00.0", a domain of any width); *out the form sysfs
+ * names it by ("0000:3b:00.0"); false when bus_id is not one. */
+bool pm__pci_bus_id_normalize(const char *bus_id, char *out, size_t cap);
+/* The device's numa_node in sysfs; -1 when absent or unknown. */
+int pm__pci_numa_node(const char *bus_id);
+/* The device's link now: generation 1 to 6 from current_link_speed, lanes
+ * from current_link_width; 0 for what sysfs does not say. */
+void pm__pci_link(const char *bus_id, int *generation, int *width);
 /* Address space for a pool chunk, bound to numa_node unless it is -1, nothing pinned. */
 pm_result pm__reserve_chunk_range(size_t len, size_t align, int numa_node, void **base);
 

@@ -10,6 +10,7 @@
 #include "../errors.h"
 #include "../options.h"
 #include "backend.h"
+#include "cuda_devices.h"
 #include "cuda_loader.h"
 #include "cuda_vmm.h"
 
@@ -23,6 +24,7 @@ static const size_t max_single_registration = (size_t)256 << 30;
 static const pm__cuda_api *cu;
 static CUdevice device;
 static CUcontext primary;
+static int device_count;
 
 /* Driver calls run in the caller's current context, or in the primary
  * context of pinmem's device when the thread has none. */
@@ -150,9 +152,12 @@ static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, s
     pm__detail_save(&before);
     pm_result r = map_and_register(bytesize, 0, -1, base, pin_len, &rc);
     /* A stale registration the user never undid can sit at the address the
-     * kernel just handed out; the driver picks its own address instead. */
+     * kernel just handed out; the driver picks its own address instead.
+     * PORTABLE, as map_and_register pins: the staging ring comes from here,
+     * and every device's context may use it (the caller's flags are what
+     * pinmem answers for the memory, not what the driver was asked). */
     if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
-        r = driver_host_alloc(bytesize, flags, base, pin_len, tag);
+        r = driver_host_alloc(bytesize, flags | CU_MEMHOSTALLOC_PORTABLE, base, pin_len, tag);
         if (r == PM_SUCCESS)
             pm__detail_restore(&before);
         return r;
@@ -626,6 +631,36 @@ static void cuda_cache_unregister(void *p, size_t bytesize)
     ctx_leave(&scope);
 }
 
+/* The device the allocation behind p belongs to (its context's device). */
+static pm_result cuda_pointer_device(pm_deviceptr p, int *ordinal)
+{
+    CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    unsigned int type = 0;
+    int dev = -1;
+    void *data[2] = {&type, &dev};
+    ctx_scope scope;
+    pm_result r = ctx_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = cu->pointer_get_attributes(2, attrs, data, (CUdeviceptr)p);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuPointerGetAttributes");
+    /* Type 0: memory the driver does not know; HOST: page-locked host memory. */
+    if (type == 0 || type == CU_MEMORYTYPE_HOST || dev < 0 || dev >= device_count)
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "%#llx is not device memory (memory type %u, device ordinal %d)",
+                        (unsigned long long)p, type, dev);
+    *ordinal = dev;
+    return PM_SUCCESS;
+}
+
+static pm_result cuda_device_info(int ordinal, pm_device_info *info)
+{
+    return pm__cuda_device_info(ordinal, info);
+}
+
 static int attribute(CUdevice_attribute a, int fallback)
 {
     int v = 0;
@@ -645,6 +680,7 @@ static pm_result pick_device(void)
         return pm__fail(PM_ERROR_INVALID_DEVICE,
                         "PINMEM_DEVICE=%llu is not a device ordinal below %d", v, count);
     ordinal = (int)v;
+    device_count = count;
     rc = cu->device_get(&device, ordinal);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuDeviceGet");
@@ -724,5 +760,10 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->copy_any = cuda_copy_any;
     out->copy_batch_async = cuda_copy_batch_async;
     out->pointer_extent = cuda_pointer_extent;
+    out->device_count = device_count;
+    out->device_in_use = (int)pm__option_value(PM__OPT_DEVICE);
+    out->device_info = cuda_device_info;
+    out->pointer_device = cuda_pointer_device;
+    pm__cuda_devices_open(cu, out->device_in_use);
     return PM_SUCCESS;
 }

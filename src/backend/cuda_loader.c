@@ -66,8 +66,8 @@ static const symbol required[] = {
     SYM(thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode", 10010),
 };
 
-/* Left NULL when missing: the pools then pin whole chunks, and batches of
- * copies take one driver call a copy. */
+/* Left NULL when missing: the pools then pin whole chunks, batches of
+ * copies take one driver call a copy, and devices have no PCI facts. */
 static const symbol optional[] = {
     SYM(memcpy_batch_async, "cuMemcpyBatchAsync", 13000),
     SYM(memcpy_batch_async_12080, "cuMemcpyBatchAsync", 12080),
@@ -79,6 +79,7 @@ static const symbol optional[] = {
     SYM(mem_unmap, "cuMemUnmap", 10020),
     SYM(mem_set_access, "cuMemSetAccess", 10020),
     SYM(mem_get_allocation_granularity, "cuMemGetAllocationGranularity", 10020),
+    SYM(device_get_pci_bus_id, "cuDeviceGetPCIBusId", 4010),
 };
 #undef SYM
 

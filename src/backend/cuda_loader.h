@@ -74,6 +74,9 @@ typedef struct pm__cuda_api {
     CUresult (*memcpy_batch_async_12080)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
                                          CUmemcpyAttributes *, size_t *, size_t, size_t *,
                                          CUstream);
+    /* Where a device sits on the PCI bus, for its NUMA node and link: NULL
+     * where the driver lacks it. */
+    CUresult (*device_get_pci_bus_id)(char *, int, CUdevice);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

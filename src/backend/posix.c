@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../errors.h"
+#include "../options.h"
 #include "../ranges.h"
 #include "../test_hooks.h"
 #include "backend.h"
@@ -352,6 +353,37 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
     return posix_pointer_extent(p, bytes, kind, &lo, &hi);
 }
 
+/* Device memory is a live device_alloc range, all of it the one simulated
+ * device's. */
+static pm_result posix_pointer_device(pm_deviceptr p, int *ordinal)
+{
+    pm__range r;
+    if (!devices() || !pm__ranges_find(devices(), (uintptr_t)p, &r))
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%#llx is not device memory",
+                        (unsigned long long)p);
+    *ordinal = 0;
+    return PM_SUCCESS;
+}
+
+/* The simulated device: host memory, nearest the machine's NUMA node where
+ * it has one (on several, no node is nearer than another), no PCI link,
+ * and the capabilities the backend reports. */
+static pm_result posix_device_info(int ordinal, pm_device_info *info)
+{
+    size_t keep = info->struct_size;
+    memset(info, 0, sizeof *info);
+    info->struct_size = keep;
+    info->ordinal = ordinal;
+    info->in_use = 1;
+    snprintf(info->name, sizeof info->name, "posix (host memory as device memory)");
+    info->host_numa_node = pm__only_numa_node();
+    info->can_map_host_memory = 1;
+    info->unified_addressing = 1;
+    info->can_use_host_pointer_for_registered_mem = 1;
+    info->read_only_host_register_supported = 1;
+    return PM_SUCCESS;
+}
+
 static void posix_own_thread_start(void) {}
 
 static pm_result posix_stream_capture_status(pm_stream_t s, bool *capturing)
@@ -503,6 +535,14 @@ static void posix_cache_unregister(void *p, size_t bytesize)
 
 pm_result pm__backend_posix_open(pm__backend *out)
 {
+    /* One simulated device: another ordinal names a device that is not
+     * there, as it would on a machine with one GPU. */
+    unsigned long long device = pm__option_value(PM__OPT_DEVICE);
+    if (device != 0)
+        return pm__fail(PM_ERROR_INVALID_DEVICE,
+                        "PINMEM_DEVICE=%llu is not a device ordinal below 1 (the posix backend "
+                        "simulates one device)",
+                        device);
     memset(out, 0, sizeof *out);
     out->name = "posix";
     pm_capabilities *c = &out->caps;
@@ -560,5 +600,9 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->copy_any = posix_copy_any;
     out->copy_batch_async = posix_copy_batch_async;
     out->pointer_extent = posix_pointer_extent;
+    out->device_count = 1;
+    out->device_in_use = 0;
+    out->device_info = posix_device_info;
+    out->pointer_device = posix_pointer_device;
     return PM_SUCCESS;
 }

@@ -52,6 +52,22 @@ static int current_numa_node(void)
     return (int)node;
 }
 
+int pm__only_numa_node(void)
+{
+    FILE *f = fopen("/sys/devices/system/node/online", "r");
+    char line[64] = "";
+    int node = -1, used = 0;
+    if (f) {
+        if (!fgets(line, sizeof line, f))
+            line[0] = '\0';
+        fclose(f);
+    }
+    /* "0" names one node; "0-1" or "0,2" several. */
+    if (sscanf(line, "%d%n", &node, &used) != 1 || node < 0 || (line[used] && line[used] != '\n'))
+        return -1;
+    return node;
+}
+
 void pm__system_fill_caps(pm_capabilities *caps)
 {
     caps->page_size = (size_t)sysconf(_SC_PAGESIZE);
