@@ -13,6 +13,7 @@
 #include "copy/copy.h"
 #include "copy/store_choice.h"
 #include "copy_util.h"
+#include "test_hooks.h"
 
 static uint64_t rng_state = 42;
 static size_t rnd(size_t n)
@@ -288,6 +289,49 @@ static void both_ways(void)
         for (unsigned i = 0; i < started; i++) {
             pthread_join(t[i], NULL);
             CHECK(w[i].failures == 0);
+        }
+    }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+}
+
+/* Slices of a page, sixteen to a buffer, eight workers: threads follow on
+ * from slice to slice of a piece without the engine's lock, and the last of
+ * each piece queues its DMA or frees its buffer. Eight threads copy both ways
+ * at once, byte for byte; then a DMA in the middle of a copy fails (each of
+ * the first ones in turn), which must fail that copy alone and leave the
+ * engine whole. */
+static void page_slices(void)
+{
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    pm_copy_config c = saved;
+    c.workers = 8;
+    c.htod_workers = 0;
+    c.chunk_bytes = 64 << 10;
+    c.slice_bytes = 4 << 10;
+    c.first_piece_bytes = 0;
+    c.buffers = 3;
+    REQUIRE_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    copy_threads(8, 500);
+    const size_t n = (1 << 20) + 999;
+    SCOPED_MALLOC uint8_t *src = malloc(n), *dst = malloc(n);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
+    REQUIRE(src && dst && dev);
+    for (int dir = 0; dir < 2; dir++) {
+        for (int k = 1; k <= 12; k++) {
+            fill(src, n, 600 + (unsigned)k);
+            CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+            atomic_store(&pm__fault_backend_copy, k);
+            pm_result r = dir == 0 ? pm_memcpy_htod(dev, src, n) : pm_memcpy_dtoh(dst, dev, n);
+            bool fired = atomic_load(&pm__fault_backend_copy) == 0;
+            atomic_store(&pm__fault_backend_copy, 0);
+            CHECK(fired);
+            CHECK_RESULT(r, PM_ERROR_UNKNOWN);
+            CHECK(strstr(pm_last_error_detail(), "injected") != NULL);
+            memset(dst, 0, n);
+            CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+            CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
+            CHECK(first_mismatch(dst, n, 600 + (unsigned)k) == n);
         }
     }
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
@@ -701,6 +745,7 @@ int main(void)
     eight_threads();
     small_rings();
     both_ways();
+    page_slices();
     piece_plans();
     piece_settings();
     steered_fillers();
