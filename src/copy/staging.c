@@ -66,6 +66,7 @@ typedef struct buffer {
     /* The piece it carries, set under the engine lock as the piece starts: */
     pm__direction dir;
     size_t offset, bytes; /* in the job */
+    size_t slice;         /* its slices' size (the last may be shorter) */
     unsigned slices;
     /* The next slice to hand out: taken by fetch-and-add, under the lock by
      * a thread that starts on the piece, and without it by one that ran a
@@ -82,7 +83,7 @@ typedef struct job {
     pm__direction dir;
     const pm__segment *segs; /* in order, none empty */
     size_t n_segs;
-    size_t bytes, slice;
+    size_t bytes;
     pm__piece_plan plan;
     bool one_call; /* a piece's DMAs in one driver call where it takes them */
     pm_stream_t stream;
@@ -264,7 +265,8 @@ static buffer *start_piece(job *j)
     eng.held[j->dir]++;
     b->offset = j->next_offset;
     b->bytes = pm__plan_piece(&j->plan, j->pieces_started++, b->offset);
-    b->slices = slices_of(b->bytes, j->slice);
+    b->slice = pm__plan_slice(&j->plan, b->bytes);
+    b->slices = slices_of(b->bytes, b->slice);
     atomic_store_explicit(&b->slices_left, b->slices, memory_order_relaxed);
     atomic_store_explicit(&b->next_claim, 0, memory_order_relaxed);
     b->dma = DMA_NOT_QUEUED;
@@ -435,8 +437,8 @@ static void wait_previous_dma(job *j, buffer *b)
 /* Where slice c lies in its buffer (the offset), and its length in *n. */
 static size_t slice_span(const claim *c, size_t *n)
 {
-    size_t off = (size_t)c->index * c->j->slice;
-    *n = c->b->bytes - off < c->j->slice ? c->b->bytes - off : c->j->slice;
+    size_t off = (size_t)c->index * c->b->slice;
+    *n = c->b->bytes - off < c->b->slice ? c->b->bytes - off : c->b->slice;
     return off;
 }
 
@@ -1104,8 +1106,11 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
              .one_call = set->batch != PM_COPY_BATCH_EACH};
     pthread_cond_init(&j.finished, NULL);
-    j.plan = pm__plan_pieces(set, eng.chunk, bytes);
-    j.slice = j.plan.slice;
+    /* The threads that may take the job's slices: the caller, and the
+     * workers of its direction. */
+    unsigned threads = 1 + (dir == PM__HTOD && eng.fillers < eng.n_threads ? eng.fillers
+                                                                             : eng.n_threads);
+    j.plan = pm__plan_pieces(set, eng.chunk, bytes, threads);
     unsigned size_class = 0;
     bool timed;
     choose_stores(set, &j, sync, &size_class, &timed);
