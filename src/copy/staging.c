@@ -31,6 +31,13 @@
  * thread that takes a piece's first slice queues its DMA. Each slice's thread
  * waits for its piece's DMA and copies its slice out.
  *
+ * The engine's lock is taken about once a piece, not once a slice: a thread
+ * takes a piece's first slice under it, then claims the piece's next slices
+ * with an atomic add and counts finished ones down atomically; the thread
+ * whose count ends a piece (or the job) does what needs the lock. A piece's
+ * slices are its share for each thread that may take them (plan.c), so that
+ * small pieces are spread over many threads.
+ *
  * Buffers are reused oldest first: a buffer whose DMA may still be reading it
  * carries the marker recorded behind that DMA, and the next user waits for
  * that marker before writing into it.
