@@ -5,8 +5,9 @@
  * over the difference in their slice counts is the engine's cost per slice.
  * Unlike the other probes it measures pinmem, so it links the library.
  * Build: cc -O2 -Iinclude bench/probe/staging_slices.c -Lbuild-test -lpinmem -o staging_slices
- * Run:   PINMEM_BACKEND=posix PINMEM_COPY_SLICE=64K LD_LIBRARY_PATH=build-test ./staging_slices [REPS [MIB]]
- * (MIB: one size only). */
+ * Run:   PINMEM_BACKEND=posix PINMEM_COPY_SLICE=64K LD_LIBRARY_PATH=build-test \
+ *        ./staging_slices [REPS [MIB]]   (MIB: one size only)
+ * (or probe_staging_slices, built with the other probes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
