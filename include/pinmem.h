@@ -557,9 +557,7 @@ typedef struct pm_copy_config {
                                       and the ring is at most 32 MiB, if synchronous copies
                                       timed with each kind show them faster on this machine.
                                       Out of the ring: cached stores */
-    size_t slice_bytes;          /* the largest CPU copy: several threads fill or empty a
-                                    buffer, each a share of it from 64 KiB (or slice_bytes
-                                    where smaller) up to this */
+    size_t slice_bytes;          /* one CPU copy: several threads fill or empty a buffer */
     unsigned htod_workers;       /* of the workers, at most how many fill buffers for
                                     host-to-device copies (the caller helps as well; default:
                                     all). The engine steers the count below it: the DMA

@@ -69,7 +69,7 @@ static const spec table[PM__OPT_COUNT] = {
                             "one staging buffer, moved by one DMA"},
     [PM__OPT_COPY_SLICE] = {"PINMEM_COPY_SLICE", "slice_bytes", SIZE, ZERO_DEFAULT | PAGES, NULL,
                             4 * KIB, 256 * MIB, 512 * KIB, "512K",
-                            "the largest CPU copy into or out of a staging buffer"},
+                            "one CPU copy into or out of a staging buffer"},
     [PM__OPT_COPY_BUFFERS] = {"PINMEM_COPY_BUFFERS", "buffers", COUNT, ZERO_DEFAULT, NULL, 1,
                               1024, 0, "twice the buffers all threads fill at once, plus 4",
                               "staging buffers in the ring"},

@@ -9,12 +9,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "copy/copy.h"
 #include "copy/store_choice.h"
 #include "copy_util.h"
-#include "test_hooks.h"
 
 static uint64_t rng_state = 42;
 static size_t rnd(size_t n)
@@ -295,66 +293,10 @@ static void both_ways(void)
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }
 
-/* Slices of a page, sixteen to a buffer, eight workers: threads follow on
- * from slice to slice of a piece without the engine's lock, and the last of
- * each piece queues its DMA or frees its buffer. Eight threads copy both ways
- * at once, byte for byte; then a DMA in the middle of a copy fails (each of
- * the first ones in turn), which must fail that copy alone and leave the
- * engine whole. */
-static void page_slices(void)
-{
-    pm_copy_config saved = {.struct_size = sizeof saved};
-    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
-    pm_copy_config c = saved;
-    c.workers = 8;
-    c.htod_workers = 0;
-    c.chunk_bytes = 64 << 10;
-    c.slice_bytes = 4 << 10;
-    c.first_piece_bytes = 0;
-    c.buffers = 3;
-    REQUIRE_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
-    copy_threads(8, 500);
-    const size_t n = (1 << 20) + 999;
-    SCOPED_MALLOC uint8_t *src = malloc(n), *dst = malloc(n);
-    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
-    REQUIRE(src && dst && dev);
-    for (int dir = 0; dir < 2; dir++) {
-        for (int k = 1; k <= 12; k++) {
-            fill(src, n, 600 + (unsigned)k);
-            CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
-            atomic_store(&pm__fault_backend_copy, k);
-            pm_result r = dir == 0 ? pm_memcpy_htod(dev, src, n) : pm_memcpy_dtoh(dst, dev, n);
-            bool fired = atomic_load(&pm__fault_backend_copy) == 0;
-            atomic_store(&pm__fault_backend_copy, 0);
-            CHECK(fired);
-            CHECK_RESULT(r, PM_ERROR_UNKNOWN);
-            CHECK(strstr(pm_last_error_detail(), "injected") != NULL);
-            memset(dst, 0, n);
-            CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
-            CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
-            CHECK(first_mismatch(dst, n, 600 + (unsigned)k) == n);
-        }
-    }
-    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
-}
-
-/* The slice a plan should give a piece of n bytes: the piece shared among
- * the threads, in whole pages, no smaller than 64 KiB (or the slice setting
- * where that is smaller) and no larger than the slice setting. */
-static size_t slice_for(const pm__piece_plan *p, size_t n)
-{
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t share = (n + p->threads - 1) / p->threads;
-    share = (share + page - 1) / page * page;
-    size_t most = p->slice, least = most < (64 << 10) ? most : 64 << 10;
-    return share < least ? least : share > most ? most : share;
-}
-
 /* How copies are cut into pieces: for every shape of plan, the pieces add up
  * to the copy, the first is the first piece (or the whole copy), each is
- * twice the one before until the target, none is larger than a buffer, each
- * is cut into slices that share it among the threads within the slice
- * bounds, and the slices counted are the slices of the pieces. */
+ * twice the one before until the target, none is larger than a buffer, and
+ * the slices counted are the slices of the pieces. */
 static void piece_plans(void)
 {
     static const size_t chunks[] = {64 << 10, 4 << 20};
@@ -362,43 +304,34 @@ static void piece_plans(void)
     static const unsigned pieces[] = {1, 3, 8, 1024};
     static const size_t sizes[] = {1, 4095, 4096, 100000, 1 << 20, (4 << 20) + 1,
                                    (64 << 20) + 12345};
-    static const size_t slice_settings[] = {16 << 10, 512 << 10};
-    static const unsigned threads[] = {1, 3, 16};
     for (size_t c = 0; c < 2; c++)
         for (size_t f = 0; f < 5; f++)
             for (size_t k = 0; k < 4; k++)
-                for (size_t z = 0; z < 7; z++)
-                    for (size_t t = 0; t < 6; t++) {
-                        pm__copy_settings set = {.slice_bytes = slice_settings[t % 2],
-                                                 .first_piece = firsts[f],
-                                                 .pieces = pieces[k]};
-                        const size_t bytes = sizes[z], chunk = chunks[c];
-                        pm__piece_plan p = pm__plan_pieces(&set, chunk, bytes, threads[t / 2]);
-                        size_t first = firsts[f] ? firsts[f] : set.slice_bytes;
-                        first = first < chunk ? first : chunk;
-                        CHECK(p.first == first && p.target >= p.first && p.target <= chunk);
-                        size_t off = 0, slices = 0, last = 0;
-                        bool ok = true;
-                        for (unsigned i = 0; off < bytes && ok; i++) {
-                            size_t n = pm__plan_piece(&p, i, off);
-                            size_t want = i == 0 ? first : last * 2 < p.target ? last * 2
-                                                                                 : p.target;
-                            want = want < bytes - off ? want : bytes - off;
-                            size_t slice = pm__plan_slice(&p, n);
-                            ok = n == want && n > 0 && n <= chunk && slice == slice_for(&p, n) &&
-                                 slice <= chunk;
-                            slices += (n + slice - 1) / slice;
-                            off += n;
-                            last = n;
-                        }
-                        if (!ok || off != bytes || slices != pm__plan_slices(&p))
-                            fprintf(stderr,
-                                    "plan of %zu bytes (chunk %zu, first %zu, pieces %u, slice "
-                                    "%zu, threads %u) is wrong\n",
-                                    bytes, chunk, firsts[f], pieces[k], set.slice_bytes,
-                                    threads[t / 2]);
-                        CHECK(ok && off == bytes && slices == pm__plan_slices(&p));
+                for (size_t z = 0; z < 7; z++) {
+                    pm__copy_settings set = {.slice_bytes = 16 << 10, .first_piece = firsts[f],
+                                             .pieces = pieces[k]};
+                    const size_t bytes = sizes[z], chunk = chunks[c];
+                    pm__piece_plan p = pm__plan_pieces(&set, chunk, bytes);
+                    size_t first = firsts[f] ? firsts[f] : set.slice_bytes;
+                    first = first < chunk ? first : chunk;
+                    CHECK(p.first == first && p.target >= p.first && p.target <= chunk);
+                    size_t off = 0, slices = 0, last = 0;
+                    bool ok = true;
+                    for (unsigned i = 0; off < bytes && ok; i++) {
+                        size_t n = pm__plan_piece(&p, i, off);
+                        size_t want = i == 0 ? first : last * 2 < p.target ? last * 2 : p.target;
+                        want = want < bytes - off ? want : bytes - off;
+                        ok = n == want && n > 0 && n <= chunk;
+                        slices += (n + p.slice - 1) / p.slice;
+                        off += n;
+                        last = n;
                     }
+                    if (!ok || off != bytes || slices != pm__plan_slices(&p))
+                        fprintf(stderr, "plan of %zu bytes (chunk %zu, first %zu, pieces %u) is "
+                                        "wrong\n",
+                                bytes, chunk, firsts[f], pieces[k]);
+                    CHECK(ok && off == bytes && slices == pm__plan_slices(&p));
+                }
 }
 
 /* Copies cut every way the settings allow, with workers that spin between
@@ -768,7 +701,6 @@ int main(void)
     eight_threads();
     small_rings();
     both_ways();
-    page_slices();
     piece_plans();
     piece_settings();
     steered_fillers();

@@ -32,7 +32,7 @@ typedef struct pm__copy_settings {
     unsigned workers;
     unsigned htod_workers; /* of them, the most that fill buffers for host-to-device copies (0: all) */
     size_t chunk_bytes; /* one buffer, one DMA */
-    size_t slice_bytes; /* the largest CPU copy (plan.c) */
+    size_t slice_bytes; /* one CPU copy */
     unsigned buffers;
     size_t direct_max;
     bool registration_cache;
@@ -109,23 +109,13 @@ typedef struct pm__segment {
  * target, so the first DMA starts after little copying and the later ones
  * run the DMA engine at its large-piece rate; target is the job's bytes /
  * pieces, from first up to a whole buffer (chunk). A thread copies one slice
- * of a piece at a time; a piece's slices share it among the threads that
- * may take them (threads), each at most slice and at least slice_min, so
- * that small pieces are copied by many threads and large ones in few
- * slices. */
+ * of a piece at a time. */
 typedef struct pm__piece_plan {
-    size_t bytes, chunk, first, target, slice, slice_min, page;
-    unsigned threads;
+    size_t bytes, chunk, first, target, slice;
 } pm__piece_plan;
-/* The smallest slice a piece is cut into (unless the slice setting is
- * smaller): below it, a thread's copy is too short to pay for handing it out. */
-#define PM__SLICE_MIN ((size_t)64 << 10)
-pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, size_t chunk, size_t bytes,
-                               unsigned threads);
+pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, size_t chunk, size_t bytes);
 /* The size of piece k, which starts at offset. */
 size_t pm__plan_piece(const pm__piece_plan *p, unsigned k, size_t offset);
-/* The slice of a piece of bytes. */
-size_t pm__plan_slice(const pm__piece_plan *p, size_t bytes);
 /* The slices of the whole job. */
 size_t pm__plan_slices(const pm__piece_plan *p);
 /* The index of the segment that holds byte at of a job (segs sorted by at,

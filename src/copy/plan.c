@@ -9,14 +9,11 @@ static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 static size_t slices_of(size_t bytes, size_t slice) { return (bytes + slice - 1) / slice; }
 
-pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, size_t chunk, size_t bytes,
-                               unsigned threads)
+pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, size_t chunk, size_t bytes)
 {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    pm__piece_plan p = {.bytes = bytes, .chunk = chunk, .page = page,
-                        .threads = threads ? threads : 1};
+    pm__piece_plan p = {.bytes = bytes, .chunk = chunk};
     p.slice = min_size(set->slice_bytes, chunk);
-    p.slice_min = min_size(PM__SLICE_MIN, p.slice);
     p.first = min_size(set->first_piece ? set->first_piece : set->slice_bytes, chunk);
     size_t share = bytes / (set->pieces ? set->pieces : 1);
     share = (share + page - 1) / page * page;
@@ -33,19 +30,6 @@ size_t pm__plan_piece(const pm__piece_plan *p, unsigned k, size_t offset)
     return min_size(n, p->bytes - offset);
 }
 
-size_t pm__plan_slice(const pm__piece_plan *p, size_t bytes)
-{
-    size_t share = (bytes + p->threads - 1) / p->threads;
-    share = (share + p->page - 1) / p->page * p->page;
-    return share < p->slice_min ? p->slice_min : min_size(share, p->slice);
-}
-
-/* The slices of a piece of bytes. */
-static size_t piece_slices(const pm__piece_plan *p, size_t bytes)
-{
-    return bytes ? slices_of(bytes, pm__plan_slice(p, bytes)) : 0;
-}
-
 size_t pm__plan_slices(const pm__piece_plan *p)
 {
     size_t off = 0, slices = 0;
@@ -54,12 +38,12 @@ size_t pm__plan_slices(const pm__piece_plan *p)
         size_t n = pm__plan_piece(p, k, off);
         if (n == p->target)
             break; /* the ramp is over: the rest comes in whole target pieces */
-        slices += piece_slices(p, n);
+        slices += slices_of(n, p->slice);
         off += n;
     }
     size_t rest = p->bytes - off;
-    return slices + rest / p->target * piece_slices(p, p->target) +
-           piece_slices(p, rest % p->target);
+    return slices + rest / p->target * slices_of(p->target, p->slice) +
+           slices_of(rest % p->target, p->slice);
 }
 
 size_t pm__segment_at(const pm__segment *segs, size_t n, size_t at)

@@ -31,13 +31,6 @@
  * thread that takes a piece's first slice queues its DMA. Each slice's thread
  * waits for its piece's DMA and copies its slice out.
  *
- * The engine's lock is taken about once a piece, not once a slice: a thread
- * takes a piece's first slice under it, then claims the piece's next slices
- * with an atomic add and counts finished ones down atomically; the thread
- * whose count ends a piece (or the job) does what needs the lock. A piece's
- * slices are its share for each thread that may take them (plan.c), so that
- * small pieces are spread over many threads.
- *
  * Buffers are reused oldest first: a buffer whose DMA may still be reading it
  * carries the marker recorded behind that DMA, and the next user waits for
  * that marker before writing into it.
@@ -70,27 +63,18 @@ typedef struct buffer {
     void *p;
     pm__marker mark; /* behind the last DMA from or into p; reused */
     bool pending;    /* mark may not be done yet */
-    /* The piece it carries, set under the engine lock as the piece starts: */
+    /* The piece it carries, guarded by the engine lock: */
     pm__direction dir;
     size_t offset, bytes; /* in the job */
-    size_t slice;         /* its slices' size (the last may be shorter) */
-    unsigned slices;
-    /* The next slice to hand out: taken by fetch-and-add, under the lock by
-     * a thread that starts on the piece, and without it by one that ran a
-     * slice of the piece and follows on to the next (its own slice, not yet
-     * counted in slices_left, keeps the piece in the buffer meanwhile). */
-    _Atomic unsigned next_claim;
-    /* Slices not yet run: the thread that counts it down to 0 saw every
-     * other slice's bytes (acquire-release) and ends the piece. */
-    _Atomic unsigned slices_left;
-    dma_state dma; /* device to host, guarded by the engine lock */
+    unsigned slices, slices_left;
+    dma_state dma; /* device to host */
 } buffer;
 
 typedef struct job {
     pm__direction dir;
     const pm__segment *segs; /* in order, none empty */
     size_t n_segs;
-    size_t bytes;
+    size_t bytes, slice;
     pm__piece_plan plan;
     bool one_call; /* a piece's DMAs in one driver call where it takes them */
     pm_stream_t stream;
@@ -102,26 +86,16 @@ typedef struct job {
     /* Guarded by the engine lock: */
     size_t next_offset;          /* where the next piece starts */
     unsigned pieces_started;
-    /* The piece whose slices are being handed out (maybe all of them
-     * already, by threads that followed on without the lock: the one that
-     * took the last clears it). */
-    buffer *current;
+    buffer *current;             /* the piece whose slices are being handed out */
     /* Device to host: pieces whose DMAs were queued before any thread took
      * their slices, oldest first, and whether a thread is queuing more. */
     buffer *ahead[AHEAD_MAX];
     unsigned ahead_head, ahead_count;
     bool queuing_ahead;
-    size_t slices;               /* in the whole job */
-    /* Slices run: the thread that brings it to slices tells the caller
-     * (done, under the lock, as the caller's stack holds the job). */
-    _Atomic size_t slices_done;
-    bool done;
-    pthread_cond_t finished; /* done became true */
-    /* The first failure, read without the lock (a failed job's slices end
-     * quickly), written under it with its detail, recorded on the thread it
-     * happened on. */
-    _Atomic pm_result error;
-    char detail[256];
+    unsigned next_slice;         /* of current */
+    size_t slices, slices_done;  /* in the whole job */
+    pm_result error;             /* the first failure */
+    char detail[256];            /* its detail, recorded on the thread it happened on */
     bool listed;                 /* on the active list, where workers see it */
     struct job *prev, *following;
 } job;
@@ -131,9 +105,6 @@ typedef struct claim {
     job *j;
     buffer *b;
     unsigned index; /* of the slice in its piece */
-    /* This thread saw the buffer's DMA end: the one before the piece (host
-     * to device) or the piece's own (device to host). */
-    bool waited;
 } claim;
 
 typedef enum { CLAIMED, NEED_BUFFER, NOTHING } claim_result;
@@ -144,7 +115,7 @@ static struct {
     pthread_mutex_t lock;
     /* has_work: for the workers that take every kind of slice; dtoh_work:
      * for those that take only device-to-host ones */
-    pthread_cond_t has_work, dtoh_work, buffer_freed, dma_ready;
+    pthread_cond_t has_work, dtoh_work, progressed, buffer_freed, dma_ready;
     /* Moved on whenever a slice may have become claimable (a job listed, a
      * buffer freed, a DMA queued ahead), for the workers that spin. */
     _Atomic unsigned long long events;
@@ -158,9 +129,7 @@ static struct {
     pthread_t *threads;
     unsigned n_threads, want_threads; /* running; asked for (a start that failed is retried) */
     unsigned htod_workers; /* the most fillers */
-    /* Workers 0 .. fillers - 1 take host-to-device slices; written under
-     * the lock, read without it by a worker about to follow on in a piece. */
-    _Atomic unsigned fillers;
+    unsigned fillers;      /* workers 0 .. fillers - 1 take host-to-device slices */
     unsigned dtoh_ahead;   /* the most pieces a device-to-host job queues ahead */
     bool stopping, started;
     buffer *ring;
@@ -183,6 +152,7 @@ static struct {
 } eng = {.lock = PTHREAD_MUTEX_INITIALIZER,
          .has_work = PTHREAD_COND_INITIALIZER,
          .dtoh_work = PTHREAD_COND_INITIALIZER,
+         .progressed = PTHREAD_COND_INITIALIZER,
          .buffer_freed = PTHREAD_COND_INITIALIZER,
          .dma_ready = PTHREAD_COND_INITIALIZER};
 
@@ -218,18 +188,11 @@ static bool may_take_buffer(pm__direction dir)
     return eng.queue_count > 0 && eng.held[dir] < share_of(dir);
 }
 
-/* Whether j failed (so that its slices end quickly); lock not needed. */
-static bool failed(job *j)
-{
-    return atomic_load_explicit(&j->error, memory_order_relaxed) != PM_SUCCESS;
-}
-
-/* lock held */
 static void record_error(job *j, pm_result r)
 {
-    if (r != PM_SUCCESS && !failed(j)) {
+    if (r != PM_SUCCESS && j->error == PM_SUCCESS) {
+        j->error = r;
         snprintf(j->detail, sizeof j->detail, "%s", pm_last_error_detail());
-        atomic_store_explicit(&j->error, r, memory_order_relaxed);
     }
 }
 
@@ -272,80 +235,34 @@ static buffer *start_piece(job *j)
     eng.held[j->dir]++;
     b->offset = j->next_offset;
     b->bytes = pm__plan_piece(&j->plan, j->pieces_started++, b->offset);
-    b->slice = pm__plan_slice(&j->plan, b->bytes);
-    b->slices = slices_of(b->bytes, b->slice);
-    atomic_store_explicit(&b->slices_left, b->slices, memory_order_relaxed);
-    atomic_store_explicit(&b->next_claim, 0, memory_order_relaxed);
+    b->slices = b->slices_left = slices_of(b->bytes, j->slice);
     b->dma = DMA_NOT_QUEUED;
     j->next_offset += b->bytes;
     return b;
 }
 
-/* lock held: j's current piece is handed out (b, which the caller's own
- * slice keeps alive, or one taken from under it). */
-static void piece_handed_out(job *j, const buffer *b)
+/* lock held: the next slice of j, which is claimable. A piece whose DMA was
+ * queued ahead goes first; otherwise a new piece takes the oldest free buffer. */
+static void claim_from(job *j, claim *c)
 {
-    if (j->current == b)
-        j->current = NULL;
-    if (all_claimed(j) && j->listed)
-        unlist(j); /* nothing left to take */
-}
-
-/* lock held: the next slice of j, which claimable() said it has: false
- * (j still listed) where threads that followed on took the current piece's
- * last slices and no next piece may start now. A piece whose DMA was queued ahead goes
- * first; otherwise a new piece takes the oldest free buffer. */
-static bool claim_from(job *j, claim *c)
-{
-    for (;;) {
-        if (!j->current) {
-            if (j->ahead_count > 0) {
-                j->current = j->ahead[j->ahead_head];
-                j->ahead_head = (j->ahead_head + 1) % AHEAD_MAX;
-                j->ahead_count--;
-            } else if (j->next_offset < j->bytes && may_take_buffer(j->dir)) {
-                j->current = start_piece(j);
-            } else {
-                return false;
-            }
+    if (!j->current) {
+        if (j->ahead_count > 0) {
+            j->current = j->ahead[j->ahead_head];
+            j->ahead_head = (j->ahead_head + 1) % AHEAD_MAX;
+            j->ahead_count--;
+        } else {
+            j->current = start_piece(j);
         }
-        buffer *b = j->current;
-        unsigned k = atomic_fetch_add_explicit(&b->next_claim, 1, memory_order_relaxed);
-        if (k < b->slices) {
-            *c = (claim){.j = j, .b = b, .index = k};
-            if (k + 1 == b->slices)
-                piece_handed_out(j, b);
-            return true;
-        }
-        /* The thread that took the last slice unlists j if need be, so
-         * that a failed claim never changes the list claim_slice walks. */
+        j->next_slice = 0;
+    }
+    c->j = j;
+    c->b = j->current;
+    c->index = j->next_slice++;
+    if (j->next_slice == j->current->slices) {
         j->current = NULL;
+        if (all_claimed(j) && j->listed)
+            unlist(j); /* nothing left to take */
     }
-}
-
-enum { CALLER = ~0u }; /* worker index of a copy's caller, which takes every slice */
-
-/* Lock not held, while c's slice has run but is not yet counted: claims the
- * next slice of c's piece into *next, if it has one and the thread may take
- * it (a worker that stopped being a filler leaves host-to-device ones). */
-static bool follow_on(const claim *c, unsigned worker, claim *next)
-{
-    buffer *b = c->b;
-    if (c->j->dir == PM__HTOD && worker != CALLER &&
-        worker >= atomic_load_explicit(&eng.fillers, memory_order_relaxed))
-        return false;
-    if (atomic_load_explicit(&b->next_claim, memory_order_relaxed) >= b->slices)
-        return false; /* spare the line a write */
-    unsigned k = atomic_fetch_add_explicit(&b->next_claim, 1, memory_order_relaxed);
-    if (k >= b->slices)
-        return false;
-    *next = (claim){.j = c->j, .b = b, .index = k, .waited = c->waited};
-    if (k + 1 == b->slices) {
-        pthread_mutex_lock(&eng.lock);
-        piece_handed_out(c->j, b);
-        pthread_mutex_unlock(&eng.lock);
-    }
-    return true;
 }
 
 /* lock held: a slice of only, or (only NULL) of the first claimable job from
@@ -355,8 +272,9 @@ static claim_result claim_slice(job *only, claim *c, bool may_htod)
     if (only) {
         if (all_claimed(only))
             return NOTHING;
-        if (!claimable(only) || !claim_from(only, c))
-            return all_claimed(only) ? NOTHING : NEED_BUFFER;
+        if (!claimable(only))
+            return NEED_BUFFER;
+        claim_from(only, c);
         return CLAIMED;
     }
     if (!eng.jobs)
@@ -366,12 +284,12 @@ static claim_result claim_slice(job *only, claim *c, bool may_htod)
     do {
         bool mine = may_htod || j->dir != PM__HTOD;
         any |= mine;
-        job *next = j->following; /* claim_from may unlist j */
-        if (mine && claimable(j) && claim_from(j, c)) {
-            eng.turn = next; /* the next claim serves the next job */
+        if (mine && claimable(j)) {
+            eng.turn = j->following; /* the next claim serves the next job */
+            claim_from(j, c);
             return CLAIMED;
         }
-        j = next ? next : eng.jobs;
+        j = j->following ? j->following : eng.jobs;
     } while (j != start);
     return any ? NEED_BUFFER : NOTHING;
 }
@@ -444,8 +362,8 @@ static void wait_previous_dma(job *j, buffer *b)
 /* Where slice c lies in its buffer (the offset), and its length in *n. */
 static size_t slice_span(const claim *c, size_t *n)
 {
-    size_t off = (size_t)c->index * c->b->slice;
-    *n = c->b->bytes - off < c->b->slice ? c->b->bytes - off : c->b->slice;
+    size_t off = (size_t)c->index * c->j->slice;
+    *n = c->b->bytes - off < c->j->slice ? c->b->bytes - off : c->j->slice;
     return off;
 }
 
@@ -500,21 +418,17 @@ static pm_result queue_dma(const job *j, buffer *b)
     return r;
 }
 
-/* Host to device: copy the slice in; the last slice of a piece queues its
- * DMA. Before its own slice is counted, the thread claims the piece's next
- * one into *next where it may (true). */
-static bool run_htod_slice(claim *c, bool skip, unsigned worker, claim *next)
+/* Host to device: copy the slice in; the last slice of a piece queues its DMA. */
+static void run_htod_slice(const claim *c, bool skip)
 {
     job *j = c->j;
     buffer *b = c->b;
     size_t n, off = slice_span(c, &n);
     pm_result r = PM_SUCCESS;
-    /* pending is written only by the last slice of the piece before, whose
-     * buffer reached this piece through the lock. */
-    if (!skip && !c->waited) {
+    /* pending is written only by the last slice, after every slice of the
+     * piece has passed here (ordered by the lock around slices_left). */
+    if (!skip)
         wait_previous_dma(j, b);
-        c->waited = true;
-    }
     /* Pieces smaller than a buffer (the ramp at a copy's start, and its last)
      * wait for their slices alone: streaming stores, which cost a thread half
      * the time of demoting ones, start their DMAs sooner. */
@@ -523,18 +437,18 @@ static bool run_htod_slice(claim *c, bool skip, unsigned worker, claim *next)
                                 : j->stores;
     if (!skip)
         cpu_copy(j, stores, (uint8_t *)b->p + off, b->offset + off, n);
-    bool more = follow_on(c, worker, next);
-    /* The last slice's thread queues the DMA: acquire-release, so it (and
-     * through it the DMA) sees every other slice's bytes. */
-    if (atomic_fetch_sub_explicit(&b->slices_left, 1, memory_order_acq_rel) != 1)
-        return more;
-    if (!skip && !failed(j))
+    pthread_mutex_lock(&eng.lock);
+    bool last = --b->slices_left == 0;
+    skip |= j->error != PM_SUCCESS;
+    pthread_mutex_unlock(&eng.lock);
+    if (!last)
+        return;
+    if (!skip)
         r = queue_dma(j, b);
     pthread_mutex_lock(&eng.lock);
     record_error(j, r);
     give_buffer(b);
     pthread_mutex_unlock(&eng.lock);
-    return more; /* false: this was the piece's last slice, so none followed */
 }
 
 /* Device to host: queues the DMAs of j's next pieces into free buffers, up
@@ -551,7 +465,7 @@ static void queue_ahead(job *j)
         return;
     }
     j->queuing_ahead = true;
-    while (!failed(j) && j->next_offset < j->bytes && may_take_buffer(j->dir) &&
+    while (j->error == PM_SUCCESS && j->next_offset < j->bytes && may_take_buffer(j->dir) &&
            j->ahead_count < eng.dtoh_ahead) {
         buffer *b = start_piece(j);
         b->dma = DMA_QUEUING;
@@ -570,56 +484,25 @@ static void queue_ahead(job *j)
     pthread_mutex_unlock(&eng.lock);
 }
 
-/* Device to host, after a slice was copied out: claims the piece's next
- * slice into *next where the thread may (true), then counts the slice; the
- * last one frees the buffer. */
-static bool end_dtoh_slice(const claim *c, bool skip, unsigned worker, claim *next)
-{
-    job *j = c->j;
-    buffer *b = c->b;
-    bool more = follow_on(c, worker, next);
-    /* The last slice's thread frees the buffer: acquire-release, so every
-     * other slice has finished reading it. */
-    if (atomic_fetch_sub_explicit(&b->slices_left, 1, memory_order_acq_rel) != 1)
-        return more;
-    pthread_mutex_lock(&eng.lock);
-    b->pending = false; /* every slice waited for the DMA, or none was queued */
-    give_buffer(b);
-    pthread_mutex_unlock(&eng.lock);
-    if (!skip)
-        queue_ahead(j); /* the buffer just freed may take the next piece */
-    return more;
-}
-
 /* Device to host: the first slice queues the piece's DMA (unless it was
- * queued ahead); every slice waits for it and copies its part out. A slice
- * claimed by following on from one that saw the DMA end needs no wait. */
-static bool run_dtoh_slice(claim *c, bool skip, unsigned worker, claim *next)
+ * queued ahead); every slice waits for it and copies its part out. */
+static void run_dtoh_slice(const claim *c, bool skip)
 {
     job *j = c->j;
     buffer *b = c->b;
     size_t n, off = slice_span(c, &n);
     pm_result r = PM_SUCCESS;
-    if (c->waited) { /* an earlier slice of the piece on this thread saw its DMA end */
-        cpu_copy(j, j->stores, (uint8_t *)b->p + off, b->offset + off, n);
-        return end_dtoh_slice(c, skip, worker, next);
-    }
     pthread_mutex_lock(&eng.lock);
     bool first = b->dma == DMA_NOT_QUEUED;
     if (first)
         b->dma = DMA_QUEUING;
-    else
-        while (b->dma == DMA_QUEUING)
-            pthread_cond_wait(&eng.dma_ready, &eng.lock);
-    bool queued = b->dma == DMA_QUEUED;
     pthread_mutex_unlock(&eng.lock);
     if (first) {
         if (!skip)
             wait_previous_dma(j, b);
         r = skip ? PM_ERROR_UNKNOWN : queue_dma(j, b);
-        queued = r == PM_SUCCESS;
         pthread_mutex_lock(&eng.lock);
-        b->dma = queued ? DMA_QUEUED : DMA_FAILED;
+        b->dma = r == PM_SUCCESS ? DMA_QUEUED : DMA_FAILED;
         if (!skip)
             record_error(j, r);
         pthread_cond_broadcast(&eng.dma_ready);
@@ -627,47 +510,43 @@ static bool run_dtoh_slice(claim *c, bool skip, unsigned worker, claim *next)
         if (!skip)
             queue_ahead(j);
     }
+    pthread_mutex_lock(&eng.lock);
+    while (b->dma == DMA_QUEUING)
+        pthread_cond_wait(&eng.dma_ready, &eng.lock);
+    bool queued = b->dma == DMA_QUEUED;
+    pthread_mutex_unlock(&eng.lock);
     r = PM_SUCCESS;
     if (queued)
         r = wait_marker(j, b);
-    if (queued && r == PM_SUCCESS) {
+    if (queued && r == PM_SUCCESS)
         cpu_copy(j, j->stores, (uint8_t *)b->p + off, b->offset + off, n);
-        c->waited = true;
+    pthread_mutex_lock(&eng.lock);
+    record_error(j, r);
+    bool last = --b->slices_left == 0;
+    if (last) {
+        b->pending = false; /* every slice waited for the DMA, or none was queued */
+        give_buffer(b);
     }
-    if (r != PM_SUCCESS) {
-        pthread_mutex_lock(&eng.lock);
-        record_error(j, r);
-        pthread_mutex_unlock(&eng.lock);
-    }
-    return end_dtoh_slice(c, skip, worker, next);
+    pthread_mutex_unlock(&eng.lock);
+    if (last && !skip)
+        queue_ahead(j); /* the buffer just freed may take the next piece */
 }
 
-/* Runs a claimed slice, and the slices of its piece that the thread claims
- * after it without the lock, recording the end of each (lock not held on
- * entry). worker: the worker's index, or CALLER. */
-static void finish_slice(const claim *claimed, unsigned worker)
+/* Runs a claimed slice and records its end (lock not held on entry). */
+static void finish_slice(const claim *c)
 {
-    claim c = *claimed;
-    for (;;) {
-        job *j = c.j;
-        const size_t slices = j->slices;
-        bool skip = failed(j); /* the job failed already: end it quickly */
-        claim next;
-        bool more = j->dir == PM__HTOD ? run_htod_slice(&c, skip, worker, &next)
-                                       : run_dtoh_slice(&c, skip, worker, &next);
-        /* Every slice but the last touches nothing of j after this: its
-         * caller may return as soon as it sees done, which only the last one
-         * sets (a slice claimed into next is not counted yet). */
-        if (atomic_fetch_add_explicit(&j->slices_done, 1, memory_order_acq_rel) + 1 == slices) {
-            pthread_mutex_lock(&eng.lock);
-            j->done = true;
-            pthread_cond_signal(&j->finished);
-            pthread_mutex_unlock(&eng.lock);
-        }
-        if (!more)
-            return;
-        c = next;
-    }
+    job *j = c->j;
+    pthread_mutex_lock(&eng.lock);
+    bool skip = j->error != PM_SUCCESS; /* the job failed already: end it quickly */
+    pthread_mutex_unlock(&eng.lock);
+    if (j->dir == PM__HTOD)
+        run_htod_slice(c, skip);
+    else
+        run_dtoh_slice(c, skip);
+    pthread_mutex_lock(&eng.lock);
+    if (++j->slices_done == j->slices)
+        pthread_cond_broadcast(&eng.progressed);
+    pthread_mutex_unlock(&eng.lock);
 }
 
 static inline void cpu_relax(void)
@@ -729,7 +608,7 @@ static void *worker_main(void *arg)
             break;
         const bool htod = c.j->dir == PM__HTOD;
         pthread_mutex_unlock(&eng.lock);
-        finish_slice(&c, index);
+        finish_slice(&c);
         pthread_mutex_lock(&eng.lock);
         unsigned long long spin = atomic_load_explicit(&eng.spin_ns, memory_order_relaxed);
         spin_until = spin ? pm__now_ns() + spin : 0;
@@ -1072,13 +951,6 @@ static void time_job(const job *j, unsigned size_class, unsigned long long t0)
     pthread_mutex_unlock(&eng.lock);
 }
 
-/* lock held: wakes up to n of the threads waiting on cond. */
-static void wake(pthread_cond_t *cond, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        pthread_cond_signal(cond);
-}
-
 /* lock held: a job of direction dir starts (1) or ends (-1). As the last of
  * one direction ends beside the other's, the ring is whole again for the
  * other: its waiters may now take what they could not. */
@@ -1112,12 +984,8 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     atomic_store_explicit(&eng.spin_ns, set->spin_ns, memory_order_relaxed);
     job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
              .one_call = set->batch != PM_COPY_BATCH_EACH};
-    pthread_cond_init(&j.finished, NULL);
-    /* The threads that may take the job's slices: the caller, and the
-     * workers of its direction. */
-    unsigned threads = 1 + (dir == PM__HTOD && eng.fillers < eng.n_threads ? eng.fillers
-                                                                             : eng.n_threads);
-    j.plan = pm__plan_pieces(set, eng.chunk, bytes, threads);
+    j.plan = pm__plan_pieces(set, eng.chunk, bytes);
+    j.slice = j.plan.slice;
     unsigned size_class = 0;
     bool timed;
     choose_stores(set, &j, sync, &size_class, &timed);
@@ -1131,15 +999,11 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
             eng.jobs->prev = &j;
         eng.jobs = &j;
         note_event();
-        /* As many idle workers as there are slices beside the caller's
-         * first: waking every worker for a copy of a few slices would have
-         * them queue for the lock only to find nothing left. */
-        size_t helpers = j.slices - 1 < eng.n_threads ? j.slices - 1 : eng.n_threads;
-        wake(&eng.has_work, helpers);
-        if (dir == PM__DTOH)
-            wake(&eng.dtoh_work, helpers);
+        pthread_cond_broadcast(&eng.has_work);
         /* Workers waiting for a buffer for another job may take this one's. */
         pthread_cond_broadcast(&eng.buffer_freed);
+        if (dir == PM__DTOH)
+            pthread_cond_broadcast(&eng.dtoh_work);
     }
     claim c;
     claim_result got;
@@ -1153,23 +1017,21 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
             continue;
         }
         pthread_mutex_unlock(&eng.lock);
-        finish_slice(&c, CALLER);
+        finish_slice(&c);
         pthread_mutex_lock(&eng.lock);
     }
     if (woke_for_buffer)
         pass_on_buffer_wake();
-    while (!j.done)
-        pthread_cond_wait(&j.finished, &eng.lock);
+    while (j.slices_done < j.slices)
+        pthread_cond_wait(&eng.progressed, &eng.lock);
     if (j.listed)
         unlist(&j);
     count_running(dir, -1);
-    const pm_result error = atomic_load_explicit(&j.error, memory_order_relaxed);
-    if (error == PM_SUCCESS)
+    if (j.error == PM_SUCCESS)
         steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
-    pthread_cond_destroy(&j.finished);
-    if (error != PM_SUCCESS)
-        return pm__fail(error, "%s", j.detail);
+    if (j.error != PM_SUCCESS)
+        return pm__fail(j.error, "%s", j.detail);
     if (timed)
         time_job(&j, size_class, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_bytes, bytes, memory_order_relaxed);
