@@ -97,7 +97,10 @@ def install(pool=None):
 
 def uninstall():
     """Puts back the allocator PyTorch had before install(). Tensors pinned
-    meanwhile stay valid and go back to pinmem when freed."""
+    meanwhile stay valid and go back to pinmem when freed. Raises
+    RuntimeError while a CUDA graph captured with pinmem's allocator lives
+    (PyTorch gives a graph's pool back to the allocator current when the
+    graph dies): delete the graph first."""
     with _lock:
         if _extension is not None:
             _extension.uninstall()

@@ -271,6 +271,19 @@ class PinmemHostAllocator final : public at::HostAllocator {
     captures_.erase(it);
   }
 
+  // Whether a CUDA graph still holds one of this allocator's private pools:
+  // PyTorch releases a graph's pool into whichever allocator is current when
+  // the graph dies, and its own does not know pools made here.
+  bool graph_pools_in_use() {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (!captures_.empty())
+      return true;
+    for (const auto& p : private_)
+      if (p.second.use_count > 0)
+        return true;
+    return false;
+  }
+
   void release_pool(c10::MempoolId_t id) override {
     std::lock_guard<std::mutex> g(mutex_);
     auto it = private_.find(id);
@@ -442,8 +455,13 @@ void install(uintptr_t pool, const std::unordered_map<std::string, uintptr_t>& f
 }
 
 void uninstall() {
-  if (instance && previous && at::getHostAllocator(at::kCUDA) == instance)
-    at::setHostAllocator(at::kCUDA, previous, kPriority);
+  if (!instance || !previous || at::getHostAllocator(at::kCUDA) != instance)
+    return;
+  TORCH_CHECK(!instance->graph_pools_in_use(),
+              "pinmem: cannot uninstall while a CUDA graph captured with pinmem's allocator "
+              "(or a capture) is alive: PyTorch would release its pool into its own allocator, "
+              "which does not know it; delete the graph first");
+  at::setHostAllocator(at::kCUDA, previous, kPriority);
 }
 
 bool installed() {

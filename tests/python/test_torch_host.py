@@ -95,6 +95,15 @@ host.add_(1)
 g.replay()
 torch.cuda.synchronize()
 assert torch.equal(out.cpu(), host)
+# PyTorch releases a graph's pool into the allocator current when the graph
+# dies, so uninstall() refuses while one lives.
+try:
+    pt.uninstall()
+    raise AssertionError("uninstall() while a graph lives did not raise")
+except RuntimeError as e:
+    assert "delete the graph first" in str(e), e
+assert pt.installed()
+del g
 pt.uninstall()
 assert not pt.installed()
 print("ok")
