@@ -13,6 +13,7 @@
 #include "copy/copy.h"
 #include "copy/store_choice.h"
 #include "copy_util.h"
+#include "threads.h"
 
 static uint64_t rng_state = 42;
 static size_t rnd(size_t n)
@@ -179,18 +180,14 @@ static void copy_threads(unsigned n, unsigned seed)
 {
     pthread_t t[8];
     worker w[8];
-    unsigned started = 0;
-    for (unsigned i = 0; i < n && i < 8; i++) {
+    n = n < 8 ? n : 8;
+    for (unsigned i = 0; i < n; i++)
         w[i] = (worker){seed + i, 0};
-        if (pthread_create(&t[i], NULL, copy_thread, &w[i]) != 0)
-            break;
-        started++;
-    }
+    unsigned started = start_threads(t, n, copy_thread, w, sizeof w[0]);
     CHECK(started == n);
-    for (unsigned i = 0; i < started; i++) {
-        pthread_join(t[i], NULL);
+    join_threads(t, started);
+    for (unsigned i = 0; i < started; i++)
         CHECK(w[i].failures == 0);
-    }
 }
 
 static void eight_threads(void) { copy_threads(8, 1); }
@@ -277,18 +274,13 @@ static void both_ways(void)
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
         pthread_t t[8];
         one_way w[8];
-        unsigned started = 0;
-        for (unsigned i = 0; i < 8; i++) {
+        for (unsigned i = 0; i < 8; i++)
             w[i] = (one_way){.to_device = i % 2 == 0, .seed = 300 + 10 * (unsigned)shared + i};
-            if (pthread_create(&t[i], NULL, one_way_thread, &w[i]) != 0)
-                break;
-            started++;
-        }
+        unsigned started = start_threads(t, 8, one_way_thread, w, sizeof w[0]);
         CHECK(started == 8);
-        for (unsigned i = 0; i < started; i++) {
-            pthread_join(t[i], NULL);
+        join_threads(t, started);
+        for (unsigned i = 0; i < started; i++)
             CHECK(w[i].failures == 0);
-        }
     }
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }

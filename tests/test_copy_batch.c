@@ -14,6 +14,7 @@
 
 #include "copy/copy.h"
 #include "copy_util.h"
+#include "threads.h"
 #include "test_hooks.h"
 
 static uint64_t rng_state = 7;
@@ -487,18 +488,13 @@ static void eight_threads(void)
 {
     pthread_t t[8];
     batcher w[8];
-    unsigned started = 0;
-    for (unsigned i = 0; i < 8; i++) {
+    for (unsigned i = 0; i < 8; i++)
         w[i] = (batcher){i + 1, 0};
-        if (pthread_create(&t[i], NULL, batch_thread, &w[i]) != 0)
-            break;
-        started++;
-    }
+    unsigned started = start_threads(t, 8, batch_thread, w, sizeof w[0]);
     CHECK(started == 8);
-    for (unsigned i = 0; i < started; i++) {
-        pthread_join(t[i], NULL);
+    join_threads(t, started);
+    for (unsigned i = 0; i < started; i++)
         CHECK(w[i].failures == 0);
-    }
 }
 
 /* Stream order: a batch's page-locked reads wait for the work queued before

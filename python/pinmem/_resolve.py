@@ -264,15 +264,18 @@ _by_cuda_interface = _by_interface("__cuda_array_interface__", DEVICE)
 _by_array_interface = _by_interface("__array_interface__", HOST)
 
 
-def _by_numpy(obj, writable, what, consumer_stream):
-    # numpy's flags are cheap to read; its __array_interface__ dict is not, so
-    # only the address is taken from it.
+def _check_ndarray(obj, writable, what):
+    # numpy's flags are cheap to read; its __array_interface__ dict is not.
     flags = obj.flags
     if not flags.c_contiguous:
         raise ValueError(f"{what}: the ndarray is not contiguous; copy only takes contiguous "
                          f"memory (numpy.ascontiguousarray makes a contiguous copy)")
     if writable and not flags.writeable:
         raise ValueError(f"{what}: the ndarray is read-only")
+
+
+def _by_numpy(obj, writable, what, consumer_stream):
+    _check_ndarray(obj, writable, what)
     return (obj.__array_interface__["data"][0], obj.nbytes, HOST, None, None)
 
 
@@ -305,12 +308,7 @@ def _numpy_handler(cls):
         return _by_numpy
 
     def by_ndarray(obj, writable, what, consumer_stream):
-        flags = obj.flags
-        if not flags.c_contiguous:
-            raise ValueError(f"{what}: the ndarray is not contiguous; copy only takes contiguous "
-                             f"memory (numpy.ascontiguousarray makes a contiguous copy)")
-        if writable and not flags.writeable:
-            raise ValueError(f"{what}: the ndarray is read-only")
+        _check_ndarray(obj, writable, what)
         return (data(obj), obj.nbytes, HOST, None, None)
 
     return by_ndarray
