@@ -18,6 +18,7 @@ typedef _Atomic int pm__countdown;
 extern pm__countdown pm__fault_backend_copy; /* a copy call of the copy engine's to the backend */
 extern pm__countdown pm__fault_stage_pin;    /* pinning a staging buffer */
 extern pm__countdown pm__fault_thread_start; /* starting a thread of the library's own */
+extern pm__countdown pm__fault_marker_wait;  /* the staging engine's wait for a buffer's DMA */
 /* Counts countdown down; true on the pass that takes it from 1 to 0. */
 bool pm__countdown_fires(pm__countdown *countdown);
 #define PM__TEST_FAULT(countdown) pm__countdown_fires(&(countdown))

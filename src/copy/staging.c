@@ -347,16 +347,20 @@ static pm_result wait_marker(job *j, buffer *b)
 {
     unsigned long long t0 = pm__now_ns();
     const pm__backend *be = pm__instance_backend();
-    pm_result r = be->marker_synchronize(&b->mark);
+    pm_result r = PM__TEST_FAULT(pm__fault_marker_wait)
+                      ? pm__fail(PM_ERROR_UNKNOWN, "waiting for a staging DMA (injected fault)")
+                      : be->marker_synchronize(&b->mark);
     count_ns(&pm__copy_count.staging_wait_ns, &j->wait_ns, t0);
     return r;
 }
 
-/* Before b is written again for j: its last DMA must be done. */
-static void wait_previous_dma(job *j, buffer *b)
+/* Before b is written again for j: its last DMA must be done. A failed wait
+ * (a driver that refuses it on this thread while another captures a graph,
+ * say) leaves that DMA possibly still running: b is then not written, stays
+ * pending for its next user, and j fails. */
+static pm_result wait_previous_dma(job *j, buffer *b)
 {
-    if (b->pending && wait_marker(j, b) != PM_SUCCESS)
-        pm__instance_backend()->stream_synchronize(NULL); /* cannot tell: wait for everything */
+    return b->pending ? wait_marker(j, b) : PM_SUCCESS;
 }
 
 /* Where slice c lies in its buffer (the offset), and its length in *n. */
@@ -428,7 +432,8 @@ static void run_htod_slice(const claim *c, bool skip)
     /* pending is written only by the last slice, after every slice of the
      * piece has passed here (ordered by the lock around slices_left). */
     if (!skip)
-        wait_previous_dma(j, b);
+        r = wait_previous_dma(j, b);
+    skip |= r != PM_SUCCESS;
     /* Pieces smaller than a buffer (the ramp at a copy's start, and its last)
      * wait for their slices alone: streaming stores, which cost a thread half
      * the time of demoting ones, start their DMAs sooner. */
@@ -438,6 +443,7 @@ static void run_htod_slice(const claim *c, bool skip)
     if (!skip)
         cpu_copy(j, stores, (uint8_t *)b->p + off, b->offset + off, n);
     pthread_mutex_lock(&eng.lock);
+    record_error(j, r);
     bool last = --b->slices_left == 0;
     skip |= j->error != PM_SUCCESS;
     pthread_mutex_unlock(&eng.lock);
@@ -473,8 +479,9 @@ static void queue_ahead(job *j)
         note_event();
         pthread_cond_broadcast(&eng.buffer_freed); /* its slices may be taken */
         pthread_mutex_unlock(&eng.lock);
-        wait_previous_dma(j, b);
-        pm_result r = queue_dma(j, b);
+        pm_result r = wait_previous_dma(j, b);
+        if (r == PM_SUCCESS)
+            r = queue_dma(j, b);
         pthread_mutex_lock(&eng.lock);
         b->dma = r == PM_SUCCESS ? DMA_QUEUED : DMA_FAILED;
         record_error(j, r);
@@ -498,9 +505,9 @@ static void run_dtoh_slice(const claim *c, bool skip)
         b->dma = DMA_QUEUING;
     pthread_mutex_unlock(&eng.lock);
     if (first) {
-        if (!skip)
-            wait_previous_dma(j, b);
-        r = skip ? PM_ERROR_UNKNOWN : queue_dma(j, b);
+        r = skip ? PM_ERROR_UNKNOWN : wait_previous_dma(j, b);
+        if (!skip && r == PM_SUCCESS)
+            r = queue_dma(j, b);
         pthread_mutex_lock(&eng.lock);
         b->dma = r == PM_SUCCESS ? DMA_QUEUED : DMA_FAILED;
         if (!skip)
@@ -524,7 +531,11 @@ static void run_dtoh_slice(const claim *c, bool skip)
     record_error(j, r);
     bool last = --b->slices_left == 0;
     if (last) {
-        b->pending = false; /* every slice waited for the DMA, or none was queued */
+        /* Its DMA is done where a wait said so; where none was queued, the
+         * marker still stands for the DMA before (queue_dma settled it if it
+         * failed). */
+        if (queued)
+            b->pending = r != PM_SUCCESS;
         give_buffer(b);
     }
     pthread_mutex_unlock(&eng.lock);
