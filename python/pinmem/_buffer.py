@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 
 from . import _dlpack, _lib
+from ._closing import Closing
 from ._errors import check
 from ._resolve import DEVICE, HOST, disown, own
 
@@ -30,7 +31,7 @@ def _raw_view(address, nbytes):
     return _api.PyMemoryView_FromMemory(address, nbytes, _PyBUF_WRITE)
 
 
-class Buffer:
+class Buffer(Closing):
     """Page-locked host memory from pinmem (made by :func:`pinmem.empty` or
     :meth:`pinmem.Pool.alloc`).
 
@@ -95,12 +96,6 @@ class Buffer:
             ptr, self._ptr = self._ptr, None
             disown(ptr)
         _free(ptr, self._pool)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __del__(self):
         try:
@@ -322,7 +317,7 @@ def empty(nbytes, *, flags=0, pool=None):
     return make(p.value or 0, nbytes, None, flags)
 
 
-class DeviceBuffer:
+class DeviceBuffer(Closing):
     """Device memory (pm_device_alloc): cuMemAlloc on the cuda backend;
     on the posix backend ordinary memory that pinmem treats as device
     memory. Made by :func:`pinmem.device_empty`."""
@@ -373,18 +368,6 @@ class DeviceBuffer:
                 disown(ptr)
         if ptr is not None:
             check(_lib.load().pm_device_free(ptr), "DeviceBuffer.close")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if self._ptr is None:

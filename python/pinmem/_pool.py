@@ -5,6 +5,7 @@ import json
 import threading
 
 from . import _lib
+from ._closing import Closing
 from ._errors import check
 
 _UNSET = object()
@@ -22,7 +23,7 @@ def _stats_json(pool_handle, what):
     return json.loads(buf.value.decode())
 
 
-class Pool:
+class Pool(Closing):
     """A pool of page-locked host memory.
 
     location: "host", or ("numa", node) for memory on one NUMA node.
@@ -121,18 +122,6 @@ class Pool:
         handle, self._handle = self._handle, None
         if handle is not None and self._owned:
             check(_lib.load().pm_mem_pool_destroy(handle), "Pool.close")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         state = "closed" if self._handle is None else f"{self._handle:#x}"

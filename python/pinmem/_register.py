@@ -3,6 +3,7 @@
 import threading
 
 from . import _lib
+from ._closing import Closing
 from ._errors import check
 from ._resolve import DEVICE, HOST, UNKNOWN, disown, own, resolve
 
@@ -12,7 +13,7 @@ READ_ONLY = 0x8
 _lock = threading.Lock()
 
 
-class Registration:
+class Registration(Closing):
     """Memory page-locked in place by :func:`pinmem.register`. The object
     stays alive (and, for buffer-protocol objects, exported, so that a
     bytearray cannot be resized) until ``close()``, the end of a ``with``
@@ -63,18 +64,6 @@ class Registration:
         finally:
             side.release()
             self._obj = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         state = "closed" if self._side is None else f"at {self._address:#x}"

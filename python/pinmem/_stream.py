@@ -3,10 +3,11 @@
 import ctypes
 
 from . import _lib
+from ._closing import Closing
 from ._errors import check
 
 
-class Stream:
+class Stream(Closing):
     """A pinmem stream (pm_stream_create): a CUDA stream on the cuda backend,
     an ordered queue run by a thread of its own on the posix backend. Pass it,
     or any framework's stream, as ``stream=`` to :func:`pinmem.copy`."""
@@ -40,18 +41,6 @@ class Stream:
         handle, self._handle = self._handle, None
         if handle is not None:
             check(_lib.load().pm_stream_destroy(handle), "Stream.close")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         state = "closed" if self._handle is None else hex(self._handle)
