@@ -6,6 +6,15 @@ pm__countdown pm__fault_stage_pin;
 pm__countdown pm__fault_thread_start;
 pm__countdown pm__fault_marker_wait;
 void *_Atomic pm__fault_capturing_stream;
+atomic_bool pm__fault_global_capture;
+_Thread_local int pm__test_thread_relaxed;
+
+int pm__test_relax_thread(void)
+{
+    int was = pm__test_thread_relaxed;
+    pm__test_thread_relaxed = 1;
+    return was;
+}
 
 bool pm__countdown_fires(pm__countdown *countdown)
 {

@@ -26,9 +26,24 @@ bool pm__countdown_fires(pm__countdown *countdown);
  * the rules for captures can be tested where nothing captures. */
 extern void *_Atomic pm__fault_capturing_stream;
 #define PM__TEST_CAPTURING(s) ((s) != NULL && atomic_load(&pm__fault_capturing_stream) == (s))
+/* While set, the posix backend answers as the driver does while another
+ * thread captures a graph in global mode: a wait on a thread whose capture
+ * mode is not relaxed is refused. Each thread's mode is its own, as the
+ * driver keeps it. */
+extern atomic_bool pm__fault_global_capture;
+extern _Thread_local int pm__test_thread_relaxed;
+#define PM__TEST_WAIT_REFUSED() \
+    (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
+/* Relaxes the calling thread's mode in the model; the mode it had. */
+int pm__test_relax_thread(void);
+#define PM__TEST_RELAX_THREAD() pm__test_relax_thread()
+#define PM__TEST_RESTORE_THREAD(saved) ((void)(pm__test_thread_relaxed = (saved)))
 #else
 #define PM__TEST_FAULT(countdown) false
 #define PM__TEST_CAPTURING(s) false
+#define PM__TEST_WAIT_REFUSED() false
+#define PM__TEST_RELAX_THREAD() 0
+#define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif
 
 #endif

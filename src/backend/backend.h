@@ -168,6 +168,15 @@ typedef struct pm__backend {
      * the thread's capture mode is relaxed and the primary context made
      * current; posix: nothing to do). */
     void (*own_thread_start)(void);
+    /* Around a copy's own waits and registrations on the caller's thread,
+     * while the copy's stream does not capture: they must neither be refused
+     * nor end a graph capture another thread has in progress in global
+     * mode, as the driver's own copies of pageable memory are not (cuda:
+     * the thread's capture mode is relaxed until captures_restore is given
+     * what captures_relax returned; posix: only the test model of such a
+     * capture, test_hooks.h). */
+    int (*captures_relax)(void);
+    void (*captures_restore)(int saved);
     /* The driver's own copy, direction from the pointers (cuMemcpy,
      * cuMemcpyAsync): for what the copy engine does not take. posix: a
      * synchronous copy waits for the default stream; an asynchronous one is

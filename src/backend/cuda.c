@@ -603,6 +603,19 @@ static void cuda_own_thread_start(void)
         cu->ctx_push(primary);
 }
 
+static int cuda_captures_relax(void)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    return cu->thread_exchange_capture_mode(&mode) == CUDA_SUCCESS ? (int)mode : -1;
+}
+
+static void cuda_captures_restore(int saved)
+{
+    CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
+    if (saved >= 0)
+        cu->thread_exchange_capture_mode(&mode);
+}
+
 static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
                                bool sync, bool device_only)
 {
@@ -757,6 +770,8 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->device_release = cuda_device_release;
     out->stream_capture_status = cuda_stream_capture_status;
     out->own_thread_start = cuda_own_thread_start;
+    out->captures_relax = cuda_captures_relax;
+    out->captures_restore = cuda_captures_restore;
     out->copy_any = cuda_copy_any;
     out->copy_batch_async = cuda_copy_batch_async;
     out->pointer_extent = cuda_pointer_extent;

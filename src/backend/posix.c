@@ -384,7 +384,29 @@ static pm_result posix_device_info(int ordinal, pm_device_info *info)
     return PM_SUCCESS;
 }
 
-static void posix_own_thread_start(void) {}
+static void posix_own_thread_start(void) { (void)PM__TEST_RELAX_THREAD(); }
+
+static int posix_captures_relax(void) { return PM__TEST_RELAX_THREAD(); }
+
+static void posix_captures_restore(int saved) { PM__TEST_RESTORE_THREAD(saved); }
+
+/* The waits the copy engine and the public API make: in the test model of a
+ * global capture on another thread, refused where the driver refuses them. */
+static pm_result posix_stream_synchronize(pm_stream_t s)
+{
+    if (PM__TEST_WAIT_REFUSED())
+        return pm__fail(PM_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                        "stream synchronization while another thread captures in global mode");
+    return pm__posix_stream_synchronize(s);
+}
+
+static pm_result posix_marker_synchronize(const pm__marker *m)
+{
+    if (PM__TEST_WAIT_REFUSED())
+        return pm__fail(PM_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                        "event synchronization while another thread captures in global mode");
+    return pm__posix_marker_synchronize(m);
+}
 
 static pm_result posix_stream_capture_status(pm_stream_t s, bool *capturing)
 {
@@ -572,13 +594,13 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->stream_check = pm__posix_stream_check;
     out->stream_id = pm__posix_stream_id;
     out->stream_destroy = pm__posix_stream_destroy;
-    out->stream_synchronize = pm__posix_stream_synchronize;
+    out->stream_synchronize = posix_stream_synchronize;
     out->stream_launch_host_func = pm__posix_stream_launch_host_func;
     out->marker_record = pm__posix_marker_record;
     out->marker_done = pm__posix_marker_done;
     out->marker_wait = pm__posix_marker_wait;
     out->marker_release = pm__posix_marker_release;
-    out->marker_synchronize = pm__posix_marker_synchronize;
+    out->marker_synchronize = posix_marker_synchronize;
     out->marker_rerecord = pm__posix_marker_rerecord;
     /* Granules of a huge page, as the driver's VMM host granule, for every
      * pool; mlock takes any pages, so smaller ones where a pool needs them. */
@@ -597,6 +619,8 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->device_release = posix_device_release;
     out->stream_capture_status = posix_stream_capture_status;
     out->own_thread_start = posix_own_thread_start;
+    out->captures_relax = posix_captures_relax;
+    out->captures_restore = posix_captures_restore;
     out->copy_any = posix_copy_any;
     out->copy_batch_async = posix_copy_batch_async;
     out->pointer_extent = posix_pointer_extent;

@@ -369,6 +369,8 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
         return r;
     }
     const pm__copy_settings *set = pm__copy_enter();
+    /* The batch's own waits and registrations: relaxed (backend.h says why). */
+    const int mode = capturing ? -1 : b->captures_relax();
     const bool to_driver = set->batch == PM_COPY_BATCH_DRIVER && !capturing;
     plan p = {0};
     for (size_t i = 0; i < count_ && r == PM_SUCCESS; i++) {
@@ -384,6 +386,8 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
     }
     if (r == PM_SUCCESS)
         r = run(inst, set, &p, dsts, srcs, sizes, ways, count_, stream, capturing);
+    if (!capturing)
+        b->captures_restore(mode);
     pm__copy_leave();
     if (r == PM_SUCCESS) {
         count(&pm__copy_count.direct_bytes, p.direct);

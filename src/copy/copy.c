@@ -184,6 +184,11 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
     }
     if (captured && (r = pm__copy_capturable(inst, name, start, bytes)) != PM_SUCCESS)
         return r;
+    /* The engine's waits and registrations, and the wait of a synchronous
+     * copy, are the copy's own: relaxed (backend.h says why), from the
+     * first on. */
+    int mode = -1;
+    bool relaxed = false;
     for (uintptr_t at = start;;) {
         size_t n = p.end - at, off = at - start;
         if (p.pinned || captured) {
@@ -197,8 +202,11 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
             if (r == PM_SUCCESS)
                 count(&pm__copy_count.direct_bytes, n);
         } else {
-            if (!set)
+            if (!set) {
                 set = pm__copy_enter();
+                mode = b->captures_relax();
+                relaxed = true;
+            }
             r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s, sync, &queued);
         }
         at = p.end;
@@ -208,8 +216,15 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
     }
     if (set)
         pm__copy_leave();
-    if (r == PM_SUCCESS && sync && queued)
+    if (r == PM_SUCCESS && sync && queued) {
+        if (!relaxed && !captured) {
+            mode = b->captures_relax();
+            relaxed = true;
+        }
         r = b->stream_synchronize(s);
+    }
+    if (relaxed)
+        b->captures_restore(mode);
     return r;
 }
 

@@ -413,10 +413,11 @@ static pm_result queue_dma(const job *j, buffer *b)
         r = be->marker_rerecord(j->stream, &b->mark);
     if (r == PM_SUCCESS) {
         b->pending = true;
-    } else {
-        be->stream_synchronize(j->stream); /* the DMA may have been queued: let it end */
+    } else if (be->marker_rerecord(j->stream, &b->mark) == PM_SUCCESS) {
+        b->pending = true; /* part of the DMA may have been queued: its next user waits */
+    } else if (be->stream_synchronize(j->stream) == PM_SUCCESS) {
         b->pending = false;
-    }
+    } /* else the marker before stands: nothing better can be known */
     count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);
     return r;
