@@ -32,10 +32,13 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *, const void 
 cudaError_t cudaMalloc(void **, size_t);
 cudaError_t cudaFree(void *);
 cudaError_t cudaStreamCreate(cudaStream_t *);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *, unsigned);
 cudaError_t cudaStreamDestroy(cudaStream_t);
 cudaError_t cudaStreamSynchronize(cudaStream_t);
 cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode);
 cudaError_t cudaStreamEndCapture(cudaStream_t, void **);
+cudaError_t cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus *);
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *);
 cudaError_t cudaLaunchHostFunc(cudaStream_t, void (*)(void *), void *);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
@@ -366,6 +369,56 @@ static void case_capture(void)
     copy_env_close(&e);
 }
 
+/* The runtime's rule: a synchronization in global mode beside another
+ * thread's global capture is refused and invalidates it; in relaxed mode it
+ * runs. */
+static void *synchronize_beside_capture(void *arg)
+{
+    copy_env *e = arg;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    REQUIRE_OR(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess, NULL);
+    CHECK(mode == cudaStreamCaptureModeGlobal);
+    CHECK(cudaStreamSynchronize(e->s) == cudaSuccess);
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess);
+    CHECK(mode == cudaStreamCaptureModeRelaxed);
+    CHECK(cudaStreamSynchronize(e->s) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureUnsupported);
+    return NULL;
+}
+
+/* A non-blocking stream of the main thread's, captured in global mode while
+ * another thread runs fn. */
+static void beside_capture(void *(*fn)(void *), cudaError_t ends)
+{
+    copy_env e;
+    cudaStream_t capturing = NULL;
+    if (!copy_env_open(&e) ||
+        cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking) != cudaSuccess) {
+        copy_env_close(&e);
+        SKIP_CASE("no memory");
+    }
+    pthread_t t;
+    void *graph;
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CHECK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    if (pthread_create(&t, NULL, fn, &e) == 0) {
+        pthread_join(t, NULL);
+        CHECK(cudaStreamIsCapturing(capturing, &status) == cudaSuccess);
+        CHECK(status == (ends == cudaSuccess ? cudaStreamCaptureStatusActive
+                                             : cudaStreamCaptureStatusInvalidated));
+        CHECK(cudaStreamEndCapture(capturing, &graph) == ends);
+        CHECK(cudaGetLastError() == ends);
+    } else
+        CHECK(!"thread started");
+    CHECK(cudaStreamDestroy(capturing) == cudaSuccess);
+    copy_env_close(&e);
+}
+
+static void case_capture_rule(void)
+{
+    beside_capture(synchronize_beside_capture, cudaErrorStreamCaptureInvalidated);
+}
+
 /* A host function queued before a copy on the same default stream runs
  * first: it writes the device buffer late, and the copy must land after. */
 typedef struct late {
@@ -476,6 +529,7 @@ static const struct {
     {"copy_async", case_copy_async},
     {"copy_errors", case_copy_errors},
     {"capture", case_capture},
+    {"capture_rule", case_capture_rule},
     {"default_streams", case_default_streams},
     {"threads", case_threads},
 };
