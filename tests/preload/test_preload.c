@@ -369,6 +369,79 @@ static void case_capture(void)
     copy_env_close(&e);
 }
 
+/* The calling thread's capture mode, read with the exchange; -1 when it
+ * cannot be. */
+static int capture_mode(void)
+{
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+        return -1;
+    enum cudaStreamCaptureMode back = mode;
+    return cudaThreadExchangeStreamCaptureMode(&back) == cudaSuccess ? (int)mode : -1;
+}
+
+static int exchanges(void)
+{
+    return fake_calls("cudaThreadExchangeStreamCaptureMode");
+}
+
+static int copies_run_by_runtime(void)
+{
+    return fake_calls("cudaMemcpy") + fake_calls("cudaMemcpy_ptds") +
+           fake_calls("cudaMemcpyAsync") + fake_calls("cudaMemcpyAsync_ptsz");
+}
+
+/* Another thread's pageable copies, in every form, while the main thread
+ * captures in global mode: served, and the capture survives them. */
+static void *copy_beside_capture(void *arg)
+{
+    copy_env *e = arg;
+    int before = copies_run_by_runtime();
+    unsigned long long moved = engine_bytes();
+    int ex = exchanges();
+    CHECK(cudaMemcpy(e->dev, e->src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    /* One exchange into relaxed mode and one back, for the stream's wait. */
+    CHECK(exchanges() == ex + 2 * copy_on);
+    memset(e->dst, 0, BIG);
+    CHECK(cudaMemcpy(e->dst, e->dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e->dst, BIG, 1));
+    CHECK(capture_mode() == cudaStreamCaptureModeGlobal);
+
+    fill(e->src, BIG, 2);
+    ex = exchanges();
+    CHECK(cudaMemcpyAsync(e->dev2, e->src, BIG, cudaMemcpyHostToDevice, e->s) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(e->dst, e->dev2, BIG, cudaMemcpyDeviceToHost, e->s) == cudaSuccess);
+    CHECK(exchanges() == ex); /* no wait of the preload's own there */
+    CHECK(matches(e->dst, BIG, 2));
+
+    fill(e->src, BIG, 3);
+    CHECK(cudaMemcpy_ptds(e->dev, e->src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpyAsync_ptsz(e->dst, e->dev, BIG, cudaMemcpyDeviceToHost, NULL) == cudaSuccess);
+    CHECK(matches(e->dst, BIG, 3));
+    fill(e->src, BIG, 4);
+    CHECK(cudaMemcpyAsync_ptsz(e->dev2, e->src, BIG, cudaMemcpyHostToDevice,
+                               cudaStreamPerThread) == cudaSuccess);
+    CHECK(cudaMemcpy_ptds(e->dst, e->dev2, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e->dst, BIG, 4));
+    CHECK(copies_run_by_runtime() == before + 8 * !copy_on);
+    CHECK((engine_bytes() >= moved + 8ull * BIG) == copy_on);
+    CHECK(capture_mode() == cudaStreamCaptureModeGlobal);
+
+    /* A mode of the program's own is given back as it was. */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    REQUIRE_OR(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess, NULL);
+    CHECK(cudaMemcpy(e->dev, e->src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(capture_mode() == cudaStreamCaptureModeThreadLocal);
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess);
+
+    /* A copy the runtime does itself costs no exchange. */
+    ex = exchanges();
+    CHECK(cudaMemcpy(e->dev, e->src, SMALL, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(exchanges() == ex);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    return NULL;
+}
+
 /* The runtime's rule: a synchronization in global mode beside another
  * thread's global capture is refused and invalidates it; in relaxed mode it
  * runs. */
@@ -417,6 +490,11 @@ static void beside_capture(void *(*fn)(void *), cudaError_t ends)
 static void case_capture_rule(void)
 {
     beside_capture(synchronize_beside_capture, cudaErrorStreamCaptureInvalidated);
+}
+
+static void case_capture_elsewhere(void)
+{
+    beside_capture(copy_beside_capture, cudaSuccess);
 }
 
 /* A host function queued before a copy on the same default stream runs
@@ -530,6 +608,7 @@ static const struct {
     {"copy_errors", case_copy_errors},
     {"capture", case_capture},
     {"capture_rule", case_capture_rule},
+    {"capture_elsewhere", case_capture_elsewhere},
     {"default_streams", case_default_streams},
     {"threads", case_threads},
 };
