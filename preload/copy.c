@@ -10,7 +10,9 @@
  * attributes say), both ends of the host range pageable, the device side on
  * pinmem's device, and a stream that is not capturing (a capture gets the
  * runtime's own copy node). Copies pinmem would leave to the driver anyway
- * (up to its direct_max) go to the runtime at once. */
+ * (up to its direct_max) go to the runtime at once. The waits the preload
+ * itself makes on the caller's thread run in relaxed capture mode, so that
+ * another thread's capture survives them. */
 #include <stdint.h>
 
 #include "preload.h"
@@ -73,20 +75,18 @@ static bool stream_serves(const pm__pinmem_api *pm, cudaStream_t stream, bool pe
     return PM__REAL_CALL(cudaGetDevice, &current) == cudaSuccess && current == pm->device_ordinal;
 }
 
-static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
-                     enum cudaMemcpyKind kind, cudaStream_t stream, bool sync, bool per_thread)
+/* The calling thread's per-thread default stream, named or implied. */
+static bool on_thread_stream(cudaStream_t stream, bool per_thread)
 {
-    pm__preload_stats_arm();
-    const pm__pinmem_api *pm = NULL;
-    bool htod = false;
-    if (count == 0 || !dst || !src || !pm__preload_wants(PM__PRELOAD_COPY) ||
-        !(pm = pm__pinmem()) || count <= pm->direct_max ||
-        !host_to_device(pm, dst, src, count, kind, &htod) ||
-        !stream_serves(pm, stream, per_thread))
-        return false;
+    return stream == cudaStreamPerThread || (stream == NULL && per_thread);
+}
+
+/* Moves a copy pinmem takes; false: the runtime's own copy must serve it. */
+static bool move(pm__attempt *a, const pm__pinmem_api *pm, void *dst, const void *src,
+                 size_t count, cudaStream_t stream, bool sync, bool htod, bool per_thread)
+{
     const pm_deviceptr to = (pm_deviceptr)(uintptr_t)dst, from = (pm_deviceptr)(uintptr_t)src;
-    const bool thread_stream =
-        stream == cudaStreamPerThread || (stream == NULL && per_thread);
+    const bool thread_stream = on_thread_stream(stream, per_thread);
     pm_result r;
     /* The runtime's synchronous copy from pageable memory waits for the
      * stream's earlier work first. */
@@ -111,8 +111,32 @@ static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
         pm__attempt_failed(a, pm, r);
         return false;
     }
-    pm__preload_count_served(a->fn, count);
     return true;
+}
+
+static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
+                     enum cudaMemcpyKind kind, cudaStream_t stream, bool sync, bool per_thread)
+{
+    pm__preload_stats_arm();
+    const pm__pinmem_api *pm = NULL;
+    bool htod = false;
+    if (count == 0 || !dst || !src || !pm__preload_wants(PM__PRELOAD_COPY) ||
+        !(pm = pm__pinmem()) || count <= pm->direct_max ||
+        !host_to_device(pm, dst, src, count, kind, &htod) ||
+        !stream_serves(pm, stream, per_thread))
+        return false;
+    /* A synchronous copy waits on this thread for the stream before it
+     * (from the host) or for the lane after it (per-thread stream): in
+     * relaxed mode, so that neither disturbs another thread's capture. */
+    enum cudaStreamCaptureMode mode;
+    const bool relaxed =
+        sync && (htod || on_thread_stream(stream, per_thread)) && pm__capture_relax(&mode);
+    const bool served = move(a, pm, dst, src, count, stream, sync, htod, per_thread);
+    if (relaxed)
+        pm__capture_restore(mode);
+    if (served)
+        pm__preload_count_served(a->fn, count);
+    return served;
 }
 
 PM__PRELOAD_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,

@@ -20,6 +20,7 @@ enum {
     cudaErrorHostMemoryNotRegistered = 713,
     cudaErrorNotSupported = 801,
     cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorStreamCaptureImplicit = 906,
     cudaErrorUnknown = 999,
 };

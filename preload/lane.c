@@ -1,6 +1,9 @@
 /* Lanes: a private stream and two events per thread that copies on its
  * per-thread default stream, made with the runtime's own functions on first
- * use and destroyed when the thread exits. */
+ * use and destroyed when the thread exits. Both happen once per thread, in
+ * relaxed capture mode (pm__capture_relax): whether the driver counts them
+ * as unsafe beside another thread's capture is not documented call by
+ * call, and a refusal would invalidate that capture. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -18,18 +21,32 @@ static bool have_key;
 static void destroy(void *p)
 {
     pm__lane *lane = p;
+    enum cudaStreamCaptureMode mode;
+    const bool relaxed = pm__capture_relax(&mode);
     if (lane->after)
         PM__REAL_CALL(cudaEventDestroy, lane->after);
     if (lane->before)
         PM__REAL_CALL(cudaEventDestroy, lane->before);
     if (lane->stream)
         PM__REAL_CALL(cudaStreamDestroy, lane->stream);
+    if (relaxed)
+        pm__capture_restore(mode);
     free(lane);
 }
 
 static void make_key(void)
 {
     have_key = pthread_key_create(&key, destroy) == 0;
+}
+
+static bool make(pm__lane *lane)
+{
+    return PM__REAL_CALL(cudaStreamCreateWithFlags, &lane->stream, cudaStreamNonBlocking) ==
+               cudaSuccess &&
+           PM__REAL_CALL(cudaEventCreateWithFlags, &lane->before, cudaEventDisableTiming) ==
+               cudaSuccess &&
+           PM__REAL_CALL(cudaEventCreateWithFlags, &lane->after, cudaEventDisableTiming) ==
+               cudaSuccess;
 }
 
 static pm__lane *mine(void)
@@ -42,13 +59,12 @@ static pm__lane *mine(void)
         return lane;
     if (!(lane = calloc(1, sizeof *lane)))
         return NULL;
-    if (PM__REAL_CALL(cudaStreamCreateWithFlags, &lane->stream, cudaStreamNonBlocking) !=
-            cudaSuccess ||
-        PM__REAL_CALL(cudaEventCreateWithFlags, &lane->before, cudaEventDisableTiming) !=
-            cudaSuccess ||
-        PM__REAL_CALL(cudaEventCreateWithFlags, &lane->after, cudaEventDisableTiming) !=
-            cudaSuccess ||
-        pthread_setspecific(key, lane) != 0) {
+    enum cudaStreamCaptureMode mode;
+    const bool relaxed = pm__capture_relax(&mode);
+    const bool made = make(lane);
+    if (relaxed)
+        pm__capture_restore(mode);
+    if (!made || pthread_setspecific(key, lane) != 0) {
         destroy(lane);
         return NULL;
     }

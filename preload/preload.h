@@ -66,12 +66,18 @@ void pm__preload_turn_off(unsigned feature);
     X(cudaEventSynchronize, (cudaEvent_t))                                                 \
     X(cudaStreamWaitEvent, (cudaStream_t, cudaEvent_t, unsigned))
 
-/* pm__real_NAME(): the runtime's NAME, or NULL (said once) when no runtime
- * in the process has it. */
+/* Functions older runtimes lack (this one came with CUDA 10.1), which the
+ * preload then does without, silently. */
+#define PM__REAL_OPTIONAL_LIST(X) \
+    X(cudaThreadExchangeStreamCaptureMode, (enum cudaStreamCaptureMode *))
+
+/* pm__real_NAME(): the runtime's NAME, or NULL when no runtime in the
+ * process has it (said once for those of PM__REAL_LIST). */
 #define PM__REAL_DECLARE_(name, params)            \
     typedef cudaError_t(*pm__real_##name##_t) params; \
     pm__real_##name##_t pm__real_##name(void);
 PM__REAL_LIST(PM__REAL_DECLARE_)
+PM__REAL_OPTIONAL_LIST(PM__REAL_DECLARE_)
 #undef PM__REAL_DECLARE_
 
 /* The error an interposed call returns when the runtime's function cannot
@@ -81,6 +87,16 @@ PM__REAL_LIST(PM__REAL_DECLARE_)
 /* Calls the runtime's name(args...), or returns PM__PRELOAD_NO_RUNTIME. */
 #define PM__REAL_CALL(name, ...) \
     (pm__real_##name() ? pm__real_##name()(__VA_ARGS__) : PM__PRELOAD_NO_RUNTIME)
+
+/* While another thread captures a graph in global mode, the driver refuses
+ * a synchronization from a thread in global mode, and the refusal
+ * invalidates that capture. The waits the preload adds on a caller's thread
+ * (on streams and events that are not capturing) therefore run in relaxed
+ * mode: pm__capture_relax sets it and keeps the caller's mode in *was, for
+ * pm__capture_restore. false: the mode is unchanged (a runtime without the
+ * exchange), and nothing is to be restored. */
+bool pm__capture_relax(enum cudaStreamCaptureMode *was);
+void pm__capture_restore(enum cudaStreamCaptureMode was);
 
 /* ----------------------------------------------------------------- pinmem */
 
@@ -179,8 +195,9 @@ void pm__preload_stats_arm(void);
  * it runs on a private stream of the thread's (a lane), between two events:
  * enter makes the lane wait for the per-thread stream's work so far, leave
  * makes the per-thread stream wait for the lane's copy (and, when sync, the
- * calling thread as well). NULL / false: the runtime refused, and the
- * runtime's own copy serves the call. */
+ * calling thread as well, which the caller does in relaxed capture mode).
+ * NULL / false: the runtime refused, and the runtime's own copy serves the
+ * call. */
 typedef struct pm__lane pm__lane;
 pm__lane *pm__lane_enter(void);
 cudaStream_t pm__lane_stream(const pm__lane *lane);

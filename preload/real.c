@@ -68,3 +68,32 @@ static void missing(const char *name)
         return f;                                                               \
     }
 PM__REAL_LIST(PM__REAL_DEFINE_)
+
+/* An optional function's absence is kept too (as 1), so that the calls
+ * that would use it do not look it up again each time. */
+#define PM__REAL_DEFINE_OPTIONAL_(name, params)                                    \
+    pm__real_##name##_t pm__real_##name(void)                                      \
+    {                                                                              \
+        static atomic_uintptr_t slot;                                              \
+        uintptr_t f = atomic_load_explicit(&slot, memory_order_acquire);           \
+        if (!f) {                                                                  \
+            void *found = find(#name);                                             \
+            f = found ? (uintptr_t)found : 1;                                      \
+            atomic_store_explicit(&slot, f, memory_order_release);                 \
+        }                                                                          \
+        return f == 1 ? NULL : (pm__real_##name##_t)f;                             \
+    }
+PM__REAL_OPTIONAL_LIST(PM__REAL_DEFINE_OPTIONAL_)
+
+bool pm__capture_relax(enum cudaStreamCaptureMode *was)
+{
+    pm__real_cudaThreadExchangeStreamCaptureMode_t exchange =
+        pm__real_cudaThreadExchangeStreamCaptureMode();
+    *was = cudaStreamCaptureModeRelaxed;
+    return exchange && exchange(was) == cudaSuccess;
+}
+
+void pm__capture_restore(enum cudaStreamCaptureMode was)
+{
+    pm__real_cudaThreadExchangeStreamCaptureMode()(&was);
+}

@@ -7,7 +7,14 @@
  * (as the real driver knows pinmem's registrations). Every function counts
  * its calls (fake_calls), so a test sees what reached the runtime. Copies
  * are done on the calling thread, after the stream's earlier work; a copy
- * on a capturing stream is kept for a replay (fake_replay) instead. */
+ * on a capturing stream is kept for a replay (fake_replay) instead.
+ *
+ * Captures follow the driver's rule for other threads: while a stream
+ * captures in global mode, a potentially unsafe call (a stream's or an
+ * event's synchronization, an event's query, a host registration) from
+ * another thread whose own capture mode is global is refused and
+ * invalidates that capture; in relaxed or thread-local mode it runs. The
+ * runtime's own copies from pageable memory are not unsafe. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -65,6 +72,15 @@ static cudaError_t ret(cudaError_t e)
 }
 
 #define ENTER() count(__func__)
+
+/* A potentially unsafe call returns the runtime's refusal where another
+ * thread's capture forbids it (see capture_allows). */
+static bool capture_allows(void);
+#define UNSAFE()                                           \
+    do {                                                   \
+        if (!capture_allows())                             \
+            return ret(cudaErrorStreamCaptureUnsupported); \
+    } while (0)
 
 EXPORT cudaError_t cudaGetLastError(void)
 {
@@ -202,6 +218,7 @@ EXPORT cudaError_t cudaFreeHost(void *p)
 EXPORT cudaError_t cudaHostRegister(void *p, size_t size, unsigned flags)
 {
     ENTER();
+    UNSAFE();
     if (!p || size == 0 || (flags & ~15u))
         return ret(cudaErrorInvalidValue);
     if (flags & cudaHostRegisterIoMemory)
@@ -337,7 +354,13 @@ EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, con
 enum { MAX_STREAMS = 256 };
 static pm_stream_t streams[MAX_STREAMS];
 static bool capturing[MAX_STREAMS];
+static bool non_blocking[MAX_STREAMS];
+/* The thread that began a capture in global mode, and whether an unsafe
+ * call of another thread invalidated it. */
+static bool global_capture[MAX_STREAMS], invalidated[MAX_STREAMS];
+static pthread_t captured_by[MAX_STREAMS];
 static _Thread_local pm_stream_t per_thread_stream;
+static _Thread_local enum cudaStreamCaptureMode capture_mode; /* global at first */
 
 /* The pinmem stream a runtime stream stands for: 0 and cudaStreamLegacy the
  * legacy default stream (pinmem's NULL), cudaStreamPerThread (or 0 in the
@@ -379,14 +402,45 @@ static bool stream_capturing(cudaStream_t s)
     return c;
 }
 
+/* Whether a blocking stream captures: the legacy stream synchronizes with
+ * those, so it may not be used then. */
 static bool any_capturing(void)
 {
     pthread_mutex_lock(&lock);
     bool c = false;
     for (int i = 0; i < MAX_STREAMS; i++)
-        c = c || (streams[i] && capturing[i]);
+        c = c || (streams[i] && capturing[i] && !non_blocking[i]);
     pthread_mutex_unlock(&lock);
     return c;
+}
+
+/* A potentially unsafe call may go on: false when another thread's global
+ * capture forbids it to this thread, which invalidates that capture. */
+static bool capture_allows(void)
+{
+    if (capture_mode != cudaStreamCaptureModeGlobal)
+        return true;
+    bool refused = false;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS; i++)
+        if (streams[i] && capturing[i] && global_capture[i] &&
+            !pthread_equal(captured_by[i], pthread_self())) {
+            invalidated[i] = true;
+            refused = true;
+        }
+    pthread_mutex_unlock(&lock);
+    return !refused;
+}
+
+EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
+{
+    ENTER();
+    if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
+        return ret(cudaErrorInvalidValue);
+    enum cudaStreamCaptureMode was = capture_mode;
+    capture_mode = *mode;
+    *mode = was;
+    return cudaSuccess;
 }
 
 EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
@@ -404,6 +458,7 @@ EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
     if (i < MAX_STREAMS) {
         streams[i] = made;
         capturing[i] = false;
+        non_blocking[i] = flags & cudaStreamNonBlocking;
     }
     pthread_mutex_unlock(&lock);
     if (i == MAX_STREAMS) {
@@ -444,12 +499,14 @@ static cudaError_t synchronize(cudaStream_t s, bool per_thread)
 EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     ENTER();
+    UNSAFE();
     return synchronize(s, false);
 }
 
 EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s)
 {
     ENTER();
+    UNSAFE();
     return synchronize(s, true);
 }
 
@@ -468,7 +525,12 @@ static cudaError_t is_capturing(cudaStream_t s, enum cudaStreamCaptureStatus *st
         *st = cudaStreamCaptureStatusNone;
         return cudaSuccess;
     }
-    *st = stream_capturing(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    pthread_mutex_lock(&lock);
+    int i = slot_of(s);
+    *st = i < 0 || !capturing[i] ? cudaStreamCaptureStatusNone
+          : invalidated[i]       ? cudaStreamCaptureStatusInvalidated
+                                 : cudaStreamCaptureStatusActive;
+    pthread_mutex_unlock(&lock);
     return cudaSuccess;
 }
 
@@ -487,11 +549,16 @@ EXPORT cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, enum cudaStreamCap
 EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
 {
     ENTER();
-    (void)mode;
+    if ((unsigned)mode > cudaStreamCaptureModeRelaxed)
+        return ret(cudaErrorInvalidValue);
     pthread_mutex_lock(&lock);
     int i = slot_of(s);
-    if (i >= 0)
+    if (i >= 0) {
         capturing[i] = true;
+        global_capture[i] = mode == cudaStreamCaptureModeGlobal;
+        invalidated[i] = false;
+        captured_by[i] = pthread_self();
+    }
     pthread_mutex_unlock(&lock);
     return i >= 0 ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
 }
@@ -513,12 +580,14 @@ EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, void **g)
     pthread_mutex_lock(&lock);
     int i = slot_of(s);
     bool ok = i >= 0 && capturing[i];
+    bool lost = ok && invalidated[i];
     if (ok)
-        capturing[i] = false;
+        capturing[i] = invalidated[i] = false;
     pthread_mutex_unlock(&lock);
     if (g)
         *g = NULL;
-    return ok ? cudaSuccess : ret(cudaErrorInvalidValue);
+    return !ok ? ret(cudaErrorInvalidValue) : lost ? ret(cudaErrorStreamCaptureInvalidated)
+                                                  : cudaSuccess;
 }
 
 /* Runs the copies captured on s, in order, and forgets them: how many. */
@@ -581,9 +650,20 @@ EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s)
 EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     ENTER();
+    UNSAFE();
     return pmd()->pm_event_synchronize((pm_event_t)e) == PM_SUCCESS
                ? cudaSuccess
                : ret(cudaErrorInvalidResourceHandle);
+}
+
+EXPORT cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    ENTER();
+    UNSAFE();
+    pm_result r = pmd()->pm_event_query((pm_event_t)e);
+    return r == PM_SUCCESS           ? cudaSuccess
+           : r == PM_ERROR_NOT_READY ? ret(cudaErrorNotReady)
+                                     : ret(cudaErrorInvalidResourceHandle);
 }
 
 static cudaError_t wait_event(cudaStream_t s, cudaEvent_t e, bool per_thread)

@@ -32,10 +32,13 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *, const void 
 cudaError_t cudaMalloc(void **, size_t);
 cudaError_t cudaFree(void *);
 cudaError_t cudaStreamCreate(cudaStream_t *);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *, unsigned);
 cudaError_t cudaStreamDestroy(cudaStream_t);
 cudaError_t cudaStreamSynchronize(cudaStream_t);
 cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode);
 cudaError_t cudaStreamEndCapture(cudaStream_t, void **);
+cudaError_t cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus *);
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *);
 cudaError_t cudaLaunchHostFunc(cudaStream_t, void (*)(void *), void *);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
@@ -366,6 +369,134 @@ static void case_capture(void)
     copy_env_close(&e);
 }
 
+/* The calling thread's capture mode, read with the exchange; -1 when it
+ * cannot be. */
+static int capture_mode(void)
+{
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+        return -1;
+    enum cudaStreamCaptureMode back = mode;
+    return cudaThreadExchangeStreamCaptureMode(&back) == cudaSuccess ? (int)mode : -1;
+}
+
+static int exchanges(void)
+{
+    return fake_calls("cudaThreadExchangeStreamCaptureMode");
+}
+
+static int copies_run_by_runtime(void)
+{
+    return fake_calls("cudaMemcpy") + fake_calls("cudaMemcpy_ptds") +
+           fake_calls("cudaMemcpyAsync") + fake_calls("cudaMemcpyAsync_ptsz");
+}
+
+/* Another thread's pageable copies, in every form, while the main thread
+ * captures in global mode: served, and the capture survives them. */
+static void *copy_beside_capture(void *arg)
+{
+    copy_env *e = arg;
+    int before = copies_run_by_runtime();
+    unsigned long long moved = engine_bytes();
+    int ex = exchanges();
+    CHECK(cudaMemcpy(e->dev, e->src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    /* One exchange into relaxed mode and one back, for the stream's wait. */
+    CHECK(exchanges() == ex + 2 * copy_on);
+    memset(e->dst, 0, BIG);
+    CHECK(cudaMemcpy(e->dst, e->dev, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e->dst, BIG, 1));
+    CHECK(capture_mode() == cudaStreamCaptureModeGlobal);
+
+    fill(e->src, BIG, 2);
+    ex = exchanges();
+    CHECK(cudaMemcpyAsync(e->dev2, e->src, BIG, cudaMemcpyHostToDevice, e->s) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(e->dst, e->dev2, BIG, cudaMemcpyDeviceToHost, e->s) == cudaSuccess);
+    CHECK(exchanges() == ex); /* no wait of the preload's own there */
+    CHECK(matches(e->dst, BIG, 2));
+
+    fill(e->src, BIG, 3);
+    CHECK(cudaMemcpy_ptds(e->dev, e->src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpyAsync_ptsz(e->dst, e->dev, BIG, cudaMemcpyDeviceToHost, NULL) == cudaSuccess);
+    CHECK(matches(e->dst, BIG, 3));
+    fill(e->src, BIG, 4);
+    CHECK(cudaMemcpyAsync_ptsz(e->dev2, e->src, BIG, cudaMemcpyHostToDevice,
+                               cudaStreamPerThread) == cudaSuccess);
+    CHECK(cudaMemcpy_ptds(e->dst, e->dev2, BIG, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(matches(e->dst, BIG, 4));
+    CHECK(copies_run_by_runtime() == before + 8 * !copy_on);
+    CHECK((engine_bytes() >= moved + 8ull * BIG) == copy_on);
+    CHECK(capture_mode() == cudaStreamCaptureModeGlobal);
+
+    /* A mode of the program's own is given back as it was. */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    REQUIRE_OR(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess, NULL);
+    CHECK(cudaMemcpy(e->dev, e->src, BIG, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(capture_mode() == cudaStreamCaptureModeThreadLocal);
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess);
+
+    /* A copy the runtime does itself costs no exchange. */
+    ex = exchanges();
+    CHECK(cudaMemcpy(e->dev, e->src, SMALL, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(exchanges() == ex);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    return NULL;
+}
+
+/* The runtime's rule: a synchronization in global mode beside another
+ * thread's global capture is refused and invalidates it; in relaxed mode it
+ * runs. */
+static void *synchronize_beside_capture(void *arg)
+{
+    copy_env *e = arg;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    REQUIRE_OR(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess, NULL);
+    CHECK(mode == cudaStreamCaptureModeGlobal);
+    CHECK(cudaStreamSynchronize(e->s) == cudaSuccess);
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess);
+    CHECK(mode == cudaStreamCaptureModeRelaxed);
+    CHECK(cudaStreamSynchronize(e->s) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureUnsupported);
+    return NULL;
+}
+
+/* A non-blocking stream of the main thread's, captured in global mode while
+ * another thread runs fn. */
+static void beside_capture(void *(*fn)(void *), cudaError_t ends)
+{
+    copy_env e;
+    cudaStream_t capturing = NULL;
+    if (!copy_env_open(&e) ||
+        cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking) != cudaSuccess) {
+        copy_env_close(&e);
+        SKIP_CASE("no memory");
+    }
+    pthread_t t;
+    void *graph;
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CHECK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    if (pthread_create(&t, NULL, fn, &e) == 0) {
+        pthread_join(t, NULL);
+        CHECK(cudaStreamIsCapturing(capturing, &status) == cudaSuccess);
+        CHECK(status == (ends == cudaSuccess ? cudaStreamCaptureStatusActive
+                                             : cudaStreamCaptureStatusInvalidated));
+        CHECK(cudaStreamEndCapture(capturing, &graph) == ends);
+        CHECK(cudaGetLastError() == ends);
+    } else
+        CHECK(!"thread started");
+    CHECK(cudaStreamDestroy(capturing) == cudaSuccess);
+    copy_env_close(&e);
+}
+
+static void case_capture_rule(void)
+{
+    beside_capture(synchronize_beside_capture, cudaErrorStreamCaptureInvalidated);
+}
+
+static void case_capture_elsewhere(void)
+{
+    beside_capture(copy_beside_capture, cudaSuccess);
+}
+
 /* A host function queued before a copy on the same default stream runs
  * first: it writes the device buffer late, and the copy must land after. */
 typedef struct late {
@@ -476,6 +607,8 @@ static const struct {
     {"copy_async", case_copy_async},
     {"copy_errors", case_copy_errors},
     {"capture", case_capture},
+    {"capture_rule", case_capture_rule},
+    {"capture_elsewhere", case_capture_elsewhere},
     {"default_streams", case_default_streams},
     {"threads", case_threads},
 };
