@@ -175,7 +175,7 @@ echo "   (pageable blocks; \"pinned\": page-locked blocks), and x the driver's c
 printf '%-24s' "batch"
 for b in 256K 64K 16K-2M; do for d in to from; do printf ' %7s %7s %7s' "$b$d" x pinned; done; done
 echo
-for batch in gather each driver; do
+for batch in gather each driver kernel; do
     run "batch $batch" batch full PINMEM_COPY_BATCH=$batch
     keys=()
     for b in 256K 64K 16K-2M; do for d in htod dtoh; do keys+=("batch.$b.$d" "batch.$b.$d.x" "batch.$b.$d.pinned"); done; done

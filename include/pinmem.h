@@ -508,9 +508,18 @@ typedef enum {
                                  and the page-locked blocks, go to the driver in one call where
                                  it has a batch copy (cuMemcpyBatchAsync) */
     PM_COPY_BATCH_EACH = 2,   /* gathered the same way, one driver call a DMA */
-    PM_COPY_BATCH_DRIVER = 3  /* every block to the driver's own batch copy (pageable sources
+    PM_COPY_BATCH_DRIVER = 3, /* every block to the driver's own batch copy (pageable sources
                                  read during the call), or one driver call a block where it
                                  has none */
+    PM_COPY_BATCH_KERNEL = 4  /* as GATHER, but blocks of up to PINMEM_COPY_KERNEL_MAX bytes
+                                 (512 KiB by default) between host and device memory move by
+                                 a kernel, one launch for many blocks instead of a DMA each:
+                                 page-locked blocks read or written by the kernel in place,
+                                 pageable ones gathered into a staging buffer and scattered
+                                 from it by one launch a buffer (or the reverse). Where the
+                                 kernel cannot run (a capturing stream, another context than
+                                 pinmem's, memory it cannot address, a driver that cannot load
+                                 it), those blocks move as with GATHER */
 } pm_copy_batch;
 
 /* How copies work. A zero field means the default: the environment's value
@@ -529,8 +538,8 @@ typedef enum {
  * PINMEM_PINNED_BUDGET, first_piece_bytes PINMEM_COPY_FIRST_PIECE (4 KiB to
  * 256 MiB), pieces PINMEM_COPY_PIECES (1 to 1024), spin_us
  * PINMEM_COPY_SPIN_US (1 to 10000; -1: none), ring PINMEM_COPY_RING
- * (default, shared or split), batch PINMEM_COPY_BATCH (default, gather, each
- * or driver). Sizes of memory are rounded up to whole pages; in
+ * (default, shared or split), batch PINMEM_COPY_BATCH (default, gather, each,
+ * driver or kernel). Sizes of memory are rounded up to whole pages; in
  * the environment, sizes take K, M, G and T suffixes. A value outside its
  * limits is refused with PM_ERROR_INVALID_VALUE (from the environment: by
  * pm_init and every later call). */
@@ -573,7 +582,7 @@ typedef struct pm_copy_config {
                                     long before it sleeps; (unsigned)-1: not at all (the
                                     default) */
     pm_copy_ring ring;           /* DEFAULT: SPLIT */
-    pm_copy_batch batch;         /* DEFAULT: GATHER */
+    pm_copy_batch batch;         /* DEFAULT: KERNEL */
 } pm_copy_config;
 
 /* config and its struct_size are checked. */
@@ -622,6 +631,9 @@ typedef struct pm_copy_stats {
     unsigned long long batch_copies;     /* their elements of more than 0 bytes */
     unsigned long long dma_batch_calls;  /* driver calls that queued several DMAs at once
                                             (cuMemcpyBatchAsync; posix: one stream task) */
+    unsigned long long kernel_launches;  /* launches of the batch kernel (PM_COPY_BATCH_KERNEL;
+                                            posix: stream tasks playing it) */
+    unsigned long long kernel_bytes;     /* the bytes those launches moved */
 } pm_copy_stats;
 
 /* stats and its struct_size are checked. */
@@ -671,7 +683,8 @@ PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t byte
  * reused once the call returns, a pageable destination holds its bytes when it returns,
  * page-locked memory is read and written in stream order. Pageable blocks are gathered
  * through the copy engine's staging buffers and page-locked ones go straight to the DMA
- * engine, many DMAs to a driver call (pm_copy_config.batch). stream may be NULL, the legacy
+ * engine, many DMAs to a driver call, or small blocks of either kind to a kernel that moves
+ * many in one launch (pm_copy_config.batch). stream may be NULL, the legacy
  * stream (which the driver's own batch copy refuses).
  *
  * Everything is checked before anything moves, and a bad element fails the whole call with

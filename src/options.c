@@ -95,11 +95,17 @@ static const spec table[PM__OPT_COUNT] = {
                            "copies both ways at once: each direction holds at most half the "
                            "staging buffers (split), or whoever asks first takes one (shared)"},
     [PM__OPT_COPY_BATCH] = {"PINMEM_COPY_BATCH", "batch", CHOICE, 0,
-                            "default|gather|each|driver", 0, 0, 0, "default (gather)",
+                            "default|gather|each|driver|kernel", 0, 0, 0, "default (kernel)",
                             "pm_memcpy_batch_async: pageable blocks gathered through the staging "
                             "buffers with one driver call for many DMAs (gather), the same with "
-                            "a call a DMA (each), or every block to the driver's own batch copy "
-                            "(driver)"},
+                            "a call a DMA (each), every block to the driver's own batch copy "
+                            "(driver), or as gather with blocks up to PINMEM_COPY_KERNEL_MAX "
+                            "moved by one kernel launch for many (kernel; gather where the "
+                            "kernel cannot run)"},
+    [PM__OPT_COPY_KERNEL_MAX] = {"PINMEM_COPY_KERNEL_MAX", NULL, SIZE, ZERO_DEFAULT | NONE, NULL,
+                                 1, 256 * MIB, 512 * KIB, "512K",
+                                 "pm_memcpy_batch_async with the kernel: the largest block it "
+                                 "moves (larger ones take DMAs; -1: none)"},
 };
 
 /* What the environment gave, and the value in effect. */

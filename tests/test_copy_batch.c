@@ -249,12 +249,13 @@ static void random_batches(void)
         return;
     }
     static const pm_copy_batch ways[] = {PM_COPY_BATCH_GATHER, PM_COPY_BATCH_EACH,
-                                         PM_COPY_BATCH_DRIVER};
+                                         PM_COPY_BATCH_DRIVER, PM_COPY_BATCH_KERNEL};
     uint64_t state = 99;
     unsigned long long batches_before = stats().batch_calls;
+    unsigned long long launches_before = stats().kernel_launches;
     unsigned rounds = 0;
-    for (unsigned round = 0; round < 24; round++) {
-        pm_copy_batch way = ways[round % 3];
+    for (unsigned round = 0; round < 32; round++) {
+        pm_copy_batch way = ways[round % 4];
         /* split and shared rings, small and large first pieces, spinning or not */
         set_batch(way, round % 2 ? PM_COPY_RING_SHARED : PM_COPY_RING_SPLIT,
                   round % 4 < 2 ? 4096 : 0, round % 5 + 1, round % 3 == 1 ? 50 : 0);
@@ -284,8 +285,73 @@ static void random_batches(void)
         batch_free(&b);
     }
     CHECK(stats().batch_calls - batches_before == rounds);
+    CHECK(stats().kernel_launches > launches_before);
     set_batch(PM_COPY_BATCH_DEFAULT, PM_COPY_RING_DEFAULT, 0, 0, 0);
     arenas_close(&a);
+}
+
+/* The kernel mode: small page-locked blocks and small pageable ones (whole
+ * buffers of them) move by launches, not DMAs, both ways, byte for byte;
+ * with GATHER, or on a capturing stream, no launch at all. */
+static void kernel_mode(void)
+{
+    enum { N = 64, BYTES = 3001 };
+    SCOPED_MALLOC uint8_t *src = malloc(N * BYTES), *back = malloc(N * BYTES);
+    SCOPED_HOST uint8_t *pinned = NULL;
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(2 * N * BYTES);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(src && back && dev);
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&pinned, 2 * N * BYTES), "a 384 KB host allocation");
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    pm_deviceptr d[N], h[N];
+    size_t n[N];
+    for (int way = 0; way < 3; way++) {
+        const bool kernel = way != 1, capture = way == 2;
+        set_batch(kernel ? PM_COPY_BATCH_KERNEL : PM_COPY_BATCH_GATHER, PM_COPY_RING_DEFAULT, 0,
+                  0, 0);
+        fill(src, N * BYTES, 40 + way);
+        fill(pinned, N * BYTES, 50 + way);
+        memset(back, 0, N * BYTES);
+        memset(pinned + N * BYTES, 0, N * BYTES);
+        pm_copy_stats before = stats();
+        /* odd elements page-locked (an address off by one byte from the
+         * next), even ones pageable; the device side scattered */
+        for (int i = 0; i < N; i++) {
+            h[i] = (pm_deviceptr)(uintptr_t)(i % 2 ? pinned + i * BYTES : src + i * BYTES);
+            d[i] = dev + (pm_deviceptr)((i * 37) % N) * 2 * BYTES + (pm_deviceptr)(i % 3);
+            n[i] = BYTES - (size_t)(i % 5);
+        }
+        if (capture) { /* page-locked blocks only, as a capture takes */
+            for (int i = 0; i < N; i++)
+                h[i] = (pm_deviceptr)(uintptr_t)(pinned + i * BYTES);
+            atomic_store(&pm__fault_capturing_stream, s);
+        }
+        CHECK_RESULT(pm_memcpy_batch_async(d, h, n, N, s), PM_SUCCESS);
+        pm_deviceptr from[N];
+        for (int i = 0; i < N; i++) {
+            from[i] = d[i];
+            uint8_t *to = i % 2 || capture ? pinned + N * BYTES + i * BYTES : back + i * BYTES;
+            h[i] = (pm_deviceptr)(uintptr_t)to;
+        }
+        CHECK_RESULT(pm_memcpy_batch_async(h, from, n, N, s), PM_SUCCESS);
+        atomic_store(&pm__fault_capturing_stream, NULL);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        size_t wrong = 0;
+        for (int i = 0; i < N; i++) {
+            const uint8_t *want = capture || i % 2 ? pinned + i * BYTES : src + i * BYTES;
+            wrong += memcmp((const uint8_t *)(uintptr_t)h[i], want, n[i]) != 0;
+        }
+        CHECK(wrong == 0);
+        pm_copy_stats after = stats();
+        unsigned long long launches = after.kernel_launches - before.kernel_launches;
+        if (kernel && !capture) {
+            CHECK(launches >= 4); /* the page-locked blocks and the buffers, each way */
+            CHECK(after.kernel_bytes - before.kernel_bytes > N * (BYTES - 4));
+        } else {
+            CHECK(launches == 0);
+        }
+    }
+    set_batch(PM_COPY_BATCH_DEFAULT, PM_COPY_RING_DEFAULT, 0, 0, 0);
 }
 
 /* One device allocation per element, and batches to and from them: the
@@ -565,10 +631,13 @@ static void fault_sweep(void)
     REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
     pm_deviceptr d[N], h[N];
     size_t n[N];
-    for (int way = 0; way < 3; way++) {
-        set_batch(way == 0 ? PM_COPY_BATCH_GATHER : way == 1 ? PM_COPY_BATCH_EACH
-                                                             : PM_COPY_BATCH_DRIVER,
-                  PM_COPY_RING_DEFAULT, 0, 0, 0);
+    /* ways 3 and 4: the kernel, with a DMA's fault point, then a launch's */
+    static const pm_copy_batch ways[] = {PM_COPY_BATCH_GATHER, PM_COPY_BATCH_EACH,
+                                         PM_COPY_BATCH_DRIVER, PM_COPY_BATCH_KERNEL,
+                                         PM_COPY_BATCH_KERNEL};
+    for (int way = 0; way < 5; way++) {
+        pm__countdown *point = way == 4 ? &pm__fault_block_copy : &pm__fault_backend_copy;
+        set_batch(ways[way], PM_COPY_RING_DEFAULT, 0, 0, 0);
         for (int dir = 0; dir < 2; dir++) {
             for (int k = 1;; k++) {
                 unsigned seed = (unsigned)(way * 1000 + dir * 100 + k);
@@ -583,11 +652,13 @@ static void fault_sweep(void)
                     d[i] = dev + (pm_deviceptr)((i * 7) % N) * 2 * BYTES;
                     n[i] = BYTES - (size_t)i * 100;
                 }
-                atomic_store(&pm__fault_backend_copy, k);
+                unsigned long long pinned_before = stats().pinned_bytes;
+                atomic_store(point, k);
                 pm_result r = dir == 0 ? pm_memcpy_batch_async(d, h, n, N, s)
                                        : pm_memcpy_batch_async(h, d, n, N, s);
-                bool fired = atomic_load(&pm__fault_backend_copy) == 0;
-                atomic_store(&pm__fault_backend_copy, 0);
+                bool fired = atomic_load(point) == 0;
+                atomic_store(point, 0);
+                CHECK(stats().pinned_bytes == pinned_before); /* nothing more pinned, or left */
                 CHECK(fired ? r == PM_ERROR_UNKNOWN : r == PM_SUCCESS);
                 if (fired)
                     CHECK(strstr(pm_last_error_detail(), "injected") != NULL);
@@ -662,6 +733,7 @@ int main(void)
     bad_elements();
     many_allocations();
     random_batches();
+    kernel_mode();
     ordering();
     eight_threads();
     fault_sweep();

@@ -128,8 +128,13 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_RING", "2", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_BATCH", "driver", GOOD, FIELD(batch), PM_COPY_BATCH_DRIVER},
     {"PINMEM_COPY_BATCH", "each", GOOD, FIELD(batch), PM_COPY_BATCH_EACH},
-    {"PINMEM_COPY_BATCH", "default", GOOD, FIELD(batch), PM_COPY_BATCH_GATHER},
-    {"PINMEM_COPY_BATCH", "kernel", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_BATCH", "default", GOOD, FIELD(batch), PM_COPY_BATCH_KERNEL},
+    {"PINMEM_COPY_BATCH", "gather", GOOD, FIELD(batch), PM_COPY_BATCH_GATHER},
+    {"PINMEM_COPY_BATCH", "kernel", GOOD, FIELD(batch), PM_COPY_BATCH_KERNEL},
+    {"PINMEM_COPY_BATCH", "dma", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_KERNEL_MAX", "64K", GOOD, NO_FIELD, 0},
+    {"PINMEM_COPY_KERNEL_MAX", "-1", GOOD, NO_FIELD, 0},
+    {"PINMEM_COPY_KERNEL_MAX", "512M", BAD, NO_FIELD, 0},
     {"PINMEM_STATS", "yes", BAD, NO_FIELD, 0},
     {"PINMEM_POOL_VMM", "2", BAD, NO_FIELD, 0},
     {"PINMEM_POOL_VMM", "1", GOOD, NO_FIELD, 0},
@@ -264,7 +269,7 @@ static void code(void)
     EXPECT_REFUSED(spin_us, UINT_MAX - 1);
     EXPECT_REFUSED(ring, (pm_copy_ring)3);
     EXPECT_REFUSED(ring, (pm_copy_ring)-1);
-    EXPECT_REFUSED(batch, (pm_copy_batch)4);
+    EXPECT_REFUSED(batch, (pm_copy_batch)5);
     EXPECT_TAKEN(workers, 256, 256u);
     EXPECT_TAKEN(buffers, 1024, 1024u);
     EXPECT_TAKEN(chunk_bytes, 65537, 65536 + 4096);
@@ -288,7 +293,8 @@ static void code(void)
     EXPECT_TAKEN(ring, PM_COPY_RING_SHARED, PM_COPY_RING_SHARED);
     EXPECT_TAKEN(ring, PM_COPY_RING_DEFAULT, PM_COPY_RING_SPLIT);
     EXPECT_TAKEN(batch, PM_COPY_BATCH_EACH, PM_COPY_BATCH_EACH);
-    EXPECT_TAKEN(batch, PM_COPY_BATCH_DEFAULT, PM_COPY_BATCH_GATHER);
+    EXPECT_TAKEN(batch, PM_COPY_BATCH_DEFAULT, PM_COPY_BATCH_KERNEL);
+    EXPECT_TAKEN(batch, PM_COPY_BATCH_KERNEL, PM_COPY_BATCH_KERNEL);
     /* where each value came from */
     c = saved;
     c.workers = saved.workers + 1;
@@ -318,7 +324,7 @@ static void settings_list(void)
     CHECK(setting("PINMEM_COPY_CHUNK", &st) && strcmp(st.value, "4M") == 0);
     CHECK(setting("PINMEM_COPY_SPIN_US", &st) && strcmp(st.value, "-1") == 0);
     CHECK(setting("PINMEM_COPY_RING", &st) && strcmp(st.value, "split") == 0);
-    CHECK(setting("PINMEM_COPY_BATCH", &st) && strcmp(st.value, "gather") == 0);
+    CHECK(setting("PINMEM_COPY_BATCH", &st) && strcmp(st.value, "kernel") == 0);
     CHECK(setting("PINMEM_COPY_FIRST_PIECE", &st) && strcmp(st.value, "512K") == 0);
 }
 

@@ -370,6 +370,7 @@ int bench_copy(bool quick, const char *plot_file)
            cfg.ring == PM_COPY_RING_SHARED ? "shared" : "split",
            cfg.batch == PM_COPY_BATCH_EACH     ? "a call a DMA"
            : cfg.batch == PM_COPY_BATCH_DRIVER ? "to the driver"
+           : cfg.batch == PM_COPY_BATCH_KERNEL ? "by the kernel where it runs, else gathered"
                                                : "gathered",
            cfg.direct_max == (size_t)-1 ? 0 : cfg.direct_max >> 10, b->copy_name);
     if (b->meaning)

@@ -228,8 +228,11 @@ bool bench_copy_batch(const copy_buffers *cb, bool quick, copy_summary *sum, cha
     printf("(%% of it: pinmem's rate as a share of one contiguous copy of the same bytes from or "
            "into page-locked memory; x driver: pinmem's rate over the driver's copies of the "
            "same pageable blocks; pinned: pinmem's batch of page-locked blocks, its share of the "
-           "same ceiling. Driver calls that took many DMAs at once in these rows: %llu)\n",
-           after.dma_batch_calls - before.dma_batch_calls);
+           "same ceiling. Driver calls that took many DMAs at once in these rows: %llu; "
+           "launches of the batch kernel: %llu, moving %.1f MiB)\n",
+           after.dma_batch_calls - before.dma_batch_calls,
+           after.kernel_launches - before.kernel_launches,
+           (double)(after.kernel_bytes - before.kernel_bytes) / (1 << 20));
     pm_stream_destroy(s);
     return failed;
 }

@@ -61,6 +61,14 @@ typedef struct pm__chunk_ops {
     size_t granule_min;
 } pm__chunk_ops;
 
+/* One copy of a list that block_copy_async queues as one unit of work:
+ * bytes from src to dst, each an address the device reaches (device memory,
+ * or page-locked host memory by its host address under unified addressing). */
+typedef struct pm__block_copy {
+    pm_deviceptr dst, src;
+    unsigned long long bytes;
+} pm__block_copy;
+
 /* What memory an address is, for pm_memcpy (pointer_kind below). */
 typedef enum pm__memory_kind {
     PM__MEMORY_HOST,               /* host memory the driver does not know as pinned */
@@ -215,6 +223,25 @@ typedef struct pm__backend {
      * DEVICE_ORDINAL attribute; posix: 0 for a live device_alloc range);
      * INVALID_VALUE when p is not device memory. */
     pm_result (*pointer_device)(pm_deviceptr p, int *ordinal);
+
+    /* Block copies for pm_memcpy_batch_async: many small copies in one unit
+     * of work, where one DMA each would pay the DMA engine's cost per copy
+     * (cuda: one launch of a kernel whose threads move every block; posix:
+     * one stream task). NULL where the backend has none.
+     * block_copy_ready: whether a block copy may be queued on s now (cuda:
+     * the kernel loaded, on first use, in pinmem's context, and both the
+     * calling thread's context and s's are that one; false, remembered,
+     * where it cannot load). block_copy_reaches: whether the kernel can
+     * address [p, p + bytes), device memory of one allocation or host
+     * memory pinmem pinned (cuda: device memory of pinmem's device in its
+     * context, or host memory pinned for every context or in that one).
+     * block_copy_async: queues the count copies of blocks (all checked by
+     * the caller, none overlapping) on s, after s's earlier work; blocks
+     * itself must be page-locked host memory that stays unchanged until
+     * work enqueued on s after the call is done. */
+    bool (*block_copy_ready)(pm_stream_t s);
+    bool (*block_copy_reaches)(pm_deviceptr p, size_t bytes);
+    pm_result (*block_copy_async)(const pm__block_copy *blocks, size_t count, pm_stream_t s);
 } pm__backend;
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */

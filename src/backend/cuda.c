@@ -11,6 +11,7 @@
 #include "../options.h"
 #include "backend.h"
 #include "cuda_devices.h"
+#include "cuda_kernel.h"
 #include "cuda_loader.h"
 #include "cuda_vmm.h"
 
@@ -669,6 +670,69 @@ static pm_result cuda_pointer_device(pm_deviceptr p, int *ordinal)
     return PM_SUCCESS;
 }
 
+/* The batch kernel runs in pinmem's primary context only: the calling
+ * thread's context must be that one (or none, which ctx_enter makes it),
+ * and so must s's, for a launch on s to be legal. The legacy and
+ * per-thread handles are the calling thread's context's. */
+static bool cuda_block_copy_ready(pm_stream_t s)
+{
+    CUcontext current = NULL, of_stream = NULL;
+    if (cu->ctx_get_current(&current) != CUDA_SUCCESS || (current && current != primary))
+        return false;
+    if (s && (CUstream)s != CU_STREAM_LEGACY && (CUstream)s != CU_STREAM_PER_THREAD &&
+        (!cu->stream_get_ctx || cu->stream_get_ctx((CUstream)s, &of_stream) != CUDA_SUCCESS ||
+         of_stream != primary))
+        return false;
+    return pm__cuda_kernel_loaded();
+}
+
+/* Device memory of pinmem's device, allocated in its primary context (or in
+ * none, as VMM memory is), all of [p, p + bytes) in one allocation; host
+ * memory pinned for every context, or in the primary one. Anything else may
+ * not be mapped where the kernel runs, and a kernel that touches unmapped
+ * memory breaks the whole context, where a DMA would only fail. */
+static bool cuda_block_copy_reaches(pm_deviceptr p, size_t bytes)
+{
+    CUpointer_attribute attrs[5] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                    CU_POINTER_ATTRIBUTE_CONTEXT,
+                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned int type = 0;
+    int ordinal = -1;
+    CUcontext ctx = NULL;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    void *data[5] = {&type, &ordinal, &ctx, &start, &size};
+    ctx_scope scope;
+    if (ctx_enter(&scope) != PM_SUCCESS)
+        return false;
+    CUresult rc = cu->pointer_get_attributes(5, attrs, data, (CUdeviceptr)p);
+    ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS)
+        return false;
+    if (type == CU_MEMORYTYPE_DEVICE)
+        return p >= start && p - start < size && bytes <= size - (p - start) &&
+               ordinal == (int)pm__option_value(PM__OPT_DEVICE) && (!ctx || ctx == primary);
+    if (type == CU_MEMORYTYPE_HOST) {
+        unsigned flags = 0;
+        if (ctx == primary)
+            return true;
+        ctx_scope in;
+        if (ctx_enter(&in) != PM_SUCCESS)
+            return false;
+        rc = cu->mem_host_get_flags(&flags, (void *)(uintptr_t)p);
+        ctx_leave(&in);
+        return rc == CUDA_SUCCESS && (flags & CU_MEMHOSTALLOC_PORTABLE);
+    }
+    return false;
+}
+
+static pm_result cuda_block_copy_async(const pm__block_copy *blocks, size_t count, pm_stream_t s)
+{
+    DRIVER_CALL("cuLaunchKernel", pm__cuda_kernel_launch(blocks, count, (CUstream)s));
+}
+
 static pm_result cuda_device_info(int ordinal, pm_device_info *info)
 {
     return pm__cuda_device_info(ordinal, info);
@@ -780,5 +844,10 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->device_info = cuda_device_info;
     out->pointer_device = cuda_pointer_device;
     pm__cuda_devices_open(cu, out->device_in_use);
+    pm__cuda_kernel_open(cu, device, primary,
+                         c->unified_addressing && c->can_use_host_pointer_for_registered_mem);
+    out->block_copy_ready = cuda_block_copy_ready;
+    out->block_copy_reaches = cuda_block_copy_reaches;
+    out->block_copy_async = cuda_block_copy_async;
     return PM_SUCCESS;
 }

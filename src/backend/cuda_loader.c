@@ -67,7 +67,8 @@ static const symbol required[] = {
 };
 
 /* Left NULL when missing: the pools then pin whole chunks, batches of
- * copies take one driver call a copy, and devices have no PCI facts. */
+ * copies take one driver call a copy and no kernel, and devices have no PCI
+ * facts. */
 static const symbol optional[] = {
     SYM(memcpy_batch_async, "cuMemcpyBatchAsync", 13000),
     SYM(memcpy_batch_async_12080, "cuMemcpyBatchAsync", 12080),
@@ -80,6 +81,11 @@ static const symbol optional[] = {
     SYM(mem_set_access, "cuMemSetAccess", 10020),
     SYM(mem_get_allocation_granularity, "cuMemGetAllocationGranularity", 10020),
     SYM(device_get_pci_bus_id, "cuDeviceGetPCIBusId", 4010),
+    SYM(module_load_data, "cuModuleLoadData", 2000),
+    SYM(module_get_function, "cuModuleGetFunction", 2000),
+    SYM(module_unload, "cuModuleUnload", 2000),
+    SYM(launch_kernel, "cuLaunchKernel", 4000),
+    SYM(stream_get_ctx, "cuStreamGetCtx", 9020),
 };
 #undef SYM
 

@@ -77,6 +77,13 @@ typedef struct pm__cuda_api {
     /* Where a device sits on the PCI bus, for its NUMA node and link: NULL
      * where the driver lacks it. */
     CUresult (*device_get_pci_bus_id)(char *, int, CUdevice);
+    /* The batch kernel (cuda_kernel.c): NULL where the driver lacks them. */
+    CUresult (*module_load_data)(CUmodule *, const void *);
+    CUresult (*module_get_function)(CUfunction *, CUmodule, const char *);
+    CUresult (*module_unload)(CUmodule);
+    CUresult (*launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                              unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
+    CUresult (*stream_get_ctx)(CUstream, CUcontext *);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

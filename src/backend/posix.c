@@ -529,6 +529,47 @@ static pm_result posix_copy_batch_async(const pm_deviceptr *dsts, const pm_devic
     return r;
 }
 
+/* Block copies: the stream's thread plays the kernel, reading the list
+ * when its turn comes, as the kernel reads it from page-locked memory. */
+typedef struct blocks_task {
+    const pm__block_copy *blocks;
+    size_t count;
+} blocks_task;
+
+static void run_blocks(void *arg)
+{
+    blocks_task *t = arg;
+    for (size_t i = 0; i < t->count; i++)
+        memcpy((void *)(uintptr_t)t->blocks[i].dst, (const void *)(uintptr_t)t->blocks[i].src,
+               (size_t)t->blocks[i].bytes);
+    free(t);
+}
+
+static bool posix_block_copy_ready(pm_stream_t s)
+{
+    (void)s;
+    return true;
+}
+
+static bool posix_block_copy_reaches(pm_deviceptr p, size_t bytes)
+{
+    (void)p;
+    (void)bytes;
+    return true;
+}
+
+static pm_result posix_block_copy_async(const pm__block_copy *blocks, size_t count, pm_stream_t s)
+{
+    blocks_task *t = malloc(sizeof *t);
+    if (!t)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "block copies: out of memory");
+    *t = (blocks_task){blocks, count};
+    pm_result r = pm__posix_stream_launch_host_func(s, run_blocks, t);
+    if (r != PM_SUCCESS)
+        free(t);
+    return r;
+}
+
 static pm_result posix_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
                                 bool sync, bool device_only)
 {
@@ -628,5 +669,8 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->device_in_use = 0;
     out->device_info = posix_device_info;
     out->pointer_device = posix_pointer_device;
+    out->block_copy_ready = posix_block_copy_ready;
+    out->block_copy_reaches = posix_block_copy_reaches;
+    out->block_copy_async = posix_block_copy_async;
     return PM_SUCCESS;
 }

@@ -18,6 +18,18 @@ pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, 
                            : b->copy_dtoh_async(host, dev, n, s, pinned);
 }
 
+pm_result pm__copy_backend_blocks(const pm__backend *b, const pm__block_copy *blocks, size_t count,
+                                  pm_stream_t s)
+{
+    if (PM__TEST_FAULT(pm__fault_block_copy))
+        return pm__fail(PM_ERROR_UNKNOWN, "a launch of %zu block copies failed (injected fault)",
+                        count);
+    pm_result r = b->block_copy_async(blocks, count, s);
+    if (r == PM_SUCCESS)
+        atomic_fetch_add_explicit(&pm__copy_count.kernel_launches, 1, memory_order_relaxed);
+    return r;
+}
+
 pm_result pm__copy_backend_batch(const pm__backend *b, const pm_deviceptr *dsts,
                                  const pm_deviceptr *srcs, const size_t *sizes, size_t count,
                                  size_t read_now, pm_stream_t s, bool one_call)

@@ -11,7 +11,16 @@
  * and each buffer's DMAs again go in one call. With pm_copy_config.batch
  * DRIVER, pageable pieces go to the driver's batch copy instead (it reads
  * pageable sources during the call). Host-to-host copies are the backend's
- * own, one by one. */
+ * own, one by one.
+ *
+ * With KERNEL (the default), elements of up to kernel_max bytes between host
+ * and device memory that the batch kernel reaches skip the DMA engine, whose
+ * cost per DMA halves the rate of small blocks: page-locked ones go to the
+ * kernel in lists of blocks (staging.c keeps each list in a ring buffer until
+ * its launch is done), pageable ones are gathered as with GATHER and each
+ * buffer's blocks moved by one launch. Nothing of it on a capturing stream,
+ * or where the backend cannot launch on the stream: those take GATHER's
+ * way. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,10 +42,13 @@ typedef enum {
 } way;
 
 /* Device allocations seen in this call: blocks that lie in one large
- * allocation (a cache of blocks) then cost one query of the backend. */
+ * allocation (a cache of blocks) then cost one query of the backend, and
+ * one more for whether the batch kernel reaches it (reach: 0 not asked
+ * yet, 1 yes, -1 no). */
 enum { KNOWN_DEVICE = 8 };
 typedef struct known_device {
     pm_deviceptr lo[KNOWN_DEVICE], hi[KNOWN_DEVICE];
+    signed char reach[KNOWN_DEVICE];
     unsigned n, next;
 } known_device;
 
@@ -61,6 +73,7 @@ static pm_result kind_of(pm__instance *inst, known_device *kd, pm_deviceptr p, s
     if (res == PM_SUCCESS && *kind == PM__MEMORY_DEVICE && lo < hi) {
         kd->lo[kd->next] = lo;
         kd->hi[kd->next] = hi;
+        kd->reach[kd->next] = 0;
         kd->next = (kd->next + 1) % KNOWN_DEVICE;
         kd->n += kd->n < KNOWN_DEVICE;
     }
@@ -170,7 +183,27 @@ typedef struct dmas {
 typedef struct segments {
     pm__segment *v;
     size_t n, cap, bytes;
+    bool kernel; /* some segment may move by the batch kernel */
 } segments;
+
+typedef struct blocks {
+    pm__block_copy *v;
+    size_t n, cap;
+} blocks;
+
+static bool add_block(blocks *k, pm_deviceptr dst, pm_deviceptr src, size_t n)
+{
+    if (k->n == k->cap) {
+        size_t more = k->cap ? 2 * k->cap : 64;
+        pm__block_copy *v = realloc(k->v, more * sizeof *v);
+        if (!v)
+            return false;
+        k->v = v;
+        k->cap = more;
+    }
+    k->v[k->n++] = (pm__block_copy){.dst = dst, .src = src, .bytes = n};
+    return true;
+}
 
 static bool add_dma(dmas *d, pm_deviceptr dst, pm_deviceptr src, size_t n)
 {
@@ -195,7 +228,7 @@ static bool add_dma(dmas *d, pm_deviceptr dst, pm_deviceptr src, size_t n)
     return true;
 }
 
-static bool add_segment(segments *s, uint8_t *host, pm_deviceptr dev, size_t n)
+static bool add_segment(segments *s, uint8_t *host, pm_deviceptr dev, size_t n, bool kernel)
 {
     if (s->n == s->cap) {
         size_t more = s->cap ? 2 * s->cap : 64;
@@ -205,8 +238,10 @@ static bool add_segment(segments *s, uint8_t *host, pm_deviceptr dev, size_t n)
         s->v = v;
         s->cap = more;
     }
-    s->v[s->n++] = (pm__segment){.host = host, .dev = dev, .bytes = n, .at = s->bytes};
+    s->v[s->n++] = (pm__segment){.host = host, .dev = dev, .bytes = n, .at = s->bytes,
+                                 .kernel = kernel};
     s->bytes += n;
+    s->kernel |= kernel;
     return true;
 }
 
@@ -214,6 +249,7 @@ static bool add_segment(segments *s, uint8_t *host, pm_deviceptr dev, size_t n)
 typedef struct plan {
     dmas now;      /* pageable sources for the driver to read during its call (DRIVER) */
     dmas queued;   /* page-locked and device memory: DMAs in stream order */
+    blocks kernel; /* page-locked and device memory: by the batch kernel, in stream order */
     segments staged[2]; /* pageable pieces through the staging engine, by direction */
     bool wait;     /* pageable destinations given to the driver: wait for the stream */
     unsigned long long direct, driver;
@@ -227,25 +263,79 @@ static void plan_free(plan *p)
         free(d[k]->src);
         free(d[k]->bytes);
     }
+    free(p->kernel.v);
     free(p->staged[0].v);
     free(p->staged[1].v);
+}
+
+/* What the batch kernel may take in this call: nothing unless the mode is
+ * KERNEL, the stream does not capture and the backend is ready on it;
+ * then elements of up to max bytes whose memory it reaches. Host ranges
+ * seen (their extents' bases) are remembered as device allocations are. */
+enum { KNOWN_HOST = 8 };
+typedef struct kernel_use {
+    bool on;
+    size_t max;
+    uintptr_t host_base[KNOWN_HOST];
+    bool host_reach[KNOWN_HOST];
+    unsigned hosts, next_host;
+} kernel_use;
+
+/* Whether the kernel reaches device memory [d, d + n). */
+static bool device_reaches(const pm__backend *b, known_device *kd, pm_deviceptr d, size_t n)
+{
+    for (unsigned i = 0; i < kd->n; i++)
+        if (d >= kd->lo[i] && d < kd->hi[i] && n <= kd->hi[i] - d) {
+            if (kd->reach[i] == 0) /* the whole allocation answers alike */
+                kd->reach[i] = b->block_copy_reaches(kd->lo[i], kd->hi[i] - kd->lo[i]) ? 1 : -1;
+            return kd->reach[i] > 0;
+        }
+    return b->block_copy_reaches(d, n);
+}
+
+/* Whether the kernel reaches the page-locked host piece at at, which
+ * it writes when written: pool memory is mapped for every device by how
+ * pools pin it; other ranges are the backend's to answer (a registration
+ * made in another context may not be mapped where the kernel runs); and
+ * no kernel writes into a read-only registration. */
+static bool host_reaches(pm__instance *inst, kernel_use *k, uintptr_t at, bool written)
+{
+    pm__range r;
+    if (!pm__ranges_find_extent(inst->ranges, at, &r) || (written && r.read_only))
+        return false;
+    if (r.kind == PM__RANGE_POOL)
+        return true;
+    for (unsigned i = 0; i < k->hosts; i++)
+        if (k->host_base[i] == r.pin_base)
+            return k->host_reach[i];
+    bool reach = inst->backend.block_copy_reaches((pm_deviceptr)r.pin_base, r.pin_len);
+    k->host_base[k->next_host] = r.pin_base;
+    k->host_reach[k->next_host] = reach;
+    k->next_host = (k->next_host + 1) % KNOWN_HOST;
+    k->hosts += k->hosts < KNOWN_HOST;
+    return reach;
 }
 
 /* Element i (host to device or back) into the plan, cut where page-locked
  * and pageable memory meet. On a capturing stream all of it is page-locked
  * (checked), pieces the driver pinned included. */
 static bool plan_host_element(pm__instance *inst, plan *p, way w, pm_deviceptr dst,
-                              pm_deviceptr src, size_t bytes, bool capturing, bool to_driver)
+                              pm_deviceptr src, size_t bytes, bool capturing, bool to_driver,
+                              kernel_use *k, known_device *kd)
 {
     const pm__backend *b = &inst->backend;
     const uintptr_t start = (uintptr_t)(w == WAY_HTOD ? src : dst), end = start + bytes;
     const pm_deviceptr dev = w == WAY_HTOD ? dst : src;
+    const bool kernel = k->on && bytes <= k->max && device_reaches(b, kd, dev, bytes);
     for (uintptr_t at = start; at < end;) {
         pm__piece piece = pm__copy_next_piece(inst->ranges, b->registration_piece, at, end);
         size_t n = piece.end - at;
         pm_deviceptr host = (pm_deviceptr)at, d = dev + (at - start);
         bool ok;
-        if (piece.pinned || capturing) {
+        if (piece.pinned && kernel && host_reaches(inst, k, at, w == WAY_DTOH)) {
+            ok = add_block(&p->kernel, w == WAY_HTOD ? d : host, w == WAY_HTOD ? host : d, n);
+            p->direct += n;
+        } else if (piece.pinned || capturing) {
             ok = add_dma(&p->queued, w == WAY_HTOD ? d : host, w == WAY_HTOD ? host : d, n);
             p->direct += n;
         } else if (to_driver && !pm__regcache_overlaps((void *)at, n)) {
@@ -255,7 +345,8 @@ static bool plan_host_element(pm__instance *inst, plan *p, way w, pm_deviceptr d
             p->wait |= w == WAY_DTOH;
             p->driver += n;
         } else {
-            ok = add_segment(&p->staged[w == WAY_HTOD ? PM__HTOD : PM__DTOH], (uint8_t *)at, d, n);
+            ok = add_segment(&p->staged[w == WAY_HTOD ? PM__HTOD : PM__DTOH], (uint8_t *)at, d, n,
+                             kernel);
         }
         if (!ok)
             return false;
@@ -272,7 +363,7 @@ static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, 
     if (s->n == 0)
         return PM_SUCCESS;
     bool no_ring = false;
-    pm_result r = pm__staged_segments(set, dir, s->v, s->n, s->bytes, stream, &no_ring);
+    pm_result r = pm__staged_segments(set, dir, s->v, s->n, s->bytes, stream, s->kernel, &no_ring);
     if (!no_ring)
         return r;
     for (size_t i = 0; i < s->n; i++) {
@@ -288,8 +379,32 @@ static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, 
     return PM_SUCCESS;
 }
 
+/* The page-locked blocks for the kernel, each list in a staging buffer;
+ * where no ring can be pinned, as DMAs instead. */
+static pm_result run_blocks(const pm__copy_settings *set, const pm__backend *b, const blocks *k,
+                            pm_stream_t stream, bool one_call)
+{
+    if (k->n == 0)
+        return PM_SUCCESS;
+    bool no_ring = false;
+    pm_result r = pm__staged_blocks(set, k->v, k->n, stream, &no_ring);
+    if (!no_ring)
+        return r;
+    dmas d = {0};
+    bool ok = true;
+    for (size_t i = 0; i < k->n && ok; i++)
+        ok = add_dma(&d, k->v[i].dst, k->v[i].src, (size_t)k->v[i].bytes);
+    r = ok ? pm__copy_backend_batch(b, d.dst, d.src, d.bytes, d.n, 0, stream, one_call)
+           : pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory", name);
+    free(d.dst);
+    free(d.src);
+    free(d.bytes);
+    return r;
+}
+
 /* Moves what the plan holds: the DMAs first, so the DMA engine works while
- * the threads gather; then host to host; then the staged pieces. */
+ * the threads gather, and the kernel's blocks; then host to host; then the
+ * staged pieces. */
 static pm_result run(pm__instance *inst, const pm__copy_settings *set, plan *p,
                      const pm_deviceptr *dsts, const pm_deviceptr *srcs, const size_t *sizes,
                      const uint8_t *ways, size_t count, pm_stream_t stream, bool capturing)
@@ -307,6 +422,8 @@ static pm_result run(pm__instance *inst, const pm__copy_settings *set, plan *p,
         r = pm__copy_backend_batch(b, all->dst, all->src, all->bytes, all->n, now, stream,
                                    one_call);
     }
+    if (r == PM_SUCCESS)
+        r = run_blocks(set, b, &p->kernel, stream, one_call);
     for (size_t i = 0; i < count && r == PM_SUCCESS; i++)
         if (ways[i] == WAY_HTOH)
             r = b->copy_any(dsts[i], srcs[i], sizes[i], stream, false, false);
@@ -372,12 +489,15 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
     /* The batch's own waits and registrations: relaxed (backend.h says why). */
     const int mode = capturing ? -1 : b->captures_relax();
     const bool to_driver = set->batch == PM_COPY_BATCH_DRIVER && !capturing;
+    kernel_use k = {.on = set->batch == PM_COPY_BATCH_KERNEL && set->kernel_max > 0 &&
+                          !capturing && b->block_copy_ready && b->block_copy_ready(stream),
+                    .max = set->kernel_max};
     plan p = {0};
     for (size_t i = 0; i < count_ && r == PM_SUCCESS; i++) {
         bool ok = true;
         if (ways[i] == WAY_HTOD || ways[i] == WAY_DTOH) {
             ok = plan_host_element(inst, &p, (way)ways[i], dsts[i], srcs[i], sizes[i], capturing,
-                                   to_driver);
+                                   to_driver, &k, &kd);
         } else if (ways[i] == WAY_DMA) {
             ok = add_dma(&p.queued, dsts[i], srcs[i], sizes[i]);
         }

@@ -43,7 +43,8 @@ typedef struct pm__copy_settings {
     unsigned pieces;             /* at least this many pieces a staged copy */
     unsigned long long spin_ns;  /* a worker looks for work this long before it sleeps */
     bool ring_split;             /* both ways at once: at most half the ring each */
-    pm_copy_batch batch;         /* GATHER, EACH or DRIVER */
+    pm_copy_batch batch;         /* GATHER, EACH, DRIVER or KERNEL */
+    size_t kernel_max;           /* KERNEL: the largest element the kernel moves (0: none) */
 } pm__copy_settings;
 
 /* The largest ring that demoting stores are used for by default: the ring
@@ -101,6 +102,7 @@ typedef struct pm__segment {
     uint8_t *host;
     pm_deviceptr dev;
     size_t bytes, at;
+    bool kernel; /* the batch kernel may move it between the ring and dev */
 } pm__segment;
 
 /* plan.c: how a staged job of bytes is cut into pieces, each one buffer and
@@ -129,6 +131,7 @@ typedef struct pm__copy_counters {
     _Atomic unsigned long long staged_pieces, staging_copy_ns, staging_wait_ns, staging_queue_ns;
     _Atomic unsigned long long demoted_bytes;
     _Atomic unsigned long long batch_calls, batch_copies, dma_batch_calls;
+    _Atomic unsigned long long kernel_launches, kernel_bytes;
 } pm__copy_counters;
 
 extern pm__copy_counters pm__copy_count;
@@ -158,10 +161,18 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
                           bool *no_ring);
 /* The same for n segments of bytes in all (at set, in order, none empty),
  * as one job: host to device returns once every segment has been read,
- * device to host once every segment holds its bytes. */
+ * device to host once every segment holds its bytes. kernel: some segments
+ * may move by the batch kernel (the backend is ready for it on stream); a
+ * buffer whose segments all may then moves by one launch, with the list of
+ * its blocks kept at the buffer's end. */
 pm_result pm__staged_segments(const pm__copy_settings *set, pm__direction dir,
                               const pm__segment *segs, size_t n, size_t bytes, pm_stream_t stream,
-                              bool *no_ring);
+                              bool kernel, bool *no_ring);
+/* Queues n block copies (page-locked host memory and device memory, checked)
+ * on stream as launches of the batch kernel, each list written into a
+ * staging buffer that is reused only once its launch is done. */
+pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *blocks, size_t n,
+                            pm_stream_t stream, bool *no_ring);
 /* The staging ring: its shape (as configured, or smaller to fit what may be
  * pinned), whether it fits at all, whether it is pinned now, and a note
  * saying why it is not as configured ("" when it is). */
@@ -236,6 +247,9 @@ typedef enum { PM__VIA_PINNED, PM__VIA_PAGEABLE, PM__VIA_SYNC } pm__copy_via;
 /* backend_copy.c: the backend's copy calls, with the test fault point in front. */
 pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
                            size_t n, pm_stream_t s, pm__copy_via via);
+/* The backend's block_copy_async, with its own fault point; counts launches. */
+pm_result pm__copy_backend_blocks(const pm__backend *b, const pm__block_copy *blocks, size_t count,
+                                  pm_stream_t s);
 /* The backend's copy_batch_async, with the same fault point (one pass a call). */
 pm_result pm__copy_backend_batch(const pm__backend *b, const pm_deviceptr *dsts,
                                  const pm_deviceptr *srcs, const size_t *sizes, size_t count,

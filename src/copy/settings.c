@@ -52,6 +52,14 @@ static unsigned long long spin_env(const pm_copy_config *e)
     return e->spin_us == UINT_MAX ? PM__OPT_NONE : e->spin_us;
 }
 
+/* The largest batch element the kernel moves (PINMEM_COPY_KERNEL_MAX; its
+ * -1, none, is 0 here). */
+static size_t kernel_max(void)
+{
+    unsigned long long v = pm__option_value(PM__OPT_COPY_KERNEL_MAX);
+    return v == PM__OPT_NONE ? 0 : (size_t)v;
+}
+
 /* A value given (not 0), else the environment's, else the machine's. */
 static unsigned long long pick(unsigned long long given, unsigned long long env,
                                unsigned long long machine)
@@ -124,7 +132,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     unsigned long long spin = pick(f[SPIN].checked, spin_env(e), PM__OPT_NONE);
     out->spin_us = spin == PM__OPT_NONE ? UINT_MAX : (unsigned)spin;
     out->ring = (pm_copy_ring)pick(f[RING].checked, e->ring, PM_COPY_RING_SPLIT);
-    out->batch = (pm_copy_batch)pick(f[BATCH].checked, e->batch, PM_COPY_BATCH_GATHER);
+    out->batch = (pm_copy_batch)pick(f[BATCH].checked, e->batch, PM_COPY_BATCH_KERNEL);
     *s = (pm__copy_settings){
         .workers = out->workers,
         .htod_workers = out->htod_workers,
@@ -143,6 +151,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
         .spin_ns = out->spin_us == UINT_MAX ? 0 : 1000ull * out->spin_us,
         .ring_split = out->ring == PM_COPY_RING_SPLIT,
         .batch = out->batch,
+        .kernel_max = kernel_max(),
     };
     return PM_SUCCESS;
 }

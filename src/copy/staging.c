@@ -6,7 +6,9 @@
  * every core busy and small first pieces let the first DMA start early
  * (plan.c). A job may be many segments (a batch's pageable blocks), laid end
  * to end: a piece then gathers several, and its DMAs, one a segment, go to
- * the driver in one call where it can take them so.
+ * the driver in one call where it can take them so; or, for a batch with the
+ * kernel (batch.c), by one launch of the batch kernel, whose list of blocks
+ * lies at the end of the buffer, so that the buffer's marker guards it too.
  *
  * Worker threads (started on first use, never per call) take slices from all
  * jobs in turn, so several callers are served at once and fairly, and each
@@ -77,6 +79,7 @@ typedef struct job {
     size_t bytes, slice;
     pm__piece_plan plan;
     bool one_call; /* a piece's DMAs in one driver call where it takes them */
+    bool kernel;   /* pieces whose segments all may move by the batch kernel do */
     pm_stream_t stream;
     pm_copy_stores stores; /* of the CPU copies */
     unsigned store_kind;   /* PM__STORE_PLAIN or PM__STORE_DEMOTING */
@@ -350,7 +353,7 @@ static pm_result wait_marker(job *j, buffer *b)
     pm_result r = PM__TEST_FAULT(pm__fault_marker_wait)
                       ? pm__fail(PM_ERROR_UNKNOWN, "waiting for a staging DMA (injected fault)")
                       : be->marker_synchronize(&b->mark);
-    count_ns(&pm__copy_count.staging_wait_ns, &j->wait_ns, t0);
+    count_ns(&pm__copy_count.staging_wait_ns, j ? &j->wait_ns : NULL, t0);
     return r;
 }
 
@@ -397,27 +400,73 @@ static pm_result queue_segment_dmas(const pm__backend *be, const job *j, const b
     return r;
 }
 
-/* Queues the DMA of b's piece (or its DMAs, one a segment) and re-records
- * b's marker behind it. */
+/* The bytes at the end of each buffer that a kernel job keeps for the list
+ * of a piece's blocks: a sixteenth, so that the list of a buffer of blocks
+ * of 400 bytes or more fits. Pieces of kernel jobs end before it. */
+static size_t list_reserve(void) { return eng.chunk / 16; }
+
+/* A piece of a kernel job, which spans segments from the i-th on: where
+ * every one of them may move by the kernel and their list fits, the list is
+ * written at the end of b and one launch queued (true, its result in *r);
+ * otherwise nothing is done (false). */
+static bool queue_launch(const pm__backend *be, const job *j, const buffer *b, size_t i,
+                         pm_result *r)
+{
+    const size_t end = b->offset + b->bytes, cap = list_reserve() / sizeof(pm__block_copy);
+    size_t n = 0;
+    for (size_t k = i, off = b->offset; off < end; k++, n++) {
+        if (!j->segs[k].kernel || n == cap)
+            return false;
+        off = j->segs[k].at + j->segs[k].bytes;
+    }
+    pm__block_copy *list = (pm__block_copy *)((uint8_t *)b->p + eng.chunk - list_reserve());
+    n = 0;
+    for (size_t off = b->offset; off < end; i++) {
+        const pm__segment *s = &j->segs[i];
+        size_t in = off - s->at, take = min_size(s->bytes - in, end - off);
+        pm_deviceptr ring = (pm_deviceptr)(uintptr_t)((uint8_t *)b->p + (off - b->offset));
+        list[n++] = (pm__block_copy){.dst = j->dir == PM__HTOD ? s->dev + in : ring,
+                                     .src = j->dir == PM__HTOD ? ring : s->dev + in,
+                                     .bytes = take};
+        off += take;
+    }
+    *r = pm__copy_backend_blocks(be, list, n, j->stream);
+    if (*r == PM_SUCCESS)
+        atomic_fetch_add_explicit(&pm__copy_count.kernel_bytes, b->bytes, memory_order_relaxed);
+    return true;
+}
+
+/* After work from or into b was queued on s (r: how that went): b's marker
+ * re-recorded behind it. Where the work failed, part of it may have been
+ * queued all the same: the marker is re-recorded behind it for b's next
+ * user to wait for, else the stream waited for, else the marker before
+ * stands, as nothing better can be known. */
+static pm_result mark_behind(const pm__backend *be, pm_stream_t s, buffer *b, pm_result r)
+{
+    if (r == PM_SUCCESS)
+        r = be->marker_rerecord(s, &b->mark);
+    if (r == PM_SUCCESS || be->marker_rerecord(s, &b->mark) == PM_SUCCESS)
+        b->pending = true;
+    else if (be->stream_synchronize(s) == PM_SUCCESS)
+        b->pending = false;
+    return r;
+}
+
+/* Queues the DMA of b's piece (or its DMAs, one a segment, or one launch of
+ * the batch kernel for them) and re-records b's marker behind it. */
 static pm_result queue_dma(const job *j, buffer *b)
 {
     const pm__backend *be = pm__instance_backend();
     unsigned long long t0 = pm__now_ns();
     size_t i = pm__segment_at(j->segs, j->n_segs, b->offset);
     const pm__segment *s = &j->segs[i];
-    pm_result r = b->offset + b->bytes <= s->at + s->bytes
-                      ? pm__copy_backend(be, j->dir, b->p, s->dev + (b->offset - s->at), b->bytes,
-                                         j->stream, PM__VIA_PINNED)
-                      : queue_segment_dmas(be, j, b, i);
-    if (r == PM_SUCCESS)
-        r = be->marker_rerecord(j->stream, &b->mark);
-    if (r == PM_SUCCESS) {
-        b->pending = true;
-    } else if (be->marker_rerecord(j->stream, &b->mark) == PM_SUCCESS) {
-        b->pending = true; /* part of the DMA may have been queued: its next user waits */
-    } else if (be->stream_synchronize(j->stream) == PM_SUCCESS) {
-        b->pending = false;
-    } /* else the marker before stands: nothing better can be known */
+    pm_result r;
+    if (b->offset + b->bytes <= s->at + s->bytes)
+        r = pm__copy_backend(be, j->dir, b->p, s->dev + (b->offset - s->at), b->bytes, j->stream,
+                             PM__VIA_PINNED);
+    else if (!j->kernel || !queue_launch(be, j, b, i, &r))
+        r = queue_segment_dmas(be, j, b, i);
+    r = mark_behind(be, j->stream, b, r);
     count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);
     return r;
@@ -975,28 +1024,35 @@ static void count_running(pm__direction dir, int change)
     }
 }
 
+/* lock held: the engine started, or the reason it cannot be (no ring). */
+static pm_result ensure_started_locked(const pm__copy_settings *set)
+{
+    if (!eng.started)
+        return start_locked(set);
+    if (eng.n_threads < eng.want_threads)
+        start_workers_locked();
+    return PM_SUCCESS;
+}
+
 static pm_result staged(const pm__copy_settings *set, pm__direction dir, const pm__segment *segs,
-                        size_t n_segs, size_t bytes, pm_stream_t stream, bool sync, bool *no_ring)
+                        size_t n_segs, size_t bytes, pm_stream_t stream, bool sync, bool kernel,
+                        bool *no_ring)
 {
     *no_ring = false;
     pthread_mutex_lock(&eng.lock);
-    if (!eng.started) {
-        pm_result r = start_locked(set);
-        if (r != PM_SUCCESS) {
-            pthread_mutex_unlock(&eng.lock);
-            *no_ring = true;
-            return r;
-        }
-    } else if (eng.n_threads < eng.want_threads) {
-        start_workers_locked();
+    pm_result started = ensure_started_locked(set);
+    if (started != PM_SUCCESS) {
+        pthread_mutex_unlock(&eng.lock);
+        *no_ring = true;
+        return started;
     }
     /* After the engine's start, which would weigh on the first copy's time. */
     const unsigned long long t0 = pm__now_ns();
     eng.ring_split = set->ring_split;
     atomic_store_explicit(&eng.spin_ns, set->spin_ns, memory_order_relaxed);
     job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
-             .one_call = set->batch != PM_COPY_BATCH_EACH};
-    j.plan = pm__plan_pieces(set, eng.chunk, bytes);
+             .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
+    j.plan = pm__plan_pieces(set, kernel ? eng.chunk - list_reserve() : eng.chunk, bytes);
     j.slice = j.plan.slice;
     unsigned size_class = 0;
     bool timed;
@@ -1057,12 +1113,71 @@ pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8
                           bool *no_ring)
 {
     const pm__segment one = {.host = host, .dev = dev, .bytes = bytes, .at = 0};
-    return staged(set, dir, &one, 1, bytes, stream, sync, no_ring);
+    return staged(set, dir, &one, 1, bytes, stream, sync, false, no_ring);
 }
 
 pm_result pm__staged_segments(const pm__copy_settings *set, pm__direction dir,
                               const pm__segment *segs, size_t n, size_t bytes, pm_stream_t stream,
-                              bool *no_ring)
+                              bool kernel, bool *no_ring)
 {
-    return staged(set, dir, segs, n, bytes, stream, false, no_ring);
+    return staged(set, dir, segs, n, bytes, stream, false, kernel, no_ring);
+}
+
+/* lock held: the oldest free buffer, for a list of blocks (there is one).
+ * It counts as a host-to-device buffer while held (give_buffer). */
+static buffer *take_buffer(void)
+{
+    buffer *b = &eng.ring[eng.queue[eng.queue_head]];
+    eng.queue_head = (eng.queue_head + 1) % eng.n_buffers;
+    eng.queue_count--;
+    b->dir = PM__HTOD;
+    eng.held[PM__HTOD]++;
+    return b;
+}
+
+/* Each list goes into a buffer of its own, free and done with its last
+ * work, as a piece's bytes would; the buffer is free again at once, reused
+ * only after the marker behind the launch. */
+pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *blocks, size_t n,
+                            pm_stream_t stream, bool *no_ring)
+{
+    *no_ring = false;
+    const pm__backend *be = pm__instance_backend();
+    pthread_mutex_lock(&eng.lock);
+    pm_result r = ensure_started_locked(set);
+    if (r != PM_SUCCESS) {
+        pthread_mutex_unlock(&eng.lock);
+        *no_ring = true;
+        return r;
+    }
+    const size_t per = eng.chunk / sizeof *blocks;
+    unsigned long long bytes = 0;
+    for (size_t done = 0; done < n && r == PM_SUCCESS;) {
+        bool woke = false;
+        while (eng.queue_count == 0) {
+            pthread_cond_wait(&eng.buffer_freed, &eng.lock);
+            woke = true;
+        }
+        buffer *b = take_buffer();
+        if (woke)
+            pass_on_buffer_wake();
+        pthread_mutex_unlock(&eng.lock);
+        const size_t k = min_size(per, n - done);
+        unsigned long long t0 = pm__now_ns();
+        r = wait_previous_dma(NULL, b); /* failed: b is left as it is, pending */
+        if (r == PM_SUCCESS) {
+            memcpy(b->p, blocks + done, k * sizeof *blocks);
+            r = mark_behind(be, stream, b, pm__copy_backend_blocks(be, b->p, k, stream));
+        }
+        count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
+        for (size_t i = done; i < done + k; i++)
+            bytes += blocks[i].bytes;
+        done += k;
+        pthread_mutex_lock(&eng.lock);
+        give_buffer(b);
+    }
+    pthread_mutex_unlock(&eng.lock);
+    if (r == PM_SUCCESS)
+        atomic_fetch_add_explicit(&pm__copy_count.kernel_bytes, bytes, memory_order_relaxed);
+    return r;
 }

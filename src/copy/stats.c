@@ -42,6 +42,8 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .batch_calls = atomic_load(&c->batch_calls),
         .batch_copies = atomic_load(&c->batch_copies),
         .dma_batch_calls = atomic_load(&c->dma_batch_calls),
+        .kernel_launches = atomic_load(&c->kernel_launches),
+        .kernel_bytes = atomic_load(&c->kernel_bytes),
     };
     snprintf(full.ring_note, sizeof full.ring_note, "%s", ring.note);
     memcpy(stats, &full, stats->struct_size);
