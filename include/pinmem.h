@@ -514,9 +514,10 @@ typedef enum {
     PM_COPY_BATCH_KERNEL = 4  /* as GATHER, but blocks of up to PINMEM_COPY_KERNEL_MAX bytes
                                  (512 KiB by default) between host and device memory move by
                                  a kernel, one launch for many blocks instead of a DMA each:
-                                 page-locked blocks read or written by the kernel in place,
-                                 pageable ones gathered into a staging buffer and scattered
-                                 from it by one launch a buffer (or the reverse). Where the
+                                 page-locked blocks read or written by the kernel in place;
+                                 pageable ones gathered as GATHER does (with
+                                 PINMEM_COPY_KERNEL_STAGED=1, scattered from their staging
+                                 buffer by one launch a buffer, or the reverse). Where the
                                  kernel cannot run (a capturing stream, another context than
                                  pinmem's, memory it cannot address, a driver that cannot load
                                  it), those blocks move as with GATHER */

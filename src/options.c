@@ -106,6 +106,12 @@ static const spec table[PM__OPT_COUNT] = {
                                  1, 256 * MIB, 512 * KIB, "512K",
                                  "pm_memcpy_batch_async with the kernel: the largest block it "
                                  "moves (larger ones take DMAs; -1: none)"},
+    [PM__OPT_COPY_KERNEL_STAGED] = {"PINMEM_COPY_KERNEL_STAGED", NULL, CHOICE, 0, "0|1", 0, 0, 0,
+                                    "0",
+                                    "pm_memcpy_batch_async with the kernel: pageable blocks, "
+                                    "once gathered into a staging buffer, move to or from the "
+                                    "device by one launch a buffer (1) rather than a DMA a "
+                                    "block (0)"},
 };
 
 /* What the environment gave, and the value in effect. */

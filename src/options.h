@@ -55,6 +55,7 @@ typedef enum pm__option {
     PM__OPT_COPY_RING,
     PM__OPT_COPY_BATCH,
     PM__OPT_COPY_KERNEL_MAX,
+    PM__OPT_COPY_KERNEL_STAGED,
     PM__OPT_COUNT
 } pm__option;
 

@@ -305,7 +305,9 @@ static void kernel_mode(void)
     REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
     pm_deviceptr d[N], h[N];
     size_t n[N];
-    for (int way = 0; way < 3; way++) {
+    /* The capturing stream is the posix backend's test hook. */
+    const int ways = on_backend("posix") ? 3 : 2;
+    for (int way = 0; way < ways; way++) {
         const bool kernel = way != 1, capture = way == 2;
         set_batch(kernel ? PM_COPY_BATCH_KERNEL : PM_COPY_BATCH_GATHER, PM_COPY_RING_DEFAULT, 0,
                   0, 0);
@@ -345,7 +347,10 @@ static void kernel_mode(void)
         pm_copy_stats after = stats();
         unsigned long long launches = after.kernel_launches - before.kernel_launches;
         if (kernel && !capture) {
-            CHECK(launches >= 4); /* the page-locked blocks and the buffers, each way */
+            /* the page-locked blocks each way, and the buffers of gathered
+             * blocks where staged launches are on */
+            const char *staged = getenv("PINMEM_COPY_KERNEL_STAGED");
+            CHECK(launches >= (staged && strcmp(staged, "1") == 0 ? 4u : 2u));
             CHECK(after.kernel_bytes - before.kernel_bytes > N * (BYTES - 4));
         } else {
             CHECK(launches == 0);

@@ -275,6 +275,7 @@ static void plan_free(plan *p)
 enum { KNOWN_HOST = 8 };
 typedef struct kernel_use {
     bool on;
+    bool staged; /* pageable blocks too, once gathered (PINMEM_COPY_KERNEL_STAGED) */
     size_t max;
     uintptr_t host_base[KNOWN_HOST];
     bool host_reach[KNOWN_HOST];
@@ -346,7 +347,7 @@ static bool plan_host_element(pm__instance *inst, plan *p, way w, pm_deviceptr d
             p->driver += n;
         } else {
             ok = add_segment(&p->staged[w == WAY_HTOD ? PM__HTOD : PM__DTOH], (uint8_t *)at, d, n,
-                             kernel);
+                             kernel && k->staged);
         }
         if (!ok)
             return false;
@@ -491,6 +492,7 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
     const bool to_driver = set->batch == PM_COPY_BATCH_DRIVER && !capturing;
     kernel_use k = {.on = set->batch == PM_COPY_BATCH_KERNEL && set->kernel_max > 0 &&
                           !capturing && b->block_copy_ready && b->block_copy_ready(stream),
+                    .staged = set->kernel_staged,
                     .max = set->kernel_max};
     plan p = {0};
     for (size_t i = 0; i < count_ && r == PM_SUCCESS; i++) {

@@ -45,6 +45,7 @@ typedef struct pm__copy_settings {
     bool ring_split;             /* both ways at once: at most half the ring each */
     pm_copy_batch batch;         /* GATHER, EACH, DRIVER or KERNEL */
     size_t kernel_max;           /* KERNEL: the largest element the kernel moves (0: none) */
+    bool kernel_staged;          /* KERNEL: staged blocks move by launches too */
 } pm__copy_settings;
 
 /* The largest ring that demoting stores are used for by default: the ring

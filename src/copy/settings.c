@@ -152,6 +152,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
         .ring_split = out->ring == PM_COPY_RING_SPLIT,
         .batch = out->batch,
         .kernel_max = kernel_max(),
+        .kernel_staged = pm__option_value(PM__OPT_COPY_KERNEL_STAGED) == 1,
     };
     return PM_SUCCESS;
 }
