@@ -112,6 +112,11 @@ static const spec table[PM__OPT_COUNT] = {
                                     "once gathered into a staging buffer, move to or from the "
                                     "device by one launch a buffer (1) rather than a DMA a "
                                     "block (0)"},
+    [PM__OPT_COPY_KERNEL_PER_SM] = {"PINMEM_COPY_KERNEL_PER_SM", NULL, COUNT, ZERO_DEFAULT, NULL, 1,
+                                    8, 4, "4",
+                                    "the batch kernel: blocks of threads launched per "
+                                    "multiprocessor (more keep more reads of host memory in "
+                                    "flight)"},
 };
 
 /* What the environment gave, and the value in effect. */

@@ -56,6 +56,7 @@ typedef enum pm__option {
     PM__OPT_COPY_BATCH,
     PM__OPT_COPY_KERNEL_MAX,
     PM__OPT_COPY_KERNEL_STAGED,
+    PM__OPT_COPY_KERNEL_PER_SM,
     PM__OPT_COUNT
 } pm__option;
 

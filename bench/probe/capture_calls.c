@@ -111,7 +111,7 @@ static CUresult rt_pageable_sync(world *w)
 }
 static CUresult rt_pointer_attributes(world *w)
 {
-    unsigned char attr[64];
+    unsigned char attr[1024] __attribute__((aligned(16)));
     return runtime_result(rt.pointer_attributes(attr, w->pageable));
 }
 static CUresult rt_get_device(world *w)

@@ -9,6 +9,8 @@
 
 #include <pthread.h>
 
+#include "../options.h"
+
 static const char ptx[] =
     ".version 8.0\n"
     ".target sm_70\n"
@@ -319,9 +321,10 @@ static const char ptx[] =
 
 /* The kernel's block of threads, as cuda_kernel.cu is compiled for. */
 enum { THREADS = 256 };
-/* Blocks of threads a multiprocessor runs at once: enough loads in flight
- * to cover the latency of reading host memory across the bus. */
-enum { PER_SM = 4 };
+/* Blocks of threads launched per multiprocessor (PINMEM_COPY_KERNEL_PER_SM):
+ * enough loads in flight to cover the latency of reading host memory
+ * across the bus. At most 8: the most of 256 threads a multiprocessor
+ * holds at once. */
 /* No block is split into parts smaller than this (a part is one block of
  * threads' work). */
 enum { PART_MIN = 16 << 10 };
@@ -365,7 +368,7 @@ static void load(void)
         if (rc == CUDA_SUCCESS)
             rc = cu->device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
         if (rc == CUDA_SUCCESS && sms > 0) {
-            grid_max = (unsigned)sms * PER_SM;
+            grid_max = (unsigned)sms * (unsigned)pm__option_value(PM__OPT_COPY_KERNEL_PER_SM);
             loaded = true;
         } else if (module) {
             cu->module_unload(module);
