@@ -63,7 +63,8 @@ pm_block_copy(const volatile pm_block *blocks, u64 count, unsigned parts)
             bytes = b->bytes;
         }
         __syncthreads();
-        const u64 per = (bytes / parts + 15) & ~(u64)15, part = u % parts;
+        /* as pm__block_part_span (block_parts.h) */
+        const u64 per = ((bytes + parts - 1) / parts + 15) & ~(u64)15, part = u % parts;
         const u64 lo = part * per < bytes ? part * per : bytes;
         const u64 hi = bytes - lo < per ? bytes : lo + per;
         copy_range((char *)dst + lo, (const char *)src + lo, hi - lo);

@@ -18,6 +18,7 @@
 #include "../ranges.h"
 #include "../test_hooks.h"
 #include "backend.h"
+#include "block_parts.h"
 #include "posix_pages.h"
 #include "posix_stream.h"
 
@@ -530,7 +531,12 @@ static pm_result posix_copy_batch_async(const pm_deviceptr *dsts, const pm_devic
 }
 
 /* Block copies: the stream's thread plays the kernel, reading the list
- * when its turn comes, as the kernel reads it from page-locked memory. */
+ * when its turn comes, as the kernel reads it from page-locked memory, and
+ * copying each block part by part as the kernel's blocks of threads would
+ * on a device of 132 multiprocessors (block_parts.h), so that the tests
+ * check how the kernel shares the bytes out. */
+enum { PLAYED_GRID = 132 * 4 };
+
 typedef struct blocks_task {
     const pm__block_copy *blocks;
     size_t count;
@@ -539,9 +545,19 @@ typedef struct blocks_task {
 static void run_blocks(void *arg)
 {
     blocks_task *t = arg;
+    unsigned long long largest = 0;
     for (size_t i = 0; i < t->count; i++)
-        memcpy((void *)(uintptr_t)t->blocks[i].dst, (const void *)(uintptr_t)t->blocks[i].src,
-               (size_t)t->blocks[i].bytes);
+        largest = t->blocks[i].bytes > largest ? t->blocks[i].bytes : largest;
+    const unsigned long long parts = pm__block_parts(t->count, largest, PLAYED_GRID);
+    for (size_t i = 0; i < t->count; i++) {
+        const pm__block_copy *b = &t->blocks[i];
+        for (unsigned long long part = 0; part < parts; part++) {
+            unsigned long long lo, hi;
+            pm__block_part_span(b->bytes, parts, part, &lo, &hi);
+            memcpy((uint8_t *)(uintptr_t)b->dst + lo, (const uint8_t *)(uintptr_t)b->src + lo,
+                   (size_t)(hi - lo));
+        }
+    }
     free(t);
 }
 
