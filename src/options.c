@@ -117,6 +117,11 @@ static const spec table[PM__OPT_COUNT] = {
                                     "the batch kernel: blocks of threads launched per "
                                     "multiprocessor (more keep more reads of host memory in "
                                     "flight)"},
+    [PM__OPT_COPY_TRACE] = {"PINMEM_COPY_TRACE", NULL, COUNT, ZERO_DEFAULT, NULL, 1, 100000000,
+                            0, "0 (off)",
+                            "the staging engine notes its first N events (jobs, slices, DMAs, "
+                            "waits, wake-ups) and prints them to stderr at exit "
+                            "(bench/probe/trace_summary.py)"},
 };
 
 /* What the environment gave, and the value in effect. */

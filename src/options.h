@@ -57,6 +57,7 @@ typedef enum pm__option {
     PM__OPT_COPY_KERNEL_MAX,
     PM__OPT_COPY_KERNEL_STAGED,
     PM__OPT_COPY_KERNEL_PER_SM,
+    PM__OPT_COPY_TRACE,
     PM__OPT_COUNT
 } pm__option;
 

@@ -54,6 +54,7 @@
 #include "../thread_start.h"
 #include "copy.h"
 #include "store_choice.h"
+#include "trace.h"
 
 typedef enum { DMA_NOT_QUEUED, DMA_QUEUING, DMA_QUEUED, DMA_FAILED } dma_state;
 
@@ -100,6 +101,7 @@ typedef struct job {
     pm_result error;             /* the first failure */
     char detail[256];            /* its detail, recorded on the thread it happened on */
     bool listed;                 /* on the active list, where workers see it */
+    unsigned id;                 /* for the trace */
     struct job *prev, *following;
 } job;
 
@@ -135,6 +137,8 @@ static struct {
     unsigned fillers;      /* workers 0 .. fillers - 1 take host-to-device slices */
     unsigned dtoh_ahead;   /* the most pieces a device-to-host job queues ahead */
     bool stopping, started;
+    pm__trace *trace;  /* NULL unless PINMEM_COPY_TRACE asks */
+    unsigned jobs_started;
     buffer *ring;
     unsigned n_buffers;
     unsigned *queue; /* free buffers, oldest first */
@@ -349,11 +353,13 @@ static void cpu_copy(job *j, pm_copy_stores stores, uint8_t *ring, size_t off, s
 static pm_result wait_marker(job *j, buffer *b)
 {
     unsigned long long t0 = pm__now_ns();
+    pm__trace_note(eng.trace, PM__TRACE_WAIT_BEGIN, j ? j->id : 0, (unsigned)(b - eng.ring));
     const pm__backend *be = pm__instance_backend();
     pm_result r = PM__TEST_FAULT(pm__fault_marker_wait)
                       ? pm__fail(PM_ERROR_UNKNOWN, "waiting for a staging DMA (injected fault)")
                       : be->marker_synchronize(&b->mark);
     count_ns(&pm__copy_count.staging_wait_ns, j ? &j->wait_ns : NULL, t0);
+    pm__trace_note(eng.trace, PM__TRACE_WAIT_END, j ? j->id : 0, (unsigned)(b - eng.ring));
     return r;
 }
 
@@ -467,6 +473,7 @@ static pm_result queue_dma(const job *j, buffer *b)
     else if (!j->kernel || !queue_launch(be, j, b, i, &r))
         r = queue_segment_dmas(be, j, b, i);
     r = mark_behind(be, j->stream, b, r);
+    pm__trace_note(eng.trace, PM__TRACE_DMA_QUEUED, j->id, (unsigned)(b - eng.ring));
     count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);
     return r;
@@ -597,6 +604,8 @@ static void run_dtoh_slice(const claim *c, bool skip)
 static void finish_slice(const claim *c)
 {
     job *j = c->j;
+    const unsigned where = (unsigned)(c->b - eng.ring) << 16 | c->index;
+    pm__trace_note(eng.trace, PM__TRACE_CLAIM, j->id, where);
     pthread_mutex_lock(&eng.lock);
     bool skip = j->error != PM_SUCCESS; /* the job failed already: end it quickly */
     pthread_mutex_unlock(&eng.lock);
@@ -604,6 +613,7 @@ static void finish_slice(const claim *c)
         run_htod_slice(c, skip);
     else
         run_dtoh_slice(c, skip);
+    pm__trace_note(eng.trace, PM__TRACE_SLICE_DONE, j->id, where);
     pthread_mutex_lock(&eng.lock);
     if (++j->slices_done == j->slices)
         pthread_cond_broadcast(&eng.progressed);
@@ -637,6 +647,7 @@ static void *worker_main(void *arg)
 {
     const unsigned index = (unsigned)(uintptr_t)arg;
     pm__instance_backend()->own_thread_start();
+    pm__trace_thread = index + 1;
     pthread_mutex_lock(&eng.lock);
     /* Until when the worker spins rather than sleeps: only just after a
      * slice, never while idle for longer. 0: it sleeps. */
@@ -662,6 +673,7 @@ static void *worker_main(void *arg)
             woke_for_buffer = got == NEED_BUFFER;
             pthread_cond_t *idle = index < eng.fillers ? &eng.has_work : &eng.dtoh_work;
             pthread_cond_wait(woke_for_buffer ? &eng.buffer_freed : idle, &eng.lock);
+            pm__trace_note(eng.trace, PM__TRACE_WAKE, 0, woke_for_buffer);
         }
         if (woke_for_buffer)
             pass_on_buffer_wake();
@@ -938,6 +950,7 @@ static pm_result start_locked(const pm__copy_settings *set)
     memset(eng.fillers_of, 0, sizeof eng.fillers_of);
     eng.want_threads = set->workers;
     start_workers_locked();
+    eng.trace = pm__trace_get();
     eng.started = true;
     return PM_SUCCESS;
 }
@@ -1059,6 +1072,9 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     choose_stores(set, &j, sync, &size_class, &timed);
     take_fillers_of(&j);
     j.slices = pm__plan_slices(&j.plan);
+    j.id = ++eng.jobs_started;
+    pm__trace_note(eng.trace, PM__TRACE_JOB_START, j.id,
+                   (unsigned)(bytes >> 10 & 0x7fffffff) | (unsigned)(dir == PM__DTOH) << 31);
     count_running(dir, 1);
     if (j.slices > 1) { /* a single slice is the caller's alone: no hand-off */
         j.listed = true;
@@ -1095,6 +1111,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     if (j.listed)
         unlist(&j);
     count_running(dir, -1);
+    pm__trace_note(eng.trace, PM__TRACE_JOB_END, j.id, 0);
     if (j.error == PM_SUCCESS)
         steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
