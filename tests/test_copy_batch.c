@@ -290,9 +290,10 @@ static void random_batches(void)
     arenas_close(&a);
 }
 
-/* The kernel mode: small page-locked blocks and small pageable ones (whole
- * buffers of them) move by launches, not DMAs, both ways, byte for byte;
- * with GATHER, or on a capturing stream, no launch at all. */
+/* The kernel mode: small page-locked blocks move by launches, not DMAs, and
+ * small pageable ones too where PINMEM_COPY_KERNEL_STAGED=1 asks (whole
+ * buffers of them), both ways, byte for byte; with GATHER, or on a
+ * capturing stream, no launch at all. */
 static void kernel_mode(void)
 {
     enum { N = 64, BYTES = 3001 };
