@@ -579,9 +579,10 @@ typedef struct pm_copy_config {
      * first pieces start the first DMA sooner; large pieces run the DMA engine faster. */
     size_t first_piece_bytes;
     unsigned pieces;
-    unsigned spin_us;            /* after its last slice, a worker looks for more work this
-                                    long before it sleeps; (unsigned)-1: not at all (the
-                                    default) */
+    unsigned spin_us;            /* after a copy of up to a buffer, its workers look for
+                                    more work this long before they sleep, so that the next
+                                    such copy finds them awake (default 1000);
+                                    (unsigned)-1: not at all */
     pm_copy_ring ring;           /* DEFAULT: SPLIT */
     pm_copy_batch batch;         /* DEFAULT: KERNEL */
 } pm_copy_config;

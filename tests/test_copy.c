@@ -4,6 +4,7 @@
  * in stream order; bad arguments; the pinned budget. Every case
  * holds within an ordinary user's 8 MiB RLIMIT_MEMLOCK, or says it is
  * skipped where it cannot. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -344,7 +345,7 @@ static void piece_settings(void)
         pm_copy_config c = saved;
         c.first_piece_bytes = firsts[k % 4];
         c.pieces = pieces[k / 4];
-        c.spin_us = k % 3 == 0 ? 200 : 0;
+        c.spin_us = k % 3 == 0 ? 200 : k % 3 == 1 ? UINT_MAX : 0; /* 0: the default */
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
         size_t n = 1 + rnd(cap);
         round_trip(src, dst, n, dev, k % 2, s, 700 + k);

@@ -1,6 +1,7 @@
 /* Background threads that copy through host memory as the staging fillers
  * do: 512 KiB slices from a large pageable buffer into a pinned one with
- * streaming stores, round and round, until stopped. The probes that measure
+ * streaming stores, round and round, until stopped, counting what they
+ * copy. The probes that measure
  * how the DMA engine or the GPU's own reads slow down under such traffic
  * share it. Header-only, and valid C and C++ (sm_pull.cu): the stop flag is a
  * plain int read and written with the compiler's atomic builtins. Needs AVX2
@@ -19,11 +20,15 @@ static const size_t LOAD_SRC = (size_t)1 << 30, LOAD_DST = (size_t)64 << 20;
 
 static uint8_t *load_src, *load_dst;
 static int load_stopping;
+/* Bytes the threads have copied, for the probes that report the threads'
+ * own rate beside the DMA engine's. */
+static unsigned long long load_copied;
 
 static void *load_main(void *arg)
 {
     size_t k = (size_t)(uintptr_t)arg * 97; /* threads start spread over the source */
     while (!__atomic_load_n(&load_stopping, __ATOMIC_RELAXED)) {
+        __atomic_fetch_add(&load_copied, (unsigned long long)LOAD_SLICE, __ATOMIC_RELAXED);
         const __m256i *s = (const __m256i *)(load_src + (k * LOAD_SLICE) % LOAD_SRC);
         __m256i *d = (__m256i *)(load_dst + (k * LOAD_SLICE) % LOAD_DST);
         for (size_t i = 0; i < LOAD_SLICE / 32; i += 4) {

@@ -15,8 +15,9 @@
  * caller works on its own job too. While jobs run both ways at once, each
  * direction may hold at most half the buffers (unless the ring is shared),
  * so that neither waits for buffers the other keeps busy. A worker that ran
- * out of slices may look for new ones a while before it sleeps (spin_ns),
- * so that back-to-back copies find it awake.
+ * out of slices, or was woken for slices others took, may look for new ones
+ * a while before it sleeps (spin_ns), so that back-to-back copies find it
+ * awake; a new copy wakes the sleepers only when too few workers spin.
  *
  * Only some of the workers (the fillers) take slices of host-to-device
  * copies: the DMA engine reads the buffers from the memory the threads copy
@@ -41,6 +42,7 @@
  * leave the ring in the CPU's cache for the DMA engine at twice the CPU cost
  * (memcopy.c); whether they do is learnt from timed copies (store_choice.h). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +127,19 @@ static struct {
      * buffer freed, a DMA queued ahead), for the workers that spin. */
     _Atomic unsigned long long events;
     _Atomic unsigned long long spin_ns;
+    /* Workers spinning now, and how many of them are fillers: a new job
+     * wakes sleepers only where these are too few for its slices, as a
+     * wake-up costs its caller microseconds and a sleeper joins late. */
+    unsigned spinning, spinning_fillers;
+    /* Jobs on the list, and whether the engine stops, for spinning workers
+     * to read without the lock: an event while neither is so has nothing
+     * for them, and they keep spinning rather than queue for the lock. */
+    _Atomic unsigned listed;
+    _Atomic bool stop_spinning;
+    /* How many workers spin after work (the first ones, fillers first), as
+     * the latest job of several slices asked (spinners_for), so that no more
+     * burn their time than the next such copy needs. */
+    unsigned spin_want;
     job *jobs;       /* active jobs with slices left to take */
     /* Jobs running in each direction, buffers each holds, and whether each
      * may then hold at most its share of the ring. */
@@ -178,7 +193,7 @@ static unsigned slices_of(size_t bytes, size_t slice) { return (unsigned)((bytes
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 /* lock held: something a worker may claim may have changed. */
-static void note_event(void) { atomic_fetch_add_explicit(&eng.events, 1, memory_order_relaxed); }
+static void note_event(void) { atomic_fetch_add(&eng.events, 1); }
 
 /* lock held: the most buffers direction dir may hold now. */
 static unsigned share_of(pm__direction dir)
@@ -207,6 +222,7 @@ static void record_error(job *j, pm_result r)
 static void unlist(job *j)
 {
     j->listed = false;
+    atomic_fetch_sub(&eng.listed, 1);
     if (eng.turn == j)
         eng.turn = j->following;
     if (j->prev)
@@ -629,18 +645,51 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Lock not held: waits until eng.events moves past seen (true) or the clock
- * passes until (false), without a system call, so that work queued within
- * the time finds this thread awake. */
+/* Lock not held: waits until eng.events moves past seen while a job is
+ * listed or the engine stops (true), or the clock passes until (false),
+ * without sleeping, so that work queued within the time finds this thread
+ * awake. It yields its CPU every few microseconds: a spinning worker must
+ * never keep a thread with work (a worker copying out, the driver's own)
+ * from running. */
 static bool spin_for_event(unsigned long long seen, unsigned long long until)
 {
     for (unsigned k = 1;; k++) {
-        if (atomic_load_explicit(&eng.events, memory_order_relaxed) != seen)
-            return true;
-        if (k % 64 == 0 && pm__now_ns() >= until)
-            return false;
+        unsigned long long now_seen = atomic_load(&eng.events);
+        if (now_seen != seen) {
+            /* Read after the event: a job listed before it is seen here. */
+            if (atomic_load(&eng.listed) || atomic_load(&eng.stop_spinning))
+                return true;
+            seen = now_seen;
+        }
+        if (k % 64 == 0) {
+            if (pm__now_ns() >= until)
+                return false;
+            sched_yield();
+        }
         cpu_relax();
     }
+}
+
+/* Takes the engine's lock without sleeping in it for a while: a spinning
+ * worker that slept there would cost the thread that lets the lock go a
+ * wake-up. */
+static void lock_awake(void)
+{
+    for (unsigned k = 0; pthread_mutex_trylock(&eng.lock) != 0; k++) {
+        if (k == 1024) {
+            pthread_mutex_lock(&eng.lock);
+            return;
+        }
+        cpu_relax();
+    }
+}
+
+/* lock held: until when worker index, having just worked or woken, spins
+ * (0: it sleeps). */
+static unsigned long long spin_deadline(unsigned index)
+{
+    unsigned long long spin = atomic_load_explicit(&eng.spin_ns, memory_order_relaxed);
+    return spin && index < eng.spin_want ? pm__now_ns() + spin : 0;
 }
 
 static void *worker_main(void *arg)
@@ -650,7 +699,7 @@ static void *worker_main(void *arg)
     pm__trace_thread = index + 1;
     pthread_mutex_lock(&eng.lock);
     /* Until when the worker spins rather than sleeps: only just after a
-     * slice, never while idle for longer. 0: it sleeps. */
+     * slice or a wake-up, never while idle for longer. 0: it sleeps. */
     unsigned long long spin_until = 0;
     for (;;) {
         claim c;
@@ -663,9 +712,14 @@ static void *worker_main(void *arg)
             woke_for_buffer = false;
             if (spin_until) {
                 unsigned long long seen = atomic_load_explicit(&eng.events, memory_order_relaxed);
+                const bool filler = index < eng.fillers;
+                eng.spinning++;
+                eng.spinning_fillers += filler;
                 pthread_mutex_unlock(&eng.lock);
                 bool moved = spin_for_event(seen, spin_until);
-                pthread_mutex_lock(&eng.lock);
+                lock_awake();
+                eng.spinning--;
+                eng.spinning_fillers -= filler;
                 if (!moved)
                     spin_until = 0;
                 continue;
@@ -674,6 +728,8 @@ static void *worker_main(void *arg)
             pthread_cond_t *idle = index < eng.fillers ? &eng.has_work : &eng.dtoh_work;
             pthread_cond_wait(woke_for_buffer ? &eng.buffer_freed : idle, &eng.lock);
             pm__trace_note(eng.trace, PM__TRACE_WAKE, 0, woke_for_buffer);
+            /* Woken for work that others took: stay awake for the next. */
+            spin_until = spin_deadline(index);
         }
         if (woke_for_buffer)
             pass_on_buffer_wake();
@@ -683,8 +739,7 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&eng.lock);
         finish_slice(&c);
         pthread_mutex_lock(&eng.lock);
-        unsigned long long spin = atomic_load_explicit(&eng.spin_ns, memory_order_relaxed);
-        spin_until = spin ? pm__now_ns() + spin : 0;
+        spin_until = spin_deadline(index);
         /* A filler that stopped being one while it ran a slice (the count was
          * steered down) leaves the rest of the piece to the fillers and the
          * copy's caller, who may all be asleep waiting for a buffer that this
@@ -896,6 +951,7 @@ void pm__staging_stop(void)
 {
     pthread_mutex_lock(&eng.lock);
     eng.stopping = true;
+    atomic_store(&eng.stop_spinning, true);
     note_event(); /* for the workers that spin */
     pthread_cond_broadcast(&eng.has_work);
     pthread_cond_broadcast(&eng.dtoh_work);
@@ -909,6 +965,7 @@ void pm__staging_stop(void)
     free_ring();
     pthread_mutex_lock(&eng.lock);
     eng.stopping = false;
+    atomic_store(&eng.stop_spinning, false);
     eng.started = false;
     eng.retry_after_ns = 0; /* a new shape of ring may fit where the old did not */
     pthread_mutex_unlock(&eng.lock);
@@ -1025,6 +1082,18 @@ static void time_job(const job *j, unsigned size_class, unsigned long long t0)
     pthread_mutex_unlock(&eng.lock);
 }
 
+/* lock held: how many workers should spin after j for the next copy like
+ * it: its helpers where it is at most a buffer, for which a wake-up (15-25
+ * µs on a virtual machine) is a large share of the copy; none after larger
+ * copies, whose workers join late at a small cost and would only burn the
+ * CPUs meanwhile. */
+static unsigned spinners_for(const job *j)
+{
+    if (j->bytes > eng.chunk)
+        return 0;
+    return j->slices - 1 < eng.n_threads ? (unsigned)(j->slices - 1) : eng.n_threads;
+}
+
 /* lock held: a job of direction dir starts (1) or ends (-1). As the last of
  * one direction ends beside the other's, the ring is whole again for the
  * other: its waiters may now take what they could not. */
@@ -1077,17 +1146,24 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
                    (unsigned)(bytes >> 10 & 0x7fffffff) | (unsigned)(dir == PM__DTOH) << 31);
     count_running(dir, 1);
     if (j.slices > 1) { /* a single slice is the caller's alone: no hand-off */
+        eng.spin_want = spinners_for(&j);
         j.listed = true;
+        atomic_fetch_add(&eng.listed, 1); /* before the event that announces it */
         j.following = eng.jobs;
         if (eng.jobs)
             eng.jobs->prev = &j;
         eng.jobs = &j;
         note_event();
-        pthread_cond_broadcast(&eng.has_work);
+        /* Every sleeper is woken unless enough workers spin: the first of
+         * many to wake joins sooner than any one woken alone. */
+        unsigned awake = dir == PM__HTOD ? eng.spinning_fillers : eng.spinning;
+        if (awake + 1 < j.slices) {
+            pthread_cond_broadcast(&eng.has_work);
+            if (dir == PM__DTOH)
+                pthread_cond_broadcast(&eng.dtoh_work);
+        }
         /* Workers waiting for a buffer for another job may take this one's. */
         pthread_cond_broadcast(&eng.buffer_freed);
-        if (dir == PM__DTOH)
-            pthread_cond_broadcast(&eng.dtoh_work);
     }
     claim c;
     claim_result got;
