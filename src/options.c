@@ -109,9 +109,9 @@ static const spec table[PM__OPT_COUNT] = {
     [PM__OPT_COPY_KERNEL_STAGED] = {"PINMEM_COPY_KERNEL_STAGED", NULL, CHOICE, 0, "0|1", 0, 0, 0,
                                     "0",
                                     "pm_memcpy_batch_async with the kernel: pageable blocks, "
-                                    "once gathered into a staging buffer, move to or from the "
-                                    "device by one launch a buffer (1) rather than a DMA a "
-                                    "block (0)"},
+                                    "once gathered into a staging buffer, move by one DMA to "
+                                    "device memory beside it and one launch scattering them "
+                                    "there (1) rather than a DMA a block (0)"},
     [PM__OPT_COPY_KERNEL_PER_SM] = {"PINMEM_COPY_KERNEL_PER_SM", NULL, COUNT, ZERO_DEFAULT, NULL, 1,
                                     8, 4, "4",
                                     "the batch kernel: blocks of threads launched per "

@@ -236,12 +236,15 @@ typedef struct pm__backend {
      * memory pinmem pinned (cuda: device memory of pinmem's device in its
      * context, or host memory pinned for every context or in that one).
      * block_copy_async: queues the count copies of blocks (all checked by
-     * the caller, none overlapping) on s, after s's earlier work; blocks
-     * itself must be page-locked host memory that stays unchanged until
-     * work enqueued on s after the call is done. */
+     * the caller, none overlapping, the largest of largest bytes) on s,
+     * after s's earlier work; blocks itself must be memory the kernel
+     * reaches (page-locked host memory or device memory, which the call
+     * does not read) and stays unchanged until work enqueued on s after
+     * the call is done. */
     bool (*block_copy_ready)(pm_stream_t s);
     bool (*block_copy_reaches)(pm_deviceptr p, size_t bytes);
-    pm_result (*block_copy_async)(const pm__block_copy *blocks, size_t count, pm_stream_t s);
+    pm_result (*block_copy_async)(const pm__block_copy *blocks, size_t count,
+                                  unsigned long long largest, pm_stream_t s);
 } pm__backend;
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */

@@ -728,9 +728,10 @@ static bool cuda_block_copy_reaches(pm_deviceptr p, size_t bytes)
     return false;
 }
 
-static pm_result cuda_block_copy_async(const pm__block_copy *blocks, size_t count, pm_stream_t s)
+static pm_result cuda_block_copy_async(const pm__block_copy *blocks, size_t count,
+                                       unsigned long long largest, pm_stream_t s)
 {
-    DRIVER_CALL("cuLaunchKernel", pm__cuda_kernel_launch(blocks, count, (CUstream)s));
+    DRIVER_CALL("cuLaunchKernel", pm__cuda_kernel_launch(blocks, count, largest, (CUstream)s));
 }
 
 static pm_result cuda_device_info(int ordinal, pm_device_info *info)

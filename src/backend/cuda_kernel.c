@@ -386,19 +386,17 @@ bool pm__cuda_kernel_loaded(void)
     return loaded;
 }
 
-CUresult pm__cuda_kernel_launch(const pm__block_copy *blocks, size_t count, CUstream s)
+CUresult pm__cuda_kernel_launch(const pm__block_copy *blocks, size_t count,
+                                unsigned long long largest, CUstream s)
 {
     if (!pm__cuda_kernel_loaded())
         return CUDA_ERROR_NOT_SUPPORTED;
     /* Few blocks are split into parts, so that every multiprocessor works;
      * many are one part each, and the grid strides over them. */
-    unsigned long long largest = 0;
-    for (size_t i = 0; i < count; i++)
-        largest = blocks[i].bytes > largest ? blocks[i].bytes : largest;
     const unsigned long long parts = pm__block_parts(count, largest, grid_max);
     unsigned long long units = count * parts;
     unsigned grid = units < grid_max ? (unsigned)units : grid_max;
-    CUdeviceptr list = (CUdeviceptr)(uintptr_t)blocks; /* host pointer = device pointer here */
+    CUdeviceptr list = (CUdeviceptr)(uintptr_t)blocks; /* device memory, or host memory mapped at its address */
     unsigned long long n = count;
     unsigned p = (unsigned)parts;
     void *params[] = {&list, &n, &p};

@@ -16,6 +16,7 @@ void pm__cuda_kernel_open(const pm__cuda_api *api, CUdevice device, CUcontext pr
  * failure is remembered) and says whether it is there. */
 bool pm__cuda_kernel_loaded(void);
 /* Launches the kernel over count blocks on s (pinmem's context current). */
-CUresult pm__cuda_kernel_launch(const pm__block_copy *blocks, size_t count, CUstream s);
+CUresult pm__cuda_kernel_launch(const pm__block_copy *blocks, size_t count,
+                                unsigned long long largest, CUstream s);
 
 #endif

@@ -19,12 +19,15 @@ pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, 
 }
 
 pm_result pm__copy_backend_blocks(const pm__backend *b, const pm__block_copy *blocks, size_t count,
-                                  pm_stream_t s)
+                                  const pm__block_copy *kernel_reads, pm_stream_t s)
 {
     if (PM__TEST_FAULT(pm__fault_block_copy))
         return pm__fail(PM_ERROR_UNKNOWN, "a launch of %zu block copies failed (injected fault)",
                         count);
-    pm_result r = b->block_copy_async(blocks, count, s);
+    unsigned long long largest = 0;
+    for (size_t i = 0; i < count; i++)
+        largest = blocks[i].bytes > largest ? blocks[i].bytes : largest;
+    pm_result r = b->block_copy_async(kernel_reads ? kernel_reads : blocks, count, largest, s);
     if (r == PM_SUCCESS)
         atomic_fetch_add_explicit(&pm__copy_count.kernel_launches, 1, memory_order_relaxed);
     return r;

@@ -18,8 +18,9 @@
  * cost per DMA halves the rate of small blocks: page-locked ones go to the
  * kernel in lists of blocks (staging.c keeps each list in a ring buffer until
  * its launch is done); pageable ones are gathered as with GATHER, and with
- * kernel_staged each buffer's blocks are moved by one launch instead of a DMA
- * each (slower on the GPUs measured). Nothing of it on a capturing stream,
+ * kernel_staged each buffer moves by one DMA to or from its device twin and
+ * one launch between the twin and the blocks, instead of a DMA a block
+ * (slower on the GPUs measured). Nothing of it on a capturing stream,
  * or where the backend cannot launch on the stream: those take GATHER's
  * way. */
 #include <stdint.h>

@@ -248,8 +248,11 @@ typedef enum { PM__VIA_PINNED, PM__VIA_PAGEABLE, PM__VIA_SYNC } pm__copy_via;
 /* backend_copy.c: the backend's copy calls, with the test fault point in front. */
 pm_result pm__copy_backend(const pm__backend *b, pm__direction dir, void *host, pm_deviceptr dev,
                            size_t n, pm_stream_t s, pm__copy_via via);
-/* The backend's block_copy_async, with its own fault point; counts launches. */
+/* The backend's block_copy_async, with its own fault point; counts launches.
+ * blocks is read here; the kernel reads kernel_reads, a copy of it in
+ * device memory queued before (NULL: blocks itself). */
 pm_result pm__copy_backend_blocks(const pm__backend *b, const pm__block_copy *blocks, size_t count,
+                                  const pm__block_copy *kernel_reads,
                                   pm_stream_t s);
 /* The backend's copy_batch_async, with the same fault point (one pass a call). */
 pm_result pm__copy_backend_batch(const pm__backend *b, const pm_deviceptr *dsts,

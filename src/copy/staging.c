@@ -161,6 +161,13 @@ static struct {
     size_t chunk;
     /* The ring's memory: one pinned range of n_buffers * chunk bytes. */
     void *ring_base;
+    /* Device memory as large as the ring, a buffer's twin for each, where
+     * kernel jobs' pieces land whole (host to device) or are gathered
+     * (device to host) so that one DMA moves each piece: made on the first
+     * kernel job; scratch_failed once that failed (kernel jobs then take a
+     * DMA a segment). */
+    pm_deviceptr scratch;
+    bool scratch_failed;
     size_t ring_pin_len;
     unsigned ring_tag;
     /* The last ring planned (pm__staging_ring), and when a ring that could
@@ -428,34 +435,68 @@ static pm_result queue_segment_dmas(const pm__backend *be, const job *j, const b
 static size_t list_reserve(void) { return eng.chunk / 16; }
 
 /* A piece of a kernel job, which spans segments from the i-th on: where
- * every one of them may move by the kernel and their list fits, the list is
- * written at the end of b and one launch queued (true, its result in *r);
- * otherwise nothing is done (false). */
+ * every one of them may move by the kernel, their list fits and the ring
+ * has its device twin, the piece moves by one DMA between b and b's twin
+ * and one launch of the kernel between the twin and the segments' device
+ * memory, whose list is written at the end of b (true, the result in *r);
+ * otherwise nothing is done (false). Host to device: the DMA, then the
+ * kernel scattering; device to host: the kernel gathering, then the DMA. */
 static bool queue_launch(const pm__backend *be, const job *j, const buffer *b, size_t i,
                          pm_result *r)
 {
     const size_t end = b->offset + b->bytes, cap = list_reserve() / sizeof(pm__block_copy);
     size_t n = 0;
+    if (!eng.scratch)
+        return false;
     for (size_t k = i, off = b->offset; off < end; k++, n++) {
         if (!j->segs[k].kernel || n == cap)
             return false;
         off = j->segs[k].at + j->segs[k].bytes;
     }
+    const pm_deviceptr twin = eng.scratch + (pm_deviceptr)((size_t)(b - eng.ring) * eng.chunk);
     pm__block_copy *list = (pm__block_copy *)((uint8_t *)b->p + eng.chunk - list_reserve());
     n = 0;
     for (size_t off = b->offset; off < end; i++) {
         const pm__segment *s = &j->segs[i];
         size_t in = off - s->at, take = min_size(s->bytes - in, end - off);
-        pm_deviceptr ring = (pm_deviceptr)(uintptr_t)((uint8_t *)b->p + (off - b->offset));
-        list[n++] = (pm__block_copy){.dst = j->dir == PM__HTOD ? s->dev + in : ring,
-                                     .src = j->dir == PM__HTOD ? ring : s->dev + in,
+        pm_deviceptr near = twin + (off - b->offset);
+        list[n++] = (pm__block_copy){.dst = j->dir == PM__HTOD ? s->dev + in : near,
+                                     .src = j->dir == PM__HTOD ? near : s->dev + in,
                                      .bytes = take};
         off += take;
     }
-    *r = pm__copy_backend_blocks(be, list, n, j->stream);
+    /* The list goes to the twin too: the kernel reads it there, near, rather
+     * than across the bus once a part. */
+    const pm_deviceptr twin_list = twin + (eng.chunk - list_reserve());
+    const pm__block_copy *list_near = (const pm__block_copy *)(uintptr_t)twin_list;
+    *r = pm__copy_backend(be, PM__HTOD, list, twin_list, n * sizeof *list, j->stream,
+                          PM__VIA_PINNED);
+    if (*r == PM_SUCCESS && j->dir == PM__HTOD) {
+        *r = pm__copy_backend(be, PM__HTOD, b->p, twin, b->bytes, j->stream, PM__VIA_PINNED);
+        if (*r == PM_SUCCESS)
+            *r = pm__copy_backend_blocks(be, list, n, list_near, j->stream);
+    } else if (*r == PM_SUCCESS) {
+        *r = pm__copy_backend_blocks(be, list, n, list_near, j->stream);
+        if (*r == PM_SUCCESS)
+            *r = pm__copy_backend(be, PM__DTOH, b->p, twin, b->bytes, j->stream, PM__VIA_PINNED);
+    }
     if (*r == PM_SUCCESS)
         atomic_fetch_add_explicit(&pm__copy_count.kernel_bytes, b->bytes, memory_order_relaxed);
     return true;
+}
+
+/* lock held, as a kernel job starts: the ring's device twin, made once (a
+ * failure leaves kernel jobs a DMA a segment). */
+static void ensure_scratch_locked(void)
+{
+    if (eng.scratch || eng.scratch_failed)
+        return;
+    const pm__backend *be = pm__instance_backend();
+    pm_deviceptr d = 0;
+    if (be->device_alloc(&d, (size_t)eng.n_buffers * eng.chunk) == PM_SUCCESS)
+        eng.scratch = d;
+    else
+        eng.scratch_failed = true;
 }
 
 /* After work from or into b was queued on s (r: how that went): b's marker
@@ -767,6 +808,10 @@ static void free_ring(void)
         be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
         pm__budget_give(eng.ring_pin_len);
     }
+    if (eng.scratch)
+        be->device_release(eng.scratch); /* its last users were the markers waited for above */
+    eng.scratch = 0;
+    eng.scratch_failed = false;
     free(eng.ring);
     free(eng.queue);
     eng.ring = NULL;
@@ -1134,6 +1179,8 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     atomic_store_explicit(&eng.spin_ns, set->spin_ns, memory_order_relaxed);
     job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
              .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
+    if (kernel)
+        ensure_scratch_locked();
     j.plan = pm__plan_pieces(set, kernel ? eng.chunk - list_reserve() : eng.chunk, bytes);
     j.slice = j.plan.slice;
     unsigned size_class = 0;
@@ -1260,7 +1307,7 @@ pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *
         r = wait_previous_dma(NULL, b); /* failed: b is left as it is, pending */
         if (r == PM_SUCCESS) {
             memcpy(b->p, blocks + done, k * sizeof *blocks);
-            r = mark_behind(be, stream, b, pm__copy_backend_blocks(be, b->p, k, stream));
+            r = mark_behind(be, stream, b, pm__copy_backend_blocks(be, b->p, k, NULL, stream));
         }
         count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
         for (size_t i = done; i < done + k; i++)
