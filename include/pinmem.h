@@ -581,8 +581,8 @@ typedef struct pm_copy_config {
     unsigned pieces;
     unsigned spin_us;            /* after a copy of up to a buffer, its workers look for
                                     more work this long before they sleep, so that the next
-                                    such copy finds them awake (default 1000);
-                                    (unsigned)-1: not at all */
+                                    such copy finds them awake; (unsigned)-1: not at all (the
+                                    default: spinning delays other threads' wake-ups) */
     pm_copy_ring ring;           /* DEFAULT: SPLIT */
     pm_copy_batch batch;         /* DEFAULT: KERNEL */
 } pm_copy_config;

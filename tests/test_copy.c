@@ -345,7 +345,7 @@ static void piece_settings(void)
         pm_copy_config c = saved;
         c.first_piece_bytes = firsts[k % 4];
         c.pieces = pieces[k / 4];
-        c.spin_us = k % 3 == 0 ? 200 : k % 3 == 1 ? UINT_MAX : 0; /* 0: the default */
+        c.spin_us = k % 3 == 0 ? 200 : k % 3 == 1 ? 1000 : 0; /* 0: the default, none */
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
         size_t n = 1 + rnd(cap);
         round_trip(src, dst, n, dev, k % 2, s, 700 + k);

@@ -119,7 +119,7 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_PIECES", "4K", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_SPIN_US", "100", GOOD, FIELD(spin_us), 100},
     {"PINMEM_COPY_SPIN_US", "-1", GOOD, FIELD(spin_us), UINT_MAX},
-    {"PINMEM_COPY_SPIN_US", "0", GOOD, FIELD(spin_us), 1000}, /* the default */
+    {"PINMEM_COPY_SPIN_US", "0", GOOD, FIELD(spin_us), UINT_MAX}, /* the default: none */
     {"PINMEM_COPY_SPIN_US", "10001", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_SPIN_US", "-2", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_RING", "shared", GOOD, FIELD(ring), PM_COPY_RING_SHARED},
@@ -289,7 +289,7 @@ static void code(void)
     EXPECT_TAKEN(pieces, 0, 1u);
     EXPECT_TAKEN(spin_us, 200, 200u);
     EXPECT_TAKEN(spin_us, UINT_MAX, UINT_MAX);
-    EXPECT_TAKEN(spin_us, 0, 1000u); /* 0: the default */
+    EXPECT_TAKEN(spin_us, 0, UINT_MAX); /* 0: the default, none */
     EXPECT_TAKEN(ring, PM_COPY_RING_SHARED, PM_COPY_RING_SHARED);
     EXPECT_TAKEN(ring, PM_COPY_RING_DEFAULT, PM_COPY_RING_SPLIT);
     EXPECT_TAKEN(batch, PM_COPY_BATCH_EACH, PM_COPY_BATCH_EACH);
@@ -322,7 +322,7 @@ static void settings_list(void)
     CHECK_RESULT(pm_get_setting(n, &st), PM_ERROR_NOT_FOUND);
     CHECK_RESULT(pm_get_setting(0, NULL), PM_ERROR_INVALID_VALUE);
     CHECK(setting("PINMEM_COPY_CHUNK", &st) && strcmp(st.value, "4M") == 0);
-    CHECK(setting("PINMEM_COPY_SPIN_US", &st) && strcmp(st.value, "1000") == 0);
+    CHECK(setting("PINMEM_COPY_SPIN_US", &st) && strcmp(st.value, "-1") == 0);
     CHECK(setting("PINMEM_COPY_RING", &st) && strcmp(st.value, "split") == 0);
     CHECK(setting("PINMEM_COPY_BATCH", &st) && strcmp(st.value, "kernel") == 0);
     CHECK(setting("PINMEM_COPY_FIRST_PIECE", &st) && strcmp(st.value, "512K") == 0);

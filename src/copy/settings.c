@@ -46,10 +46,6 @@ static size_t machine_cache_max(void)
     return quarter > ((size_t)1 << 20) ? quarter & ~(((size_t)1 << 20) - 1) : (size_t)1 << 20;
 }
 
-/* How long workers spin after a copy of up to a buffer: about as long as
- * the copies a wake-up weighs on take (docs/design.md, "The copy engine"). */
-#define SPIN_US_DEFAULT 1000
-
 /* The environment's spin time as the options table reads it (0: unset). */
 static unsigned long long spin_env(const pm_copy_config *e)
 {
@@ -133,7 +129,9 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     out->pinned_budget = pick(f[BUDGET].checked, e->pinned_budget, 0);
     out->first_piece_bytes = pick(f[FIRST].checked, e->first_piece_bytes, out->slice_bytes);
     out->pieces = (unsigned)pick(f[PIECES].checked, e->pieces, 1);
-    unsigned long long spin = pick(f[SPIN].checked, spin_env(e), SPIN_US_DEFAULT);
+    /* No spinning unless asked: spinning workers delay the wake-ups of other
+     * threads (docs/design.md, "Workers kept awake"). */
+    unsigned long long spin = pick(f[SPIN].checked, spin_env(e), PM__OPT_NONE);
     out->spin_us = spin == PM__OPT_NONE ? UINT_MAX : (unsigned)spin;
     out->ring = (pm_copy_ring)pick(f[RING].checked, e->ring, PM_COPY_RING_SPLIT);
     out->batch = (pm_copy_batch)pick(f[BATCH].checked, e->batch, PM_COPY_BATCH_KERNEL);
