@@ -689,9 +689,9 @@ static inline void cpu_relax(void)
 /* Lock not held: waits until eng.events moves past seen while a job is
  * listed or the engine stops (true), or the clock passes until (false),
  * without sleeping, so that work queued within the time finds this thread
- * awake. It yields its CPU every few microseconds: a spinning worker must
- * never keep a thread with work (a worker copying out, the driver's own)
- * from running. */
+ * awake. It yields its CPU every few microseconds, for a thread with work
+ * queued on that CPU; some kernels let the spinner go on regardless, which
+ * is why spinning is off by default (docs/design.md). */
 static bool spin_for_event(unsigned long long seen, unsigned long long until)
 {
     for (unsigned k = 1;; k++) {
