@@ -466,6 +466,12 @@ static void bad_elements(void)
     REFUSED(PM_ERROR_INVALID_VALUE, "element 5");
     CHECK(strstr(pm_last_error_detail(), "element 2") != NULL);
     RESET();
+    dsts[5] = srcs[2] + 10; /* into host memory another element reads */
+    srcs[5] = dev + 5 * BYTES;
+    REFUSED(PM_ERROR_INVALID_VALUE, "element 5");
+    CHECK(strstr(pm_last_error_detail(), "element 2") != NULL);
+    CHECK(first_mismatch(host, N * BYTES, 3) == N * BYTES);
+    RESET();
     srcs[1] = srcs[3]; /* two elements reading one source: fine */
     sizes[0] = 0; /* and one of 0 bytes */
     dsts[0] = 0;

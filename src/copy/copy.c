@@ -36,6 +36,16 @@ uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uin
 
 typedef pm__piece piece;
 
+piece pm__copy_piece_within(const pm__range *r, size_t registration_piece, uintptr_t at,
+                            uintptr_t end)
+{
+    uintptr_t lo, hi;
+    pinned_bytes(r, &lo, &hi);
+    if (at >= lo && at < hi)
+        return (piece){pm__copy_pinned_end(r, registration_piece, at, end), true};
+    return (piece){min_addr(at < lo ? lo : r->pin_base + r->pin_len, end), false};
+}
+
 /* pm__copy_next_piece, for this file's own calls (the copy path), as the
  * compiler inlines it. */
 static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
@@ -46,12 +56,10 @@ static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t
     pm__extent_found found = pm__ranges_extent_at_or_after(ranges, at, &r);
     if (found == PM__EXTENT_NONE)
         return (piece){end, false};
+    if (found == PM__EXTENT_AT)
+        return pm__copy_piece_within(&r, registration_piece, at, end);
     pinned_bytes(&r, &lo, &hi);
-    if (found == PM__EXTENT_AFTER)
-        return (piece){min_addr(lo, end), false};
-    if (at >= lo && at < hi)
-        return (piece){pm__copy_pinned_end(&r, registration_piece, at, end), true};
-    return (piece){min_addr(at < lo ? lo : r.pin_base + r.pin_len, end), false};
+    return (piece){min_addr(lo, end), false};
 }
 
 static void count(_Atomic unsigned long long *counter, size_t n)

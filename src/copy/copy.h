@@ -230,6 +230,9 @@ typedef struct pm__piece {
 } pm__piece;
 pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
                               uintptr_t end);
+/* The same piece, where at lies in r's extent (found by the caller). */
+pm__piece pm__copy_piece_within(const pm__range *r, size_t registration_piece, uintptr_t at,
+                                uintptr_t end);
 
 /* Whether the stream of a copy captures a graph: not known yet (the copy
  * asks when it must), or known to the caller. */
