@@ -532,7 +532,7 @@ typedef enum {
  * PINMEM_COPY_HTOD_WORKERS (1 to 256), chunk_bytes PINMEM_COPY_CHUNK (64 KiB
  * to 256 MiB), slice_bytes PINMEM_COPY_SLICE (4 KiB to 256 MiB), buffers
  * PINMEM_COPY_BUFFERS (1 to 1024), direct_max PINMEM_COPY_DIRECT_MAX (-1:
- * none), staging_stores PINMEM_COPY_STORES (default, cached, streaming or
+ * none), dtoh_direct_max PINMEM_COPY_DTOH_DIRECT_MAX (-1: none), staging_stores PINMEM_COPY_STORES (default, cached, streaming or
  * demoting), registration_cache PINMEM_REGISTRATION_CACHE (0 or 1),
  * cache_min_bytes PINMEM_REGISTRATION_CACHE_MIN and cache_max_bytes
  * PINMEM_REGISTRATION_CACHE_MAX (from 4 KiB), pinned_budget
@@ -549,9 +549,9 @@ typedef struct pm_copy_config {
     unsigned workers;            /* staging threads (the caller helps as well) */
     size_t chunk_bytes;          /* size of one staging buffer, moved by one DMA */
     unsigned buffers;            /* staging buffers in the ring */
-    size_t direct_max;           /* pageable copies up to this size go through the
-                                    driver's own path, which is cheaper for them;
-                                    (size_t)-1: none do */
+    size_t direct_max;           /* pageable copies to the device up to this size go
+                                    through the driver's own path, which is cheaper for
+                                    them (default 512 KiB); (size_t)-1: none do */
     int registration_cache;      /* 1: keep large pageable buffers registered between
                                     copies (needs userfaultfd to hear unmaps; else
                                     nothing is cached); 0: off (the default) */
@@ -585,6 +585,9 @@ typedef struct pm_copy_config {
                                     default: spinning delays other threads' wake-ups) */
     pm_copy_ring ring;           /* DEFAULT: SPLIT */
     pm_copy_batch batch;         /* DEFAULT: KERNEL */
+    size_t dtoh_direct_max;      /* the same from the device (default 32 KiB, or direct_max
+                                    where smaller): the staging engine wins there from
+                                    smaller sizes; (size_t)-1: none do */
 } pm_copy_config;
 
 /* config and its struct_size are checked. */

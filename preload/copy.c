@@ -10,7 +10,8 @@
  * attributes say), both ends of the host range pageable, the device side on
  * pinmem's device, and a stream that is not capturing (a capture gets the
  * runtime's own copy node). Copies pinmem would leave to the driver anyway
- * (up to its direct_max) go to the runtime at once. The waits the preload
+ * (up to its direct_max, or dtoh_direct_max from the device) go to the
+ * runtime at once. The waits the preload
  * itself makes on the caller's thread run in relaxed capture mode, so that
  * another thread's capture survives them. */
 #include <stdint.h>
@@ -121,8 +122,9 @@ static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
     const pm__pinmem_api *pm = NULL;
     bool htod = false;
     if (count == 0 || !dst || !src || !pm__preload_wants(PM__PRELOAD_COPY) ||
-        !(pm = pm__pinmem()) || count <= pm->direct_max ||
+        !(pm = pm__pinmem()) || (count <= pm->direct_max && count <= pm->dtoh_direct_max) ||
         !host_to_device(pm, dst, src, count, kind, &htod) ||
+        count <= (htod ? pm->direct_max : pm->dtoh_direct_max) ||
         !stream_serves(pm, stream, per_thread))
         return false;
     /* A synchronous copy waits on this thread for the stream before it

@@ -121,6 +121,7 @@ static void load(void)
         return;
     api.device_ordinal = caps.device_ordinal;
     api.direct_max = config.direct_max;
+    api.dtoh_direct_max = config.dtoh_direct_max;
     usable = &api;
 }
 

@@ -128,6 +128,7 @@ typedef struct pm__pinmem_api {
 #undef PM__PINMEM_FIELD_
     int device_ordinal;  /* pinmem's device; -1 where it has none (posix) */
     size_t direct_max;   /* pageable copies up to this size pinmem leaves to the driver */
+    size_t dtoh_direct_max; /* the same from the device */
 } pm__pinmem_api;
 
 /* pinmem, loaded and initialised on first use; NULL when it cannot serve

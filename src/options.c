@@ -74,9 +74,14 @@ static const spec table[PM__OPT_COUNT] = {
                               1024, 0, "twice the buffers all threads fill at once, plus 4",
                               "staging buffers in the ring"},
     [PM__OPT_COPY_DIRECT_MAX] = {"PINMEM_COPY_DIRECT_MAX", "direct_max", SIZE, ZERO_DEFAULT | NONE,
-                                 NULL, 1, ULLONG_MAX - 1, 2 * MIB, "2M",
-                                 "pageable copies up to this size take the backend's own path "
-                                 "(-1: none do)"},
+                                 NULL, 1, ULLONG_MAX - 1, 512 * KIB, "512K",
+                                 "pageable copies to the device up to this size take the "
+                                 "backend's own path (-1: none do)"},
+    [PM__OPT_COPY_DTOH_DIRECT_MAX] = {"PINMEM_COPY_DTOH_DIRECT_MAX", "dtoh_direct_max", SIZE,
+                                      ZERO_DEFAULT | NONE, NULL, 1, ULLONG_MAX - 1, 32 * KIB,
+                                      "32K, or PINMEM_COPY_DIRECT_MAX where smaller",
+                                      "pageable copies from the device up to this size take the "
+                                      "backend's own path (-1: none do)"},
     [PM__OPT_COPY_STORES] = {"PINMEM_COPY_STORES", "staging_stores", CHOICE, 0,
                              "default|cached|streaming|demoting", 0, 0, 0, "default",
                              "how staging threads store into and out of the buffers"},

@@ -17,7 +17,8 @@
  *  - sizes of memory (staging buffers and slices, the registration cache's
  *    bounds) are rounded up to whole pages;
  *  - PINMEM_COPY_DIRECT_MAX=-1, like pm_copy_config.direct_max = (size_t)-1,
- *    means that no pageable copy takes the backend's own path;
+ *    means that no pageable copy takes the backend's own path (and
+ *    PINMEM_COPY_DTOH_DIRECT_MAX=-1 none from the device);
  *    PINMEM_COPY_SPIN_US=-1, like pm_copy_config.spin_us = (unsigned)-1, that
  *    workers never spin.
  * The settings pm_copy_set_config (and pm_set_pinned_budget) also take pass
@@ -48,6 +49,7 @@ typedef enum pm__option {
     PM__OPT_COPY_SLICE,
     PM__OPT_COPY_BUFFERS,
     PM__OPT_COPY_DIRECT_MAX,
+    PM__OPT_COPY_DTOH_DIRECT_MAX,
     PM__OPT_COPY_STORES,
     PM__OPT_COPY_FIRST_PIECE,
     PM__OPT_COPY_PIECES,

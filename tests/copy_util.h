@@ -123,7 +123,7 @@ static inline void small_copy_config(int registration_cache)
     c.chunk_bytes = 64 << 10;
     c.slice_bytes = 16 << 10; /* four threads fill a buffer */
     c.buffers = 6;
-    c.direct_max = 4 << 10;
+    c.direct_max = c.dtoh_direct_max = 4 << 10;
     c.registration_cache = registration_cache;
     c.cache_min_bytes = 1 << 20;
     CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);

@@ -113,6 +113,47 @@ static void boundaries(void)
     CHECK(st.direct_bytes > 0 && st.staged_bytes > 0 && st.driver_bytes > 0);
 }
 
+/* Which pageable copies take the backend's own path: up to direct_max to the
+ * device and up to dtoh_direct_max from it, whose default is the smaller of
+ * its own and direct_max. */
+static void direct_by_direction(void)
+{
+    enum { N = 64 << 10 };
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(N);
+    SCOPED_MALLOC uint8_t *src = malloc(N), *dst = malloc(N);
+    REQUIRE(dev && src && dst);
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    static const struct {
+        size_t direct_max, dtoh_direct_max, bytes;
+        bool htod_staged, dtoh_staged;
+    } cases[] = {
+        {N, 0, N, false, true},             /* from the device: 32 KiB by default */
+        {N, 0, 16 << 10, false, false},
+        {16 << 10, 0, 32 << 10, true, true}, /* a smaller direct_max binds both */
+        {(size_t)-1, 0, 8 << 10, true, true},
+        {4 << 10, N, N, true, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        pm_copy_config c = saved;
+        c.direct_max = cases[k].direct_max;
+        c.dtoh_direct_max = cases[k].dtoh_direct_max;
+        CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+        const size_t n = cases[k].bytes;
+        pm_copy_stats before = {.struct_size = sizeof before}, mid = before, after = before;
+        CHECK_RESULT(pm_copy_get_stats(&before), PM_SUCCESS);
+        fill(src, n, (unsigned)k);
+        CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+        CHECK_RESULT(pm_copy_get_stats(&mid), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(dst, dev, n), PM_SUCCESS);
+        CHECK_RESULT(pm_copy_get_stats(&after), PM_SUCCESS);
+        CHECK(memcmp(src, dst, n) == 0);
+        CHECK(mid.staged_bytes - before.staged_bytes == (cases[k].htod_staged ? n : 0));
+        CHECK(after.staged_bytes - mid.staged_bytes == (cases[k].dtoh_staged ? n : 0));
+    }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+}
+
 /* A copy across two neighbouring pool allocations. */
 static void across_pool_blocks(void)
 {
@@ -475,7 +516,7 @@ static void store_kinds(void)
     for (int kind = PM_COPY_STORES_CACHED; kind <= PM_COPY_STORES_DEMOTING; kind++) {
         pm_copy_config c = saved;
         c.staging_stores = (pm_copy_stores)kind;
-        c.direct_max = (size_t)-1; /* everything staged */
+        c.direct_max = c.dtoh_direct_max = (size_t)-1; /* everything staged */
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
         CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
         pm_copy_stats before = {.struct_size = sizeof before}, after = before;
@@ -691,6 +732,7 @@ int main(void)
     random_sizes();
     boundaries();
     across_pool_blocks();
+    direct_by_direction();
     eight_threads();
     small_rings();
     both_ways();

@@ -62,7 +62,7 @@ static void one_buffer_config(void)
     c.buffers = 1;
     c.slice_bytes = N;
     c.chunk_bytes = 64 << 10;
-    c.direct_max = 4 << 10;
+    c.direct_max = c.dtoh_direct_max = 4 << 10;
     CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
 }
 

@@ -46,7 +46,8 @@ static bool same_config(const pm_copy_config *a, const pm_copy_config *b)
            a->pinned_budget == b->pinned_budget && a->staging_stores == b->staging_stores &&
            a->slice_bytes == b->slice_bytes && a->htod_workers == b->htod_workers &&
            a->first_piece_bytes == b->first_piece_bytes && a->pieces == b->pieces &&
-           a->spin_us == b->spin_us && a->ring == b->ring && a->batch == b->batch;
+           a->spin_us == b->spin_us && a->ring == b->ring && a->batch == b->batch &&
+           a->dtoh_direct_max == b->dtoh_direct_max;
 }
 
 /* The configuration in effect goes back in unchanged. */
@@ -96,6 +97,13 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_DIRECT_MAX", "0", GOOD, FIELD(direct_max), 512 * KIB},
     {"PINMEM_COPY_DIRECT_MAX", "64K", GOOD, FIELD(direct_max), 64 * KIB},
     {"PINMEM_COPY_DIRECT_MAX", "-2", BAD, NO_FIELD, 0},
+    /* From the device: its own default, or direct_max where that is smaller. */
+    {"PINMEM_COPY_DTOH_DIRECT_MAX", "0", GOOD, FIELD(dtoh_direct_max), 32 * KIB},
+    {"PINMEM_COPY_DTOH_DIRECT_MAX", "1M", GOOD, FIELD(dtoh_direct_max), MIB},
+    {"PINMEM_COPY_DTOH_DIRECT_MAX", "-1", GOOD, FIELD(dtoh_direct_max), SIZE_MAX},
+    {"PINMEM_COPY_DTOH_DIRECT_MAX", "-2", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_DIRECT_MAX", "16K", GOOD, FIELD(dtoh_direct_max), 16 * KIB},
+    {"PINMEM_COPY_DIRECT_MAX", "-1", GOOD, FIELD(dtoh_direct_max), SIZE_MAX},
     {"PINMEM_COPY_STORES", "streaming", GOOD, FIELD(staging_stores), PM_COPY_STORES_STREAMING},
     {"PINMEM_COPY_STORES", "fast", BAD, NO_FIELD, 0},
     {"PINMEM_REGISTRATION_CACHE", "1", GOOD, FIELD(registration_cache), 1},
@@ -278,6 +286,9 @@ static void code(void)
     EXPECT_TAKEN(direct_max, (size_t)-1, (size_t)-1);
     EXPECT_TAKEN(direct_max, 0, 512 * KIB); /* 0: the default */
     EXPECT_TAKEN(direct_max, 12345, 12345u);
+    EXPECT_TAKEN(dtoh_direct_max, (size_t)-1, (size_t)-1);
+    EXPECT_TAKEN(dtoh_direct_max, 0, 32 * KIB); /* 0: the default */
+    EXPECT_TAKEN(dtoh_direct_max, 12345, 12345u);
     EXPECT_TAKEN(cache_min_bytes, 1, 4 * KIB);
     EXPECT_TAKEN(workers, 0, saved.workers); /* 0: the default */
     EXPECT_TAKEN(staging_stores, PM_COPY_STORES_CACHED, PM_COPY_STORES_CACHED);

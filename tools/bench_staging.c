@@ -14,7 +14,7 @@ static void configure(pm_copy_stores stores, size_t direct_max)
     pm_copy_config c = {.struct_size = sizeof c};
     pm_copy_get_config(&c);
     c.staging_stores = stores;
-    c.direct_max = direct_max;
+    c.direct_max = c.dtoh_direct_max = direct_max;
     pm_copy_set_config(&c);
 }
 

@@ -21,6 +21,7 @@ static pm_copy_config config_of(const pm__copy_settings *s)
         .chunk_bytes = s->chunk_bytes,
         .buffers = s->buffers,
         .direct_max = s->direct_max ? s->direct_max : (size_t)-1,
+        .dtoh_direct_max = s->dtoh_direct_max ? s->dtoh_direct_max : (size_t)-1,
         .registration_cache = s->registration_cache,
         .cache_min_bytes = s->cache_min_bytes,
         .cache_max_bytes = s->cache_max_bytes,

@@ -119,7 +119,7 @@ static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *
      * so memory with a cached registration waiting to be undone is staged. */
     bool driver_may = !pm__regcache_overlaps(host, n);
     pm_result r;
-    if (n <= set->direct_max && driver_may)
+    if (n <= (dir == PM__HTOD ? set->direct_max : set->dtoh_direct_max) && driver_may)
         return driver_copy(b, dir, host, dev, n, s, sync);
     bool no_ring;
     r = pm__staged_copy(set, dir, host, dev, n, s, sync, &no_ring);

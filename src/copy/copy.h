@@ -34,7 +34,7 @@ typedef struct pm__copy_settings {
     size_t chunk_bytes; /* one buffer, one DMA */
     size_t slice_bytes; /* one CPU copy */
     unsigned buffers;
-    size_t direct_max;
+    size_t direct_max, dtoh_direct_max; /* to the device, from it; 0: none */
     bool registration_cache;
     size_t cache_min_bytes, cache_max_bytes;
     pm_copy_stores stores, default_stores /* PINMEM_COPY_STORES */;
