@@ -8,7 +8,8 @@
  * against size and the batches with gnuplot.
  *
  * PINMEM_BENCH_COPY picks sections (default "sizes cache both batch"):
- * sizes (4 KiB to the largest), mid (256 KiB to 16 MiB only), cache, both,
+ * sizes (4 KiB to the largest), mid (256 KiB to 16 MiB only), small (4 KiB
+ * to 512 KiB by doubling, where the driver's own path may win), cache, both,
  * batch, and summary (a last line of key=value figures for scripts that
  * compare settings, bench/gpu-copy.sh). */
 #include <stdint.h>
@@ -80,12 +81,13 @@ static void time_pair(const baseline *b, copy_fn f1, copy_fn f2, pm_deviceptr d,
     free(c);
 }
 
-static void set_cache(bool on, size_t direct_max)
+static void set_cache(bool on, size_t direct_max, size_t dtoh_direct_max)
 {
     pm_copy_config c = {.struct_size = sizeof c};
     pm_copy_get_config(&c);
     c.registration_cache = on;
     c.direct_max = direct_max;
+    c.dtoh_direct_max = dtoh_direct_max;
     pm_copy_set_config(&c);
 }
 
@@ -112,9 +114,10 @@ void summary_add(copy_summary *s, const char *key, double value)
     snprintf(s->text + used, sizeof s->text - used, " %s=%.3g", key, value);
 }
 
-/* Which sections PINMEM_BENCH_COPY names (all but mid and summary when unset). */
+/* Which sections PINMEM_BENCH_COPY names (all but mid, small and summary
+ * when unset). */
 typedef struct sections {
-    bool sizes, mid, cache, both, batch, summary;
+    bool sizes, mid, small, cache, both, batch, summary;
 } sections;
 
 static bool names(const char *list, const char *word)
@@ -131,7 +134,7 @@ static sections sections_asked(void)
     const char *v = getenv("PINMEM_BENCH_COPY");
     if (!v || !*v)
         return (sections){.sizes = true, .cache = true, .both = true, .batch = true};
-    return (sections){.sizes = names(v, "sizes"), .mid = names(v, "mid"),
+    return (sections){.sizes = names(v, "sizes"), .mid = names(v, "mid"), .small = names(v, "small"),
                       .cache = names(v, "cache"), .both = names(v, "both"),
                       .batch = names(v, "batch"), .summary = names(v, "summary")};
 }
@@ -177,9 +180,9 @@ static size_t direction_table(const copy_buffers *cb, bool htod, const size_t *s
                      100.0 * (double)(after.demoted_bytes - before.demoted_bytes) / (double)staged);
         }
         time_pair(b, mine, theirs, cb->dev, cb->pinned, n, &tpp, &tdp, failed);
-        set_cache(false, (size_t)-1); /* everything through the staging ring */
+        set_cache(false, (size_t)-1, (size_t)-1); /* everything through the staging ring */
         time_pair(b, mine, theirs, cb->dev, cb->pageable, n, &ts, &tds, failed);
-        set_cache(false, cfg->direct_max);
+        set_cache(false, cfg->direct_max, cfg->dtoh_direct_max);
         size_row *r = &rows[count++];
         *r = (size_row){.n = n, .pinmem = gbps(n, tp), .driver = gbps(n, td),
                         .pinned = gbps(n, tdp), .pinmem_pinned = gbps(n, tpp),
@@ -206,7 +209,7 @@ static size_t direction_table(const copy_buffers *cb, bool htod, const size_t *s
 /* Repeated copies of one large pageable buffer, the cache warm. */
 static void cache_section(const copy_buffers *cb, const pm_copy_config *cfg, bool *failed)
 {
-    set_cache(true, cfg->direct_max);
+    set_cache(true, cfg->direct_max, cfg->dtoh_direct_max);
     double first = now_ns();
     *failed |= pm_memcpy_htod(cb->dev, cb->pageable, cb->max) != PM_SUCCESS;
     first = now_ns() - first;
@@ -225,7 +228,7 @@ static void cache_section(const copy_buffers *cb, const pm_copy_config *cfg, boo
            st.cache_listening ? "hears unmaps" : "off: no userfaultfd",
            human_size(cb->max, sz, sizeof sz), gbps(cb->max, first), gbps(cb->max, warm),
            st.cache_registrations, st.cache_hits);
-    set_cache(false, cfg->direct_max);
+    set_cache(false, cfg->direct_max, cfg->dtoh_direct_max);
 }
 
 /* The upper panel: bandwidth against size both ways, with the ceilings. */
@@ -364,7 +367,7 @@ int bench_copy(bool quick, const char *plot_file)
         snprintf(spin, sizeof spin, "%u us", cfg.spin_us);
     printf("copies, median (backend %s: %u workers, %u of them to the device, %u buffers of %zu "
            "KiB, %zu KiB slices, first piece %zu KiB, at least %u pieces, spin %s, ring %s, "
-           "batches %s; driver's own path up to %zu KiB; driver: %s)\n",
+           "batches %s; driver's own path up to %zu KiB, %zu KiB from the device; driver: %s)\n",
            caps.backend, cfg.workers, cfg.htod_workers, cfg.buffers, cfg.chunk_bytes >> 10,
            cfg.slice_bytes >> 10, cfg.first_piece_bytes >> 10, cfg.pieces, spin,
            cfg.ring == PM_COPY_RING_SHARED ? "shared" : "split",
@@ -372,7 +375,8 @@ int bench_copy(bool quick, const char *plot_file)
            : cfg.batch == PM_COPY_BATCH_DRIVER ? "to the driver"
            : cfg.batch == PM_COPY_BATCH_KERNEL ? "by the kernel where it runs, else gathered"
                                                : "gathered",
-           cfg.direct_max == (size_t)-1 ? 0 : cfg.direct_max >> 10, b->copy_name);
+           cfg.direct_max == (size_t)-1 ? 0 : cfg.direct_max >> 10,
+           cfg.dtoh_direct_max == (size_t)-1 ? 0 : cfg.dtoh_direct_max >> 10, b->copy_name);
     if (b->meaning)
         printf("(%s)\n", b->meaning);
     copy_summary sum = {.text = "summary:"};
@@ -383,6 +387,9 @@ int bench_copy(bool quick, const char *plot_file)
             sizes[n_sizes++] = n;
     else if (sec.mid)
         for (size_t n = 256 << 10; n <= ((size_t)16 << 20) && n <= cb.max; n *= 2)
+            sizes[n_sizes++] = n;
+    else if (sec.small)
+        for (size_t n = 4096; n <= (512 << 10) && n <= cb.max; n *= 2)
             sizes[n_sizes++] = n;
     size_row to[MAX_ROWS], from[MAX_ROWS];
     if (n_sizes) {
