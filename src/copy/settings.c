@@ -126,9 +126,9 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     /* From the device, the staging engine beats the driver's own path from
      * 64 KiB on the H100 (docs/performance.md), where to the device it does
      * only above 512 KiB; a smaller direct_max (-1 included) binds both. */
-    const size_t dtoh_default = out->direct_max == (size_t)-1 || out->direct_max < (32u << 10)
-                                    ? out->direct_max
-                                    : (size_t)32 << 10;
+    const size_t dtoh_own = (size_t)32 << 10;
+    const size_t dtoh_default =
+        out->direct_max == (size_t)-1 || out->direct_max < dtoh_own ? out->direct_max : dtoh_own;
     out->dtoh_direct_max = pick(f[DTOH_DIRECT].checked, e->dtoh_direct_max, dtoh_default);
     out->staging_stores = (pm_copy_stores)pick(f[STORES].checked, e->staging_stores, 0);
     out->registration_cache = (int)f[CACHE].checked;
