@@ -134,6 +134,12 @@ typedef struct pm__backend {
     pm_result (*marker_rerecord)(pm_stream_t s, pm__marker *m);
     /* Blocks the calling thread until m is done. */
     pm_result (*marker_synchronize)(const pm__marker *m);
+    /* Stores value into the 32-bit flag at device address flag (in memory
+     * pinned through this backend) once the work enqueued on s before it is
+     * done, with that work's writes visible first: a thread then sees the
+     * work done by reading memory, without a driver call. NULL where the
+     * backend cannot. */
+    pm_result (*stream_write_flag)(pm_stream_t s, pm_deviceptr flag, uint32_t value);
 
     /* How pool chunks get their memory: for pools that keep what they pin
      * (the default release threshold), the fastest way to pin; for pools

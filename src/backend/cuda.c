@@ -330,6 +330,14 @@ static pm_result cuda_marker_synchronize(const pm__marker *m)
     return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuEventSynchronize");
 }
 
+static pm_result cuda_stream_write_flag(pm_stream_t s, pm_deviceptr flag, uint32_t value)
+{
+    /* The default flags fence the stream's earlier writes before this one. */
+    DRIVER_CALL("cuStreamWriteValue32",
+                cu->stream_write_value32((CUstream)s, (CUdeviceptr)flag, value,
+                                         CU_STREAM_WRITE_VALUE_DEFAULT));
+}
+
 static void cuda_marker_release(pm__marker *m)
 {
     if (m->handle)
@@ -820,6 +828,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->marker_wait = cuda_marker_wait;
     out->marker_release = cuda_marker_release;
     out->marker_synchronize = cuda_marker_synchronize;
+    out->stream_write_flag = cu->stream_write_value32 ? cuda_stream_write_flag : NULL;
     out->marker_rerecord = cuda_marker_rerecord;
     pick_pool_chunks(out);
     out->device_alloc = cuda_device_alloc;

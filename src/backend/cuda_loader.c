@@ -86,6 +86,7 @@ static const symbol optional[] = {
     SYM(module_unload, "cuModuleUnload", 2000),
     SYM(launch_kernel, "cuLaunchKernel", 4000),
     SYM(stream_get_ctx, "cuStreamGetCtx", 9020),
+    SYM(stream_write_value32, "cuStreamWriteValue32", 12000),
 };
 #undef SYM
 

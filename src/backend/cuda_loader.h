@@ -84,6 +84,9 @@ typedef struct pm__cuda_api {
     CUresult (*launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                               unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
     CUresult (*stream_get_ctx)(CUstream, CUcontext *);
+    /* A flag written in stream order, read by the staging engine's threads
+     * instead of asking about an event: NULL where the driver lacks it. */
+    CUresult (*stream_write_value32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when

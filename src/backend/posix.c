@@ -655,6 +655,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->stream_destroy = pm__posix_stream_destroy;
     out->stream_synchronize = posix_stream_synchronize;
     out->stream_launch_host_func = pm__posix_stream_launch_host_func;
+    out->stream_write_flag = pm__posix_stream_write_flag;
     out->marker_record = pm__posix_marker_record;
     out->marker_done = pm__posix_marker_done;
     out->marker_wait = pm__posix_marker_wait;

@@ -254,6 +254,30 @@ pm_result pm__posix_stream_launch_host_func(pm_stream_t handle, void (*fn)(void 
     return enqueue(s, fn, arg);
 }
 
+typedef struct flag_task {
+    _Atomic uint32_t *flag;
+    uint32_t value;
+} flag_task;
+
+static void write_flag(void *arg)
+{
+    flag_task *t = arg;
+    atomic_store_explicit(t->flag, t->value, memory_order_release);
+    free(t);
+}
+
+pm_result pm__posix_stream_write_flag(pm_stream_t handle, pm_deviceptr flag, uint32_t value)
+{
+    flag_task *t = malloc(sizeof *t);
+    if (!t)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "writing a flag in stream order: out of memory");
+    *t = (flag_task){.flag = (_Atomic uint32_t *)(uintptr_t)flag, .value = value};
+    pm_result r = pm__posix_stream_launch_host_func(handle, write_flag, t);
+    if (r != PM_SUCCESS)
+        free(t);
+    return r;
+}
+
 pm_result pm__posix_marker_record(pm_stream_t handle, pm__marker *out)
 {
     RESOLVE_OR_FAIL(s, handle);

@@ -10,6 +10,8 @@ pm_result pm__posix_stream_destroy(pm_stream_t s);
 pm_result pm__posix_stream_synchronize(pm_stream_t s);
 pm_result pm__posix_stream_id(pm_stream_t s, unsigned long long *id);
 pm_result pm__posix_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg);
+/* backend.h's stream_write_flag: the stream's thread stores the value. */
+pm_result pm__posix_stream_write_flag(pm_stream_t s, pm_deviceptr flag, uint32_t value);
 pm_result pm__posix_marker_record(pm_stream_t s, pm__marker *out);
 bool pm__posix_marker_done(const pm__marker *m);
 pm_result pm__posix_marker_wait(pm_stream_t s, const pm__marker *m);
