@@ -2,8 +2,9 @@
  * refuses waits on a thread while another thread captures a graph, for
  * one): the buffer may still be read or written by that DMA, so no copy may
  * write into it or give it to another copy as free, and a copy that could
- * not wait fails rather than report bytes it did not move. Streams held
- * behind a gate keep the DMAs queued for as long as each case needs. */
+ * not wait fails rather than report bytes it did not move. And when the flag
+ * written behind a DMA is not: the wait falls back on the marker. Streams
+ * held behind a gate keep the DMAs queued for as long as each case needs. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -145,6 +146,40 @@ static void failed_wait_for_previous_dma(bool second_to_device)
     CHECK(device_holds(first, pinned, 21));
 }
 
+/* A buffer whose flag write fails is waited for by its marker: a copy from
+ * the device into pageable memory, queued behind a held stream, returns only
+ * once its DMA is done, although its flag never comes. */
+static void failed_flag_write(void)
+{
+    SCOPED_HOST uint8_t *pinned = NULL;
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&pinned, N), "a 16 KiB host allocation");
+    SCOPED_MALLOC uint8_t *host = malloc(N);
+    SCOPED_DEVICE pm_deviceptr from = device_alloc(N);
+    SCOPED_STREAM pm_stream_t held = NULL;
+    REQUIRE(host && from);
+    REQUIRE_RESULT(pm_stream_create(&held), PM_SUCCESS);
+    REQUIRE(device_set(from, pinned, 31));
+    /* A copy whose flag comes first: the next one's wait may not take its value. */
+    REQUIRE_RESULT(pm_memcpy_dtoh_async(host, from, N, held), PM_SUCCESS);
+    REQUIRE(device_set(from, pinned, 32));
+    gate g = {0};
+    REQUIRE_RESULT(pm_stream_launch_host_func(held, wait_at, &g), PM_SUCCESS);
+    pthread_t opener;
+    unsigned started = start_threads(&opener, 1, open_later, &g, sizeof g);
+    if (started == 0)
+        atomic_store(&g.open, 1);
+    memset(host, 0, N);
+    atomic_store(&pm__fault_flag_write, 1);
+    pm_result r = pm_memcpy_dtoh_async(host, from, N, held);
+    bool fired = atomic_load(&pm__fault_flag_write) == 0;
+    atomic_store(&pm__fault_flag_write, 0);
+    CHECK(fired);
+    CHECK_RESULT(r, PM_SUCCESS);
+    CHECK(first_mismatch(host, N, 32) == N);
+    join_threads(&opener, started);
+    CHECK_RESULT(pm_stream_synchronize(held), PM_SUCCESS);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -155,5 +190,6 @@ int main(void)
     failed_wait_for_own_dma();
     failed_wait_for_previous_dma(true);
     failed_wait_for_previous_dma(false);
+    failed_flag_write();
     return check_finish("test_copy_faults");
 }
