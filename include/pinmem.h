@@ -588,6 +588,10 @@ typedef struct pm_copy_config {
     size_t dtoh_direct_max;      /* the same from the device (default 32 KiB, or direct_max
                                     where smaller): the staging engine wins there from
                                     smaller sizes; (size_t)-1: none do */
+    size_t dtoh_slice_bytes;     /* slices of staged copies from the device larger than
+                                    slice_bytes and up to 64 MiB (default 128 KiB): more
+                                    threads then empty each buffer as its DMA lands; a
+                                    value of slice_bytes or more: slice_bytes */
 } pm_copy_config;
 
 /* config and its struct_size are checked. */

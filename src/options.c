@@ -70,6 +70,10 @@ static const spec table[PM__OPT_COUNT] = {
     [PM__OPT_COPY_SLICE] = {"PINMEM_COPY_SLICE", "slice_bytes", SIZE, ZERO_DEFAULT | PAGES, NULL,
                             4 * KIB, 256 * MIB, 512 * KIB, "512K",
                             "one CPU copy into or out of a staging buffer"},
+    [PM__OPT_COPY_DTOH_SLICE] = {"PINMEM_COPY_DTOH_SLICE", "dtoh_slice_bytes", SIZE,
+                                 ZERO_DEFAULT | PAGES, NULL, 4 * KIB, 256 * MIB, 128 * KIB, "128K",
+                                 "one CPU copy out of a staging buffer, for copies from the "
+                                 "device larger than a slice and up to 64 MiB"},
     [PM__OPT_COPY_BUFFERS] = {"PINMEM_COPY_BUFFERS", "buffers", COUNT, ZERO_DEFAULT, NULL, 1,
                               1024, 0, "twice the buffers all threads fill at once, plus 4",
                               "staging buffers in the ring"},

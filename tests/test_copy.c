@@ -329,8 +329,9 @@ static void both_ways(void)
 
 /* How copies are cut into pieces: for every shape of plan, the pieces add up
  * to the copy, the first is the first piece (or the whole copy), each is
- * twice the one before until the target, none is larger than a buffer, and
- * the slices counted are the slices of the pieces. */
+ * twice the one before until the target, none is larger than a buffer, the
+ * slices counted are the slices of the pieces, and copies from the device
+ * larger than a slice and up to PM__DTOH_SLICES_MAX take the finer slices. */
 static void piece_plans(void)
 {
     static const size_t chunks[] = {64 << 10, 4 << 20};
@@ -338,34 +339,45 @@ static void piece_plans(void)
     static const unsigned pieces[] = {1, 3, 8, 1024};
     static const size_t sizes[] = {1, 4095, 4096, 100000, 1 << 20, (4 << 20) + 1,
                                    (64 << 20) + 12345};
-    for (size_t c = 0; c < 2; c++)
-        for (size_t f = 0; f < 5; f++)
-            for (size_t k = 0; k < 4; k++)
-                for (size_t z = 0; z < 7; z++) {
-                    pm__copy_settings set = {.slice_bytes = 16 << 10, .first_piece = firsts[f],
-                                             .pieces = pieces[k]};
-                    const size_t bytes = sizes[z], chunk = chunks[c];
-                    pm__piece_plan p = pm__plan_pieces(&set, chunk, bytes);
-                    size_t first = firsts[f] ? firsts[f] : set.slice_bytes;
-                    first = first < chunk ? first : chunk;
-                    CHECK(p.first == first && p.target >= p.first && p.target <= chunk);
-                    size_t off = 0, slices = 0, last = 0;
-                    bool ok = true;
-                    for (unsigned i = 0; off < bytes && ok; i++) {
-                        size_t n = pm__plan_piece(&p, i, off);
-                        size_t want = i == 0 ? first : last * 2 < p.target ? last * 2 : p.target;
-                        want = want < bytes - off ? want : bytes - off;
-                        ok = n == want && n > 0 && n <= chunk;
-                        slices += (n + p.slice - 1) / p.slice;
-                        off += n;
-                        last = n;
+    for (int dir = PM__HTOD; dir <= PM__DTOH; dir++) {
+        for (size_t c = 0; c < 2; c++)
+            for (size_t f = 0; f < 5; f++)
+                for (size_t k = 0; k < 4; k++)
+                    for (size_t z = 0; z < 7; z++) {
+                        pm__copy_settings set = {.slice_bytes = 16 << 10,
+                                                 .dtoh_slice_bytes = 4 << 10,
+                                                 .first_piece = firsts[f],
+                                                 .pieces = pieces[k]};
+                        const size_t bytes = sizes[z], chunk = chunks[c];
+                        pm__piece_plan p =
+                            pm__plan_pieces(&set, (pm__direction)dir, chunk, bytes);
+                        size_t first = firsts[f] ? firsts[f] : set.slice_bytes;
+                        first = first < chunk ? first : chunk;
+                        const bool fine = dir == PM__DTOH && bytes > set.slice_bytes &&
+                                          bytes <= PM__DTOH_SLICES_MAX;
+                        CHECK(p.first == first && p.target >= p.first && p.target <= chunk);
+                        CHECK(p.slice == (fine ? set.dtoh_slice_bytes : set.slice_bytes));
+                        size_t off = 0, slices = 0, last = 0;
+                        bool ok = true;
+                        for (unsigned i = 0; off < bytes && ok; i++) {
+                            size_t n = pm__plan_piece(&p, i, off);
+                            size_t want = i == 0                ? first
+                                          : last * 2 < p.target ? last * 2
+                                                                : p.target;
+                            want = want < bytes - off ? want : bytes - off;
+                            ok = n == want && n > 0 && n <= chunk;
+                            slices += (n + p.slice - 1) / p.slice;
+                            off += n;
+                            last = n;
+                        }
+                        if (!ok || off != bytes || slices != pm__plan_slices(&p))
+                            fprintf(stderr,
+                                    "plan of %zu bytes (chunk %zu, first %zu, pieces %u) is "
+                                    "wrong\n",
+                                    bytes, chunk, firsts[f], pieces[k]);
+                        CHECK(ok && off == bytes && slices == pm__plan_slices(&p));
                     }
-                    if (!ok || off != bytes || slices != pm__plan_slices(&p))
-                        fprintf(stderr, "plan of %zu bytes (chunk %zu, first %zu, pieces %u) is "
-                                        "wrong\n",
-                                bytes, chunk, firsts[f], pieces[k]);
-                    CHECK(ok && off == bytes && slices == pm__plan_slices(&p));
-                }
+    }
 }
 
 /* Copies cut every way the settings allow, with workers that spin between
@@ -387,6 +399,7 @@ static void piece_settings(void)
         c.first_piece_bytes = firsts[k % 4];
         c.pieces = pieces[k / 4];
         c.spin_us = k % 3 == 0 ? 200 : k % 3 == 1 ? 1000 : 0; /* 0: the default, none */
+        c.dtoh_slice_bytes = k / 2 % 2 ? 4 << 10 : 0; /* 0: the default */
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
         size_t n = 1 + rnd(cap);
         round_trip(src, dst, n, dev, k % 2, s, 700 + k);

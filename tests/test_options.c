@@ -47,7 +47,7 @@ static bool same_config(const pm_copy_config *a, const pm_copy_config *b)
            a->slice_bytes == b->slice_bytes && a->htod_workers == b->htod_workers &&
            a->first_piece_bytes == b->first_piece_bytes && a->pieces == b->pieces &&
            a->spin_us == b->spin_us && a->ring == b->ring && a->batch == b->batch &&
-           a->dtoh_direct_max == b->dtoh_direct_max;
+           a->dtoh_direct_max == b->dtoh_direct_max && a->dtoh_slice_bytes == b->dtoh_slice_bytes;
 }
 
 /* The configuration in effect goes back in unchanged. */
@@ -93,6 +93,11 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_CHUNK", "0", GOOD, FIELD(chunk_bytes), 4 * MIB},
     {"PINMEM_COPY_SLICE", "1", GOOD, FIELD(slice_bytes), 4 * KIB},
     {"PINMEM_COPY_SLICE", "1T", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_DTOH_SLICE", "0", GOOD, FIELD(dtoh_slice_bytes), 128 * KIB},
+    {"PINMEM_COPY_DTOH_SLICE", "1", GOOD, FIELD(dtoh_slice_bytes), 4 * KIB},
+    {"PINMEM_COPY_DTOH_SLICE", "256K", GOOD, FIELD(dtoh_slice_bytes), 256 * KIB},
+    {"PINMEM_COPY_DTOH_SLICE", "1T", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_DTOH_SLICE", "-1", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_DIRECT_MAX", "-1", GOOD, FIELD(direct_max), SIZE_MAX},
     {"PINMEM_COPY_DIRECT_MAX", "0", GOOD, FIELD(direct_max), 512 * KIB},
     {"PINMEM_COPY_DIRECT_MAX", "64K", GOOD, FIELD(direct_max), 64 * KIB},
@@ -289,6 +294,8 @@ static void code(void)
     EXPECT_TAKEN(dtoh_direct_max, (size_t)-1, (size_t)-1);
     EXPECT_TAKEN(dtoh_direct_max, 0, 32 * KIB); /* 0: the default */
     EXPECT_TAKEN(dtoh_direct_max, 12345, 12345u);
+    EXPECT_TAKEN(dtoh_slice_bytes, 0, 128 * KIB); /* 0: the default */
+    EXPECT_TAKEN(dtoh_slice_bytes, 5000, 8 * KIB); /* whole pages */
     EXPECT_TAKEN(cache_min_bytes, 1, 4 * KIB);
     EXPECT_TAKEN(workers, 0, saved.workers); /* 0: the default */
     EXPECT_TAKEN(staging_stores, PM_COPY_STORES_CACHED, PM_COPY_STORES_CACHED);

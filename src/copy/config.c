@@ -28,6 +28,7 @@ static pm_copy_config config_of(const pm__copy_settings *s)
         .pinned_budget = pm__budget_cap(),
         .staging_stores = s->stores,
         .slice_bytes = s->slice_bytes,
+        .dtoh_slice_bytes = s->dtoh_slice_bytes,
         .first_piece_bytes = s->first_piece,
         .pieces = s->pieces,
         .spin_us = s->spin_ns ? (unsigned)(s->spin_ns / 1000) : UINT_MAX,

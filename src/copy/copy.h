@@ -33,6 +33,7 @@ typedef struct pm__copy_settings {
     unsigned htod_workers; /* of them, the most that fill buffers for host-to-device copies (0: all) */
     size_t chunk_bytes; /* one buffer, one DMA */
     size_t slice_bytes; /* one CPU copy */
+    size_t dtoh_slice_bytes; /* one CPU copy out of the ring (plan.c says when) */
     unsigned buffers;
     size_t direct_max, dtoh_direct_max; /* to the device, from it; 0: none */
     bool registration_cache;
@@ -112,11 +113,16 @@ typedef struct pm__segment {
  * target, so the first DMA starts after little copying and the later ones
  * run the DMA engine at its large-piece rate; target is the job's bytes /
  * pieces, from first up to a whole buffer (chunk). A thread copies one slice
- * of a piece at a time. */
+ * of a piece at a time: slice_bytes, or dtoh_slice_bytes for copies from the
+ * device larger than slice_bytes and up to PM__DTOH_SLICES_MAX, which wake
+ * workers anyway and whose buffers more threads then empty as each DMA
+ * lands (larger ones gained nothing from it, docs/performance.md). */
+#define PM__DTOH_SLICES_MAX ((size_t)64 << 20)
 typedef struct pm__piece_plan {
     size_t bytes, chunk, first, target, slice;
 } pm__piece_plan;
-pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, size_t chunk, size_t bytes);
+pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, pm__direction dir, size_t chunk,
+                               size_t bytes);
 /* The size of piece k, which starts at offset. */
 size_t pm__plan_piece(const pm__piece_plan *p, unsigned k, size_t offset);
 /* The slices of the whole job. */

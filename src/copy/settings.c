@@ -73,9 +73,10 @@ static unsigned long long pick(unsigned long long given, unsigned long long env,
  * else the machine's default: into *out (every field set) and *s. The
  * machine's defaults: buffers of 4 MiB, one DMA each, as DMAs that large
  * keep the copy engine near its peak; CPU copies of 512 KiB slices, so that
- * a buffer fills from several cores at once and the first DMA starts early;
- * pageable copies up to 2 MiB take the backend's own path, which is cheaper
- * than staging for them. */
+ * a buffer fills from several cores at once and the first DMA starts early
+ * (128 KiB out of the ring for copies from the device of up to 64 MiB, plan.c);
+ * pageable copies up to 512 KiB to the device and 32 KiB from it take the
+ * backend's own path, which is cheaper than staging for them. */
 pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
                            pm__copy_settings *s)
 {
@@ -104,9 +105,10 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
          c->spin_us == UINT_MAX ? PM__OPT_NONE : c->spin_us, 0},
         {PM__OPT_COPY_RING, c->ring, (unsigned long long)(long long)c->ring, 0},
         {PM__OPT_COPY_BATCH, c->batch, (unsigned long long)(long long)c->batch, 0},
+        {PM__OPT_COPY_DTOH_SLICE, (long long)c->dtoh_slice_bytes, c->dtoh_slice_bytes, 0},
     };
     enum { W, HW, CHUNK, SLICE, BUF, DIRECT, DTOH_DIRECT, STORES, CACHE, CMIN, CMAX, BUDGET, FIRST,
-           PIECES, SPIN, RING, BATCH, N };
+           PIECES, SPIN, RING, BATCH, DTOH_SLICE, N };
     for (int i = 0; i < N; i++) {
         char name[128];
         snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id), f[i].shown);
@@ -120,6 +122,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     out->htod_workers = (unsigned)pick(f[HW].checked, e->htod_workers, 0); /* 0: all */
     out->chunk_bytes = pick(f[CHUNK].checked, e->chunk_bytes, (size_t)4 << 20);
     out->slice_bytes = pick(f[SLICE].checked, e->slice_bytes, (size_t)512 << 10);
+    out->dtoh_slice_bytes = pick(f[DTOH_SLICE].checked, e->dtoh_slice_bytes, (size_t)128 << 10);
     unsigned buffers = machine_buffers(out->workers, out->slice_bytes, out->chunk_bytes);
     out->buffers = (unsigned)pick(f[BUF].checked, e->buffers, buffers);
     out->direct_max = pick(f[DIRECT].checked, e->direct_max, (size_t)512 << 10); /* -1: none */
@@ -148,6 +151,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
         .htod_workers = out->htod_workers,
         .chunk_bytes = out->chunk_bytes,
         .slice_bytes = out->slice_bytes,
+        .dtoh_slice_bytes = out->dtoh_slice_bytes,
         .buffers = out->buffers,
         .direct_max = out->direct_max == (size_t)-1 ? 0 : out->direct_max,
         .dtoh_direct_max = out->dtoh_direct_max == (size_t)-1 ? 0 : out->dtoh_direct_max,
@@ -178,6 +182,7 @@ void pm__copy_publish(const pm_copy_config *c, bool by_code)
                        d->htod_workers ? d->htod_workers : d->workers, by_code);
     pm__option_publish(PM__OPT_COPY_CHUNK, c->chunk_bytes, d->chunk_bytes, by_code);
     pm__option_publish(PM__OPT_COPY_SLICE, c->slice_bytes, d->slice_bytes, by_code);
+    pm__option_publish(PM__OPT_COPY_DTOH_SLICE, c->dtoh_slice_bytes, d->dtoh_slice_bytes, by_code);
     pm__option_publish(PM__OPT_COPY_BUFFERS, c->buffers, d->buffers, by_code);
     pm__option_publish(PM__OPT_COPY_DIRECT_MAX,
                        c->direct_max == (size_t)-1 ? PM__OPT_NONE : c->direct_max,
@@ -215,6 +220,7 @@ static void choose_defaults(void)
     e->htod_workers = pm__option_env(PM__OPT_COPY_HTOD_WORKERS, &v) ? (unsigned)v : 0;
     e->chunk_bytes = pm__option_env(PM__OPT_COPY_CHUNK, &v) ? (size_t)v : 0;
     e->slice_bytes = pm__option_env(PM__OPT_COPY_SLICE, &v) ? (size_t)v : 0;
+    e->dtoh_slice_bytes = pm__option_env(PM__OPT_COPY_DTOH_SLICE, &v) ? (size_t)v : 0;
     e->buffers = pm__option_env(PM__OPT_COPY_BUFFERS, &v) ? (unsigned)v : 0;
     e->direct_max = pm__option_env(PM__OPT_COPY_DIRECT_MAX, &v) ? (size_t)v : 0;
     e->dtoh_direct_max = pm__option_env(PM__OPT_COPY_DTOH_DIRECT_MAX, &v) ? (size_t)v : 0;
