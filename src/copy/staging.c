@@ -181,15 +181,13 @@ static struct {
     bool scratch_failed;
     size_t ring_pin_len;
     unsigned ring_tag;
-    /* A flag a buffer in one pinned page, written in stream order behind
-     * each buffer's work: a thread that waits for that work reads its flag
-     * rather than asking the driver about the marker, which costs 3-13 µs
-     * when several threads ask at once. NULL where the backend cannot write
-     * flags or the page could not be pinned. */
+    /* A flag a buffer in a page pinned at the ring's end, written in stream
+     * order behind each buffer's work: a thread that waits for that work
+     * reads its flag rather than asking the driver about the marker, which
+     * costs 3-13 µs when several threads ask at once. NULL where the
+     * backend cannot write flags. */
     _Atomic uint32_t *flags;
     pm_deviceptr flags_dev;
-    size_t flags_pin_len;
-    unsigned flags_tag;
     /* The last ring planned (pm__staging_ring), and when a ring that could
      * not be pinned may be tried again. */
     pm__ring_plan plan;
@@ -849,45 +847,33 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* The ring's flags, where the backend can write them: one page, counted in
- * the pinned budget as the ring is; without it the engine waits on markers
- * alone. (lock held, as the ring starts) */
-static void pin_flags(void)
+/* The page of flags pinned at the end of a ring of n buffers: none where
+ * the backend cannot write flags (the engine then waits on markers alone).
+ * One pinned range with the ring, as a page of its own would lie beside the
+ * program's mappings, where the driver would answer for it. */
+static size_t flags_bytes(unsigned n)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return pm__instance_backend()->stream_write_flag && n * FLAG_STRIDE * sizeof *eng.flags <= page
+               ? page
+               : 0;
+}
+
+/* lock held, the ring just pinned: its flags, where it has them. */
+static void start_flags(void)
 {
     const pm__backend *be = pm__instance_backend();
-    const size_t bytes = (size_t)sysconf(_SC_PAGESIZE);
-    if (!be->stream_write_flag || (size_t)eng.n_buffers * FLAG_STRIDE * sizeof *eng.flags > bytes)
-        return;
+    const size_t bytes = flags_bytes(eng.n_buffers);
+    uint8_t *p = (uint8_t *)eng.ring_base + (size_t)eng.n_buffers * eng.chunk;
+    pm_deviceptr dev = 0;
     pm__detail_saved before; /* no flags is no failure */
     pm__detail_save(&before);
-    void *p = NULL;
-    size_t len = 0;
-    unsigned tag = 0;
-    pm_deviceptr dev = 0;
-    bool ok = pm__budget_take(bytes, "copy engine's flags") == PM_SUCCESS;
-    if (ok && be->host_alloc(bytes, 0, &p, &len, &tag) != PM_SUCCESS) {
-        pm__budget_give(bytes);
-        ok = false;
+    if (bytes && be->device_pointer(&dev, p, NULL) == PM_SUCCESS) {
+        memset(p, 0, bytes);
+        eng.flags = (_Atomic uint32_t *)(void *)p;
+        eng.flags_dev = dev;
     }
-    if (ok && (len > bytes && pm__budget_take(len - bytes, "copy engine's flags") != PM_SUCCESS)) {
-        len = bytes; /* only this much was taken */
-        ok = false;
-    }
-    if (ok && be->device_pointer(&dev, p, NULL) != PM_SUCCESS)
-        ok = false;
-    if (!ok) {
-        if (p) {
-            be->host_free(p, len, tag);
-            pm__budget_give(len);
-        }
-        pm__detail_restore(&before);
-        return;
-    }
-    memset(p, 0, bytes);
-    eng.flags = p;
-    eng.flags_dev = dev;
-    eng.flags_pin_len = len;
-    eng.flags_tag = tag;
+    pm__detail_restore(&before);
 }
 
 /* Frees whatever the ring holds (gate held for writing, or during start). */
@@ -904,11 +890,8 @@ static void free_ring(void)
         be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
         pm__budget_give(eng.ring_pin_len);
     }
-    if (eng.flags) { /* the last flag writes lie behind the markers waited for above */
-        be->host_free((void *)eng.flags, eng.flags_pin_len, eng.flags_tag);
-        pm__budget_give(eng.flags_pin_len);
-        eng.flags = NULL;
-    }
+    /* Freed with the ring: its last writes lie behind the markers waited for above. */
+    eng.flags = NULL;
     if (eng.scratch)
         be->device_release(eng.scratch); /* its last users were the markers waited for above */
     eng.scratch = 0;
@@ -1023,7 +1006,7 @@ static pm_result pin_ring(const pm__copy_settings *set)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
     eng.plan = plan_ring(set);
     pm_result r = PM_SUCCESS;
-    size_t bytes = (size_t)eng.plan.buffers * eng.plan.chunk;
+    size_t bytes = (size_t)eng.plan.buffers * eng.plan.chunk + flags_bytes(eng.plan.buffers);
     if (!eng.plan.fits)
         r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
     else if (PM__TEST_FAULT(pm__fault_stage_pin))
@@ -1140,7 +1123,7 @@ static pm_result start_locked(const pm__copy_settings *set)
     }
     eng.n_buffers = eng.queue_count = n;
     eng.chunk = eng.plan.chunk;
-    pin_flags();
+    start_flags();
     /* Half the ring: enough that the DMA engine never waits for a thread to
      * come back from copying out; the other half is left for other callers'
      * copies. */
