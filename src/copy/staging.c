@@ -66,6 +66,11 @@ enum { FLAG_STRIDE = 64 / sizeof(uint32_t) };
 /* How long a thread reads a flag before it asks the driver instead: longer
  * than a buffer's DMA queued behind the rest of the ring's. */
 #define FLAG_READ_NS 2000000ull
+/* The largest job whose DMAs get flags: the flag's write fences the stream,
+ * which holds the next DMA back a little (1 GiB copies lost 2 points of
+ * pinned), while the waits of larger jobs are long beside the driver's
+ * answer. */
+#define FLAGGED_JOB_MAX ((size_t)64 << 20)
 
 /* The most device-to-host pieces of one job whose DMAs run ahead of the
  * threads that copy them out. */
@@ -552,10 +557,11 @@ static void ensure_scratch_locked(void)
  * re-recorded behind it for b's next user to wait for, else the stream
  * waited for, else the marker before stands, as nothing better can be
  * known; the flag is then not read. */
-static pm_result mark_behind(const pm__backend *be, pm_stream_t s, buffer *b, pm_result r)
+static pm_result mark_behind(const pm__backend *be, pm_stream_t s, buffer *b, pm_result r,
+                             bool flag)
 {
     b->flagged = false;
-    if (r == PM_SUCCESS && eng.flags) {
+    if (r == PM_SUCCESS && flag && eng.flags) {
         pm__detail_saved before; /* a flag write that fails leaves the marker: no failure */
         pm__detail_save(&before);
         const size_t at = (size_t)(b - eng.ring) * FLAG_STRIDE * sizeof *eng.flags;
@@ -588,7 +594,7 @@ static pm_result queue_dma(const job *j, buffer *b)
                              PM__VIA_PINNED);
     else if (!j->kernel || !queue_launch(be, j, b, i, &r))
         r = queue_segment_dmas(be, j, b, i);
-    r = mark_behind(be, j->stream, b, r);
+    r = mark_behind(be, j->stream, b, r, j->bytes <= FLAGGED_JOB_MAX);
     pm__trace_note(eng.trace, PM__TRACE_DMA_QUEUED, j->id, (unsigned)(b - eng.ring));
     count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);
@@ -1405,7 +1411,8 @@ pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *
         r = wait_previous_dma(NULL, b); /* failed: b is left as it is, pending */
         if (r == PM_SUCCESS) {
             memcpy(b->p, blocks + done, k * sizeof *blocks);
-            r = mark_behind(be, stream, b, pm__copy_backend_blocks(be, b->p, k, NULL, stream));
+            r = mark_behind(be, stream, b, pm__copy_backend_blocks(be, b->p, k, NULL, stream),
+                            true);
         }
         count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
         for (size_t i = done; i < done + k; i++)
