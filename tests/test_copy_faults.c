@@ -67,6 +67,18 @@ static void one_buffer_config(void)
     CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
 }
 
+/* A copy of N bytes from the device into host on s, the next pass through
+ * the fault point failing; *fired: whether it did. */
+static pm_result dtoh_failing_at(pm__countdown *point, uint8_t *host, pm_deviceptr from,
+                                 pm_stream_t s, bool *fired)
+{
+    atomic_store(point, 1);
+    pm_result r = pm_memcpy_dtoh_async(host, from, N, s);
+    *fired = atomic_load(point) == 0;
+    atomic_store(point, 0);
+    return r;
+}
+
 /* A device-to-host copy whose wait for its own DMA fails: the copy fails,
  * and the next copy through the buffer waits until that DMA is done before
  * it fills the buffer (else the DMA, still queued, overwrites what the next
@@ -88,10 +100,8 @@ static void failed_wait_for_own_dma(void)
     REQUIRE_RESULT(pm_memcpy_dtoh_async(host, from, N, out), PM_SUCCESS);
     gate out_gate = {0}, in_gate = {0};
     REQUIRE_RESULT(pm_stream_launch_host_func(out, wait_at, &out_gate), PM_SUCCESS);
-    atomic_store(&pm__fault_marker_wait, 1);
-    pm_result r = pm_memcpy_dtoh_async(host, from, N, out);
-    bool fired = atomic_load(&pm__fault_marker_wait) == 0;
-    atomic_store(&pm__fault_marker_wait, 0);
+    bool fired = false;
+    pm_result r = dtoh_failing_at(&pm__fault_marker_wait, host, from, out, &fired);
     CHECK(fired);
     CHECK_RESULT(r, PM_ERROR_UNKNOWN);
     CHECK_RESULT(pm_stream_launch_host_func(in, wait_at, &in_gate), PM_SUCCESS);
@@ -169,10 +179,8 @@ static void failed_flag_write(void)
     if (started == 0)
         atomic_store(&g.open, 1);
     memset(host, 0, N);
-    atomic_store(&pm__fault_flag_write, 1);
-    pm_result r = pm_memcpy_dtoh_async(host, from, N, held);
-    bool fired = atomic_load(&pm__fault_flag_write) == 0;
-    atomic_store(&pm__fault_flag_write, 0);
+    bool fired = false;
+    pm_result r = dtoh_failing_at(&pm__fault_flag_write, host, from, held, &fired);
     CHECK(fired);
     CHECK_RESULT(r, PM_SUCCESS);
     CHECK(first_mismatch(host, N, 32) == N);
