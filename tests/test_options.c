@@ -270,6 +270,8 @@ static void code(void)
     EXPECT_REFUSED(chunk_bytes, 1);
     EXPECT_REFUSED(chunk_bytes, (size_t)-1);
     EXPECT_REFUSED(slice_bytes, 2 * GIB);
+    EXPECT_REFUSED(dtoh_slice_bytes, 512 * MIB);
+    EXPECT_REFUSED(dtoh_slice_bytes, (size_t)-1);
     EXPECT_REFUSED(registration_cache, 2);
     EXPECT_REFUSED(registration_cache, -1);
     EXPECT_REFUSED(staging_stores, (pm_copy_stores)4);
