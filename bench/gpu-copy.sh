@@ -148,7 +148,7 @@ echo
 echo "== PINMEM_COPY_SPIN_US (workers look for work this long before they sleep), mid sizes"
 echo "   and both ways at once at 64 MiB (both64M: the sum, % of two pinned copies at once)"
 mid_header "spin" | sed 's/$/  both64M/'
-for spin in -1 50 100 200; do
+for spin in -1 100 1000 2000; do
     run "spin $spin us" "mid both" quick PINMEM_COPY_SPIN_US=$spin
     row "$spin" $(mid_keys) both.64M
 done

@@ -398,7 +398,7 @@ static void piece_settings(void)
         pm_copy_config c = saved;
         c.first_piece_bytes = firsts[k % 4];
         c.pieces = pieces[k / 4];
-        c.spin_us = k % 3 == 0 ? 200 : k % 3 == 1 ? 1000 : 0; /* 0: the default, none */
+        c.spin_us = k % 3 == 0 ? 200 : k % 3 == 1 ? 1000 : UINT_MAX; /* UINT_MAX: none */
         c.dtoh_slice_bytes = k / 2 % 2 ? 4 << 10 : 0; /* 0: the default */
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
         size_t n = 1 + rnd(cap);

@@ -15,9 +15,9 @@
  * caller works on its own job too. While jobs run both ways at once, each
  * direction may hold at most half the buffers (unless the ring is shared),
  * so that neither waits for buffers the other keeps busy. A worker that ran
- * out of slices, or was woken for slices others took, may look for new ones
- * a while before it sleeps (spin_ns), so that back-to-back copies find it
- * awake; a new copy wakes the sleepers only when too few workers spin.
+ * out of slices may look for new ones a while before it sleeps (spin_ns), so
+ * that back-to-back copies find it awake; a new copy wakes the sleepers only
+ * when too few workers spin.
  *
  * Only some of the workers (the fillers) take slices of host-to-device
  * copies: the DMA engine reads the buffers from the memory the threads copy
@@ -42,11 +42,14 @@
  * leave the ring in the CPU's cache for the DMA engine at twice the CPU cost
  * (memcopy.c); whether they do is learnt from timed copies (store_choice.h). */
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "../budget.h"
 #include "../clock.h"
@@ -745,12 +748,14 @@ static void finish_slice(const claim *c)
     pthread_mutex_unlock(&eng.lock);
 }
 
+/* How long a spinning worker naps between looks: sched_yield does not hand
+ * the CPU to a thread woken onto it on every kernel, a sleep does. */
+enum { SPIN_NAP_NS = 2000 };
+
 /* Lock not held: waits until eng.events moves past seen while a job is
  * listed or the engine stops (true), or the clock passes until (false),
- * without sleeping, so that work queued within the time finds this thread
- * awake. It yields its CPU every few microseconds, for a thread with work
- * queued on that CPU; some kernels let the spinner go on regardless, which
- * is why spinning is off by default (docs/design.md). */
+ * looking every few microseconds, so that work queued within the time finds
+ * this thread awake. */
 static bool spin_for_event(unsigned long long seen, unsigned long long until)
 {
     for (unsigned k = 1;; k++) {
@@ -764,7 +769,8 @@ static bool spin_for_event(unsigned long long seen, unsigned long long until)
         if (k % 64 == 0) {
             if (pm__now_ns() >= until)
                 return false;
-            sched_yield();
+            const struct timespec nap = {.tv_nsec = SPIN_NAP_NS};
+            nanosleep(&nap, NULL);
         }
         cpu_relax();
     }
@@ -797,9 +803,12 @@ static void *worker_main(void *arg)
     const unsigned index = (unsigned)(uintptr_t)arg;
     pm__instance_backend()->own_thread_start();
     pm__trace_thread = index + 1;
+#ifdef PR_SET_TIMERSLACK
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL); /* naps of microseconds, not of 50 */
+#endif
     pthread_mutex_lock(&eng.lock);
     /* Until when the worker spins rather than sleeps: only just after a
-     * slice or a wake-up, never while idle for longer. 0: it sleeps. */
+     * slice, never while idle for longer. 0: it sleeps. */
     unsigned long long spin_until = 0;
     for (;;) {
         claim c;
@@ -828,8 +837,9 @@ static void *worker_main(void *arg)
             pthread_cond_t *idle = index < eng.fillers ? &eng.has_work : &eng.dtoh_work;
             pthread_cond_wait(woke_for_buffer ? &eng.buffer_freed : idle, &eng.lock);
             pm__trace_note(eng.trace, PM__TRACE_WAKE, 0, woke_for_buffer);
-            /* Woken for work that others took: stay awake for the next. */
-            spin_until = spin_deadline(index);
+            /* Woken for work that others took, it sleeps again rather than
+             * spin: woken late, it would hold a CPU from a thread that holds a
+             * slice (docs/design.md). */
         }
         if (woke_for_buffer)
             pass_on_buffer_wake();
@@ -1220,14 +1230,17 @@ static void time_job(const job *j, unsigned size_class, unsigned long long t0)
 
 /* lock held: how many workers should spin after j for the next copy like
  * it: its helpers where it is at most a buffer, for which a wake-up (15-25
- * µs on a virtual machine) is a large share of the copy; none after larger
- * copies, whose workers join late at a small cost and would only burn the
- * CPUs meanwhile. */
+ * µs on a virtual machine) is a large share of the copy, but at most half
+ * the engine's threads, so that a thread preempted while it holds a slice
+ * finds a CPU free (with every worker spinning, 4 MiB copies from the device
+ * fell to 5-7% of pinned in some runs); none after larger copies, whose
+ * workers join late at a small cost and would only burn the CPUs meanwhile. */
 static unsigned spinners_for(const job *j)
 {
     if (j->bytes > eng.chunk)
         return 0;
-    return j->slices - 1 < eng.n_threads ? (unsigned)(j->slices - 1) : eng.n_threads;
+    const unsigned most = (eng.n_threads + 1) / 2;
+    return j->slices - 1 < most ? (unsigned)(j->slices - 1) : most;
 }
 
 /* lock held: a job of direction dir starts (1) or ends (-1). As the last of
