@@ -582,8 +582,8 @@ typedef struct pm_copy_config {
     unsigned spin_us;            /* after a copy of up to a buffer, up to half the workers
                                     look for more work this long, napping between looks,
                                     before they sleep, so that the next such copy finds them
-                                    awake (default: 1000 on machines of 8 or more CPUs);
-                                    (unsigned)-1: not at all (the default with fewer CPUs) */
+                                    awake; (unsigned)-1: not at all (the default: on some
+                                    hosts spinning slows other threads) */
     pm_copy_ring ring;           /* DEFAULT: SPLIT */
     pm_copy_batch batch;         /* DEFAULT: KERNEL */
     size_t dtoh_direct_max;      /* the same from the device (default 32 KiB, or direct_max

@@ -96,7 +96,7 @@ static const spec table[PM__OPT_COUNT] = {
                              "1", "a staged copy is cut into at least this many pieces (DMAs), "
                                   "none smaller than the first"},
     [PM__OPT_COPY_SPIN_US] = {"PINMEM_COPY_SPIN_US", "spin_us", COUNT, ZERO_DEFAULT | NONE, NULL,
-                              1, 10000, 0, "1000 with 8 or more CPUs, else -1 (none)",
+                              1, 10000, PM__OPT_NONE, "-1 (none)",
                               "microseconds a staging worker looks for more work after a copy of "
                               "up to a buffer before it sleeps (-1: none)"},
     [PM__OPT_COPY_RING] = {"PINMEM_COPY_RING", "ring", CHOICE, 0, "default|shared|split", 0, 0, 0,

@@ -73,11 +73,6 @@ typedef struct env_case {
 
 #define FIELD(f) offsetof(pm_copy_config, f), sizeof(((pm_copy_config *)0)->f)
 #define NO_FIELD SIZE_MAX, 0
-/* spin_us's default as pinmem.h states it: 1000 with 8 or more CPUs, else none. */
-static unsigned spin_default(void)
-{
-    return sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000u : UINT_MAX;
-}
 
 static const env_case env_cases[] = {
     {"PINMEM_COPY_WORKERS", "99999", BAD, NO_FIELD, 0},
@@ -137,7 +132,7 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_PIECES", "4K", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_SPIN_US", "100", GOOD, FIELD(spin_us), 100},
     {"PINMEM_COPY_SPIN_US", "-1", GOOD, FIELD(spin_us), UINT_MAX},
-    {"PINMEM_COPY_SPIN_US", "0", GOOD, FIELD(spin_us), 0}, /* the machine's default */
+    {"PINMEM_COPY_SPIN_US", "0", GOOD, FIELD(spin_us), UINT_MAX}, /* the default: none */
     {"PINMEM_COPY_SPIN_US", "10001", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_SPIN_US", "-2", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_RING", "shared", GOOD, FIELD(ring), PM_COPY_RING_SHARED},
@@ -191,13 +186,10 @@ static int run_env_case(const env_case *k)
     if (k->field_offset != SIZE_MAX) {
         pm_copy_config c = current();
         unsigned long long got = field_value(&c, k->field_offset, k->width);
-        /* spin_us never reads 0: a row expecting it expects the machine's default. */
-        bool spin_default_row = k->field_offset == offsetof(pm_copy_config, spin_us) && k->expect_field == 0;
-        unsigned long long want = spin_default_row ? spin_default() : k->expect_field;
-        if (got != want)
+        if (got != k->expect_field)
             fprintf(stderr, "%s=%s: the field reads %llu, expected %llu\n", k->name, k->value,
-                    got, want);
-        CHECK(got == want);
+                    got, k->expect_field);
+        CHECK(got == k->expect_field);
     }
     round_trip();
     if (strcmp(k->name, "PINMEM_PINNED_BUDGET") == 0) {
@@ -245,7 +237,6 @@ static void environment(void)
 static void code(void)
 {
     pm_copy_config saved = current();
-    CHECK(saved.spin_us == spin_default()); /* as pinmem.h says */
     pm_copy_config c;
 #define EXPECT_REFUSED(field, value)                                                         \
     do {                                                                                     \
@@ -318,7 +309,7 @@ static void code(void)
     EXPECT_TAKEN(pieces, 0, 1u);
     EXPECT_TAKEN(spin_us, 200, 200u);
     EXPECT_TAKEN(spin_us, UINT_MAX, UINT_MAX);
-    EXPECT_TAKEN(spin_us, 0, spin_default()); /* 0: the default */
+    EXPECT_TAKEN(spin_us, 0, UINT_MAX); /* 0: the default, none */
     EXPECT_TAKEN(ring, PM_COPY_RING_SHARED, PM_COPY_RING_SHARED);
     EXPECT_TAKEN(ring, PM_COPY_RING_DEFAULT, PM_COPY_RING_SPLIT);
     EXPECT_TAKEN(batch, PM_COPY_BATCH_EACH, PM_COPY_BATCH_EACH);
@@ -351,8 +342,7 @@ static void settings_list(void)
     CHECK_RESULT(pm_get_setting(n, &st), PM_ERROR_NOT_FOUND);
     CHECK_RESULT(pm_get_setting(0, NULL), PM_ERROR_INVALID_VALUE);
     CHECK(setting("PINMEM_COPY_CHUNK", &st) && strcmp(st.value, "4M") == 0);
-    const char *spin_text = spin_default() == UINT_MAX ? "-1" : "1000";
-    CHECK(setting("PINMEM_COPY_SPIN_US", &st) && strcmp(st.value, spin_text) == 0);
+    CHECK(setting("PINMEM_COPY_SPIN_US", &st) && strcmp(st.value, "-1") == 0);
     CHECK(setting("PINMEM_COPY_RING", &st) && strcmp(st.value, "split") == 0);
     CHECK(setting("PINMEM_COPY_BATCH", &st) && strcmp(st.value, "kernel") == 0);
     CHECK(setting("PINMEM_COPY_FIRST_PIECE", &st) && strcmp(st.value, "512K") == 0);

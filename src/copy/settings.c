@@ -28,15 +28,6 @@ static unsigned machine_workers(void)
     return cpus > 16 ? 15 : cpus > 2 ? (unsigned)cpus - 1 : 1;
 }
 
-/* Workers stay awake 1 ms after a copy of up to a buffer where CPUs are
- * many: there a wake-up is a large share of such a copy's time, and half
- * the threads spinning leave CPUs to the rest; with few CPUs the spinners
- * would take them from the copy's own threads. */
-static unsigned long long machine_spin_us(void)
-{
-    return sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000 : PM__OPT_NONE;
-}
-
 /* Enough buffers for every thread to fill a slice while as many again wait
  * in the DMA queue (at most 518, within the limit of 1024). */
 static unsigned machine_buffers(unsigned workers, size_t slice, size_t chunk)
@@ -149,7 +140,10 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     out->pinned_budget = pick(f[BUDGET].checked, e->pinned_budget, 0);
     out->first_piece_bytes = pick(f[FIRST].checked, e->first_piece_bytes, out->slice_bytes);
     out->pieces = (unsigned)pick(f[PIECES].checked, e->pieces, 1);
-    unsigned long long spin = pick(f[SPIN].checked, spin_env(e), machine_spin_us());
+    /* No spinning unless asked: where the hypervisor shares the host's CPUs,
+     * spinning workers take time from the threads that hold slices
+     * (docs/design.md, "Workers kept awake"). */
+    unsigned long long spin = pick(f[SPIN].checked, spin_env(e), PM__OPT_NONE);
     out->spin_us = spin == PM__OPT_NONE ? UINT_MAX : (unsigned)spin;
     out->ring = (pm_copy_ring)pick(f[RING].checked, e->ring, PM_COPY_RING_SPLIT);
     out->batch = (pm_copy_batch)pick(f[BATCH].checked, e->batch, PM_COPY_BATCH_KERNEL);
