@@ -270,8 +270,9 @@ def main(argv):
     parser.add_argument("--pin-sizes", default="64M,1G", help="sizes to pin cold (default 64M,1G)")
     parser.add_argument("--sizes", default="1M,4M,16M,64M,256M,1G",
                         help="copy sizes (default 1M,4M,16M,64M,256M,1G)")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions per figure (default 5; copies below 64 MiB "
-                             "repeat proportionally more, at most 200)")
+    parser.add_argument("--reps", type=int, default=5,
+                        help="repetitions per figure (default 5; copies below 64 MiB repeat "
+                             "proportionally more, at most 200)")
     parser.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions")
     args = parser.parse_args(argv)
     if args.quick:
