@@ -30,7 +30,7 @@ for pass in $(seq "$passes"); do
         for v in a b; do
             echo "== pass $pass, bench $what, variant $v"
             "/tmp/build-$v/tools/pinmem" bench "$what" 2>&1 |
-                grep -E "^([0-9]+ [KMG]iB|\((workers|pageable)|registration cache|pageable -> |device -> |both ways)"
+                grep -E "^([0-9]+ [KMG]iB|[0-9]+ x |\((workers|pageable)|registration cache|pageable -> |device -> |both ways)"
         done
     done
 done 2>&1 | tee "$OUT/ab.txt"

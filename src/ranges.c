@@ -410,6 +410,40 @@ pm__extent_found pm__ranges_extent_at_or_after(pm__ranges *set, uintptr_t addr, 
     return found;
 }
 
+/* lock held, addr in no published extent: the end of the published extent
+ * below addr, 0 where there is none. */
+static uintptr_t previous_end_locked(pm__ranges *set, uintptr_t addr)
+{
+    for (uintptr_t at = addr;;) {
+        node *n = floor_node(set->root, at);
+        if (!n)
+            return 0;
+        if (n->published)
+            return extent_end(&n->r);
+        if (n->r.pin_base == 0)
+            return 0;
+        at = n->r.pin_base - 1; /* pending: not pinned yet, look below it */
+    }
+}
+
+bool pm__ranges_extent_or_gap(pm__ranges *set, uintptr_t addr, pm__range *out,
+                              uintptr_t *gap_lo, uintptr_t *gap_hi)
+{
+    bool in_extent = false;
+    pthread_rwlock_rdlock(&set->lock);
+    node *n = floor_node(set->root, addr);
+    if (n && n->published && addr < extent_end(&n->r)) {
+        *out = n->r;
+        in_extent = true;
+    } else {
+        pm__range next;
+        *gap_lo = previous_end_locked(set, addr);
+        *gap_hi = next_extent_locked(set, addr, &next) ? next.pin_base : UINTPTR_MAX;
+    }
+    pthread_rwlock_unlock(&set->lock);
+    return in_extent;
+}
+
 size_t pm__ranges_count(pm__ranges *set)
 {
     pthread_rwlock_rdlock(&set->lock);

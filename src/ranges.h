@@ -93,6 +93,13 @@ bool pm__ranges_find_extent(pm__ranges *set, uintptr_t addr, pm__range *out);
  * addr. */
 typedef enum { PM__EXTENT_NONE, PM__EXTENT_AT, PM__EXTENT_AFTER } pm__extent_found;
 pm__extent_found pm__ranges_extent_at_or_after(pm__ranges *set, uintptr_t addr, pm__range *out);
+/* Also in one look (a batch asks this of its blocks): true with the
+ * published range whose pinned extent contains addr, else false with the gap
+ * around addr that no published extent touches, [*gap_lo, *gap_hi): from the
+ * end of the extent below (0 where none) to the base of the one above
+ * (UINTPTR_MAX where none). */
+bool pm__ranges_extent_or_gap(pm__ranges *set, uintptr_t addr, pm__range *out,
+                              uintptr_t *gap_lo, uintptr_t *gap_hi);
 
 /* Retires the published range whose user base is exactly base and whose
  * kind is in kind_mask: queries stop seeing it, but its extent stays claimed

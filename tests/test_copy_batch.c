@@ -395,6 +395,45 @@ static void many_allocations(void)
         device_free(dev[i]);
 }
 
+/* Memory pinmem pinned is host memory to a batch even inside what the
+ * backend calls a device allocation (possible on POSIX only, where device
+ * memory is the process's own): after an element has made the batch
+ * remember that allocation, an element whose source lies in the pinned part
+ * still moves as a page-locked host copy (counted as direct bytes), not as a
+ * device-to-device one. */
+static void host_inside_device(void)
+{
+    if (strcmp(pm_backend_name(), "posix") != 0)
+        return; /* CUDA device memory cannot be registered as host memory */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    pm_deviceptr dev = 0;
+    SCOPED_STREAM pm_stream_t s = NULL;
+    SCOPED_MALLOC uint8_t *src = malloc(page), *back = malloc(page);
+    REQUIRE(src && back);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    REQUIRE_RESULT(pm_device_alloc(&dev, 4 * page), PM_SUCCESS);
+    void *pinned = (void *)(uintptr_t)(dev + 2 * page);
+    const pm_result registered = pm_mem_host_register(pinned, page, 0);
+    CHECK_RESULT(registered, PM_SUCCESS);
+    if (registered != PM_SUCCESS) {
+        device_free(dev);
+        return;
+    }
+    fill(src, page, 31);
+    fill(pinned, page, 32);
+    pm_deviceptr dsts[2] = {dev, dev + page};
+    pm_deviceptr srcs[2] = {(pm_deviceptr)(uintptr_t)src, dev + 2 * page};
+    size_t sizes[2] = {page, page};
+    const pm_copy_stats before = stats();
+    CHECK_RESULT(pm_memcpy_batch_async(dsts, srcs, sizes, 2, s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    CHECK(stats().direct_bytes - before.direct_bytes == page);
+    CHECK_RESULT(pm_memcpy((pm_deviceptr)(uintptr_t)back, dev + page, page), PM_SUCCESS);
+    CHECK(first_mismatch(back, page, 32) == page);
+    CHECK_RESULT(pm_mem_host_unregister(pinned), PM_SUCCESS);
+    device_free(dev);
+}
+
 /* A bad element fails the whole call with its index in the detail, and
  * nothing moves: the good elements before it leave their destinations as
  * they were. */
@@ -744,6 +783,7 @@ int main(void)
     small_copy_config(0);
     bad_elements();
     many_allocations();
+    host_inside_device();
     random_batches();
     kernel_mode();
     ordering();

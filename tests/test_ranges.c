@@ -206,6 +206,47 @@ static void slack_and_conflicts(pm__ranges *set)
     CHECK(pm__ranges_validate(set, NULL));
 }
 
+/* The gap around an address reaches past pending claims, which queries do
+ * not see, to the published extents on either side. */
+static void gaps_past_pending(pm__ranges *set)
+{
+    const uintptr_t x = arena + 96 * page;
+    uintptr_t lo = 1, hi = 1;
+    pm__range out;
+    CHECK(!pm__ranges_extent_or_gap(set, x, &out, &lo, &hi));
+    CHECK(lo == 0 && hi == UINTPTR_MAX);
+    pm__range a = {.base = x, .size = page, .pin_base = x, .pin_len = page,
+                   .kind = PM__RANGE_ALLOC};
+    pm__range pending = {.base = x + 2 * page, .size = page, .pin_base = x + 2 * page,
+                         .pin_len = page, .kind = PM__RANGE_ALLOC};
+    pm__range c = {.base = x + 4 * page, .size = page, .pin_base = x + 4 * page,
+                   .pin_len = page, .kind = PM__RANGE_ALLOC};
+    pm__range conflict;
+    REQUIRE(pm__ranges_claim(set, &a, &conflict));
+    pm__ranges_publish(set, &a);
+    REQUIRE(pm__ranges_claim(set, &c, &conflict));
+    pm__ranges_publish(set, &c);
+    REQUIRE(pm__ranges_claim(set, &pending, &conflict));
+    const uintptr_t probes[] = {x + page, x + 2 * page, x + 3 * page + 5, x + 4 * page - 1};
+    for (size_t k = 0; k < sizeof probes / sizeof *probes; k++) {
+        CHECK(!pm__ranges_extent_or_gap(set, probes[k], &out, &lo, &hi));
+        CHECK(lo == x + page && hi == x + 4 * page);
+    }
+    CHECK(pm__ranges_extent_or_gap(set, x + 4 * page, &out, &lo, &hi));
+    CHECK(out.pin_base == c.pin_base);
+    CHECK(!pm__ranges_extent_or_gap(set, x - 1, &out, &lo, &hi));
+    CHECK(lo == 0 && hi == x);
+    CHECK(!pm__ranges_extent_or_gap(set, x + 5 * page, &out, &lo, &hi));
+    CHECK(lo == x + 5 * page && hi == UINTPTR_MAX);
+    pm__ranges_withdraw(set, pending.pin_base);
+    const pm__range *done[] = {&a, &c};
+    for (size_t k = 0; k < 2; k++) {
+        CHECK(pm__ranges_retire(set, done[k]->base, PM__RANGE_ALLOC, &out) == PM__RETIRED);
+        pm__ranges_withdraw(set, done[k]->pin_base);
+    }
+    CHECK(pm__ranges_count(set) == 0);
+}
+
 int main(void)
 {
     static model_slot model[slots];
@@ -214,6 +255,7 @@ int main(void)
     wrapping_claims(set);
     shared_pages(set);
     slack_and_conflicts(set);
+    gaps_past_pending(set);
     size_t live = 0;
     for (int step = 0; step < steps; step++) {
         size_t i = next() % slots;
@@ -279,6 +321,21 @@ int main(void)
             CHECK(found == (at ? PM__EXTENT_AT : want < slots ? PM__EXTENT_AFTER : PM__EXTENT_NONE));
             if (found != PM__EXTENT_NONE && want < slots)
                 CHECK(out.pin_base == model[want].r.pin_base);
+            /* Or the gap around addr, from the extent below to the next. */
+            uintptr_t gap_lo = 1, gap_hi = 1;
+            CHECK(pm__ranges_extent_or_gap(set, addr, &out, &gap_lo, &gap_hi) == at);
+            if (at) {
+                CHECK(out.pin_base == model[i].r.pin_base);
+            } else {
+                uintptr_t want_lo = 0;
+                for (size_t k = model[i].state == 1 ? i + 1 : i; k-- > 0;)
+                    if (model[k].state == 1) {
+                        want_lo = model[k].r.pin_base + model[k].r.pin_len;
+                        break;
+                    }
+                CHECK(gap_lo == want_lo);
+                CHECK(gap_hi == (want < slots ? model[want].r.pin_base : UINTPTR_MAX));
+            }
         }
         if (step % 10000 == 0) {
             const char *why = NULL;

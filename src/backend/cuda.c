@@ -480,11 +480,31 @@ static pm_result cuda_device_release(pm_deviceptr d)
     DRIVER_CALL("cuMemFree", cu->mem_free((CUdeviceptr)d));
 }
 
-/* One query for the memory type and the extent the driver knows: host memory
- * it pinned is copied by the driver only when the whole copy lies in one such
- * extent (it refuses copies that run past a registration's end). Pageable
- * memory gets the default answers (type 0), not an error. Device memory
- * answers the same from the start of its allocation to its end. */
+/* Pointer attributes belong to the process (unified addressing), so they are
+ * asked without a context first: a batch asks about each of its pointers, and
+ * finding or pushing a context would double the cost of each question. A
+ * driver that wants a context for them gets pinmem's. */
+static CUresult pointer_attributes(unsigned n, CUpointer_attribute *attrs, void **data,
+                                   pm_deviceptr p)
+{
+    CUresult rc = cu->pointer_get_attributes(n, attrs, data, (CUdeviceptr)p);
+    if (rc != CUDA_ERROR_INVALID_CONTEXT)
+        return rc;
+    ctx_scope scope;
+    if (ctx_enter(&scope) != PM_SUCCESS)
+        return rc;
+    rc = cu->pointer_get_attributes(n, attrs, data, (CUdeviceptr)p);
+    ctx_leave(&scope);
+    return rc;
+}
+
+/* The memory type, then (for memory the driver knows) the extent it knows:
+ * host memory it pinned is copied by the driver only when the whole copy
+ * lies in one such extent (it refuses copies that run past a registration's
+ * end). Pageable memory gets the default answers (type 0), not an error, and
+ * is most of what a batch asks about: the type alone costs the driver half
+ * as much. Device memory answers the same from the start of its allocation
+ * to its end. */
 static pm_result cuda_pointer_extent(pm_deviceptr p, size_t bytes, pm__memory_kind *kind,
                                      pm_deviceptr *lo, pm_deviceptr *hi)
 {
@@ -495,12 +515,9 @@ static pm_result cuda_pointer_extent(pm_deviceptr p, size_t bytes, pm__memory_ki
     CUdeviceptr start = 0;
     size_t size = 0;
     void *data[3] = {&type, &start, &size};
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->pointer_get_attributes(3, attrs, data, (CUdeviceptr)p);
-    ctx_leave(&scope);
+    CUresult rc = pointer_attributes(1, attrs, data, p);
+    if (rc == CUDA_SUCCESS && type != 0)
+        rc = pointer_attributes(3, attrs, data, p);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuPointerGetAttributes");
     *lo = *hi = 0;
@@ -661,12 +678,7 @@ static pm_result cuda_pointer_device(pm_deviceptr p, int *ordinal)
     unsigned int type = 0;
     int dev = -1;
     void *data[2] = {&type, &dev};
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->pointer_get_attributes(2, attrs, data, (CUdeviceptr)p);
-    ctx_leave(&scope);
+    CUresult rc = pointer_attributes(2, attrs, data, p);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuPointerGetAttributes");
     /* Type 0: memory the driver does not know; HOST: page-locked host memory. */
@@ -712,11 +724,7 @@ static bool cuda_block_copy_reaches(pm_deviceptr p, size_t bytes)
     CUdeviceptr start = 0;
     size_t size = 0;
     void *data[5] = {&type, &ordinal, &ctx, &start, &size};
-    ctx_scope scope;
-    if (ctx_enter(&scope) != PM_SUCCESS)
-        return false;
-    CUresult rc = cu->pointer_get_attributes(5, attrs, data, (CUdeviceptr)p);
-    ctx_leave(&scope);
+    CUresult rc = pointer_attributes(5, attrs, data, p);
     if (rc != CUDA_SUCCESS)
         return false;
     if (type == CU_MEMORYTYPE_DEVICE)

@@ -46,19 +46,26 @@ typedef enum {
 /* Device allocations seen in this call: blocks that lie in one large
  * allocation (a cache of blocks) then cost one query of the backend, and
  * one more for whether the batch kernel reaches it (reach: 0 not asked
- * yet, 1 yes, -1 no). */
+ * yet, 1 yes, -1 no). An allocation that holds none of pinmem's host ranges
+ * (no_host, one registry lookup when it is first seen) answers before the
+ * registry is asked: a batch's device pointers would each cost a lookup
+ * under the registry's lock. */
 enum { KNOWN_DEVICE = 8 };
 typedef struct known_device {
     pm_deviceptr lo[KNOWN_DEVICE], hi[KNOWN_DEVICE];
     signed char reach[KNOWN_DEVICE];
+    bool no_host[KNOWN_DEVICE];
     unsigned n, next;
 } known_device;
 
-/* The page-locked range found last in this call: a batch's blocks mostly lie
- * in one allocation, and each lookup of the registry takes its lock. */
+/* What the registry answered last in this call: the page-locked range that
+ * holds an address, and the gap around one that no range touches. A batch's
+ * blocks mostly lie in one allocation, page-locked or pageable, and each
+ * lookup of the registry takes its lock. */
 typedef struct known_host {
     pm__range r;
     bool have;
+    uintptr_t gap_lo, gap_hi; /* empty while none is known */
 } known_host;
 
 static bool known_host_holds(const known_host *kh, uintptr_t addr)
@@ -66,17 +73,50 @@ static bool known_host_holds(const known_host *kh, uintptr_t addr)
     return kh->have && addr - kh->r.pin_base < kh->r.pin_len;
 }
 
+static bool known_gap_holds(const known_host *kh, uintptr_t addr)
+{
+    return addr - kh->gap_lo < kh->gap_hi - kh->gap_lo;
+}
+
 /* The page-locked range whose extent holds addr, or NULL. */
 static const pm__range *find_host(pm__instance *inst, known_host *kh, uintptr_t addr)
 {
     if (known_host_holds(kh, addr))
         return &kh->r;
+    if (known_gap_holds(kh, addr))
+        return NULL;
     pm__range r;
-    if (!pm__ranges_find_extent(inst->ranges, addr, &r))
-        return NULL; /* the range known stays: the next address may lie there */
+    uintptr_t lo, hi;
+    if (!pm__ranges_extent_or_gap(inst->ranges, addr, &r, &lo, &hi)) {
+        kh->gap_lo = lo; /* the range known stays: the next address may lie there */
+        kh->gap_hi = hi;
+        return NULL;
+    }
     kh->r = r;
     kh->have = true;
     return &kh->r;
+}
+
+/* The known device allocation that holds [p, p + bytes), or -1. */
+static int known_device_at(const known_device *kd, pm_deviceptr p, size_t bytes)
+{
+    for (unsigned i = 0; i < kd->n; i++)
+        if (p >= kd->lo[i] && p < kd->hi[i] && bytes <= kd->hi[i] - p)
+            return (int)i;
+    return -1;
+}
+
+static void remember_device(pm__instance *inst, known_device *kd, pm_deviceptr lo,
+                            pm_deviceptr hi)
+{
+    pm__range r;
+    const pm__extent_found f = pm__ranges_extent_at_or_after(inst->ranges, (uintptr_t)lo, &r);
+    kd->lo[kd->next] = lo;
+    kd->hi[kd->next] = hi;
+    kd->reach[kd->next] = 0;
+    kd->no_host[kd->next] = f == PM__EXTENT_NONE || (f == PM__EXTENT_AFTER && r.pin_base >= hi);
+    kd->next = (kd->next + 1) % KNOWN_DEVICE;
+    kd->n += kd->n < KNOWN_DEVICE;
 }
 
 /* Memory pinmem pinned is host memory for the engine, whatever the backend
@@ -85,24 +125,23 @@ static const pm__range *find_host(pm__instance *inst, known_host *kh, uintptr_t 
 static pm_result kind_of(pm__instance *inst, known_device *kd, known_host *kh, pm_deviceptr p,
                          size_t bytes, pm__memory_kind *kind)
 {
+    const int dev = known_device_at(kd, p, bytes);
+    if (dev >= 0 && kd->no_host[dev]) {
+        *kind = PM__MEMORY_DEVICE;
+        return PM_SUCCESS;
+    }
     if (find_host(inst, kh, (uintptr_t)p)) {
         *kind = PM__MEMORY_HOST;
         return PM_SUCCESS;
     }
-    for (unsigned i = 0; i < kd->n; i++)
-        if (p >= kd->lo[i] && p < kd->hi[i] && bytes <= kd->hi[i] - p) {
-            *kind = PM__MEMORY_DEVICE;
-            return PM_SUCCESS;
-        }
+    if (dev >= 0) {
+        *kind = PM__MEMORY_DEVICE;
+        return PM_SUCCESS;
+    }
     pm_deviceptr lo = 0, hi = 0;
     pm_result res = inst->backend.pointer_extent(p, bytes, kind, &lo, &hi);
-    if (res == PM_SUCCESS && *kind == PM__MEMORY_DEVICE && lo < hi) {
-        kd->lo[kd->next] = lo;
-        kd->hi[kd->next] = hi;
-        kd->reach[kd->next] = 0;
-        kd->next = (kd->next + 1) % KNOWN_DEVICE;
-        kd->n += kd->n < KNOWN_DEVICE;
-    }
+    if (res == PM_SUCCESS && *kind == PM__MEMORY_DEVICE && lo < hi)
+        remember_device(inst, kd, lo, hi);
     return res;
 }
 
@@ -352,13 +391,12 @@ typedef struct kernel_use {
 /* Whether the kernel reaches device memory [d, d + n). */
 static bool device_reaches(const pm__backend *b, known_device *kd, pm_deviceptr d, size_t n)
 {
-    for (unsigned i = 0; i < kd->n; i++)
-        if (d >= kd->lo[i] && d < kd->hi[i] && n <= kd->hi[i] - d) {
-            if (kd->reach[i] == 0) /* the whole allocation answers alike */
-                kd->reach[i] = b->block_copy_reaches(kd->lo[i], kd->hi[i] - kd->lo[i]) ? 1 : -1;
-            return kd->reach[i] > 0;
-        }
-    return b->block_copy_reaches(d, n);
+    const int i = known_device_at(kd, d, n);
+    if (i < 0)
+        return b->block_copy_reaches(d, n);
+    if (kd->reach[i] == 0) /* the whole allocation answers alike */
+        kd->reach[i] = b->block_copy_reaches(kd->lo[i], kd->hi[i] - kd->lo[i]) ? 1 : -1;
+    return kd->reach[i] > 0;
 }
 
 /* Whether the kernel reaches the page-locked host piece at at, which
@@ -398,9 +436,9 @@ static bool plan_host_element(pm__instance *inst, plan *p, way w, pm_deviceptr d
     const bool kernel = k->on && bytes <= k->max && device_reaches(b, kd, dev, bytes);
     for (uintptr_t at = start; at < end;) {
         pm__piece piece =
-            known_host_holds(kh, at)
-                ? pm__copy_piece_within(&kh->r, b->registration_piece, at, end)
-                : pm__copy_next_piece(inst->ranges, b->registration_piece, at, end);
+            known_host_holds(kh, at)  ? pm__copy_piece_within(&kh->r, b->registration_piece, at, end)
+            : known_gap_holds(kh, at) ? (pm__piece){end < kh->gap_hi ? end : kh->gap_hi, false}
+                                      : pm__copy_next_piece(inst->ranges, b->registration_piece, at, end);
         size_t n = piece.end - at;
         pm_deviceptr host = (pm_deviceptr)at, d = dev + (at - start);
         bool ok;
