@@ -88,7 +88,7 @@ static const pm__range *find_host(pm__instance *inst, known_host *kh, uintptr_t 
     pm__range r;
     uintptr_t lo, hi;
     if (!pm__ranges_extent_or_gap(inst->ranges, addr, &r, &lo, &hi)) {
-        kh->gap_lo = lo; /* the range known stays: the next address may lie there */
+        kh->gap_lo = lo; /* the range known is kept too: the next address may lie there */
         kh->gap_hi = hi;
         return NULL;
     }
@@ -423,6 +423,18 @@ static bool host_reaches(pm__instance *inst, kernel_use *k, known_host *kh, uint
     return reach;
 }
 
+/* The piece of host memory [at, end) that starts at at, page-locked or not,
+ * answered from what the call knows where it can be. */
+static pm__piece piece_at(pm__instance *inst, const known_host *kh, uintptr_t at, uintptr_t end)
+{
+    const size_t per = inst->backend.registration_piece;
+    if (known_host_holds(kh, at))
+        return pm__copy_piece_within(&kh->r, per, at, end);
+    if (known_gap_holds(kh, at))
+        return (pm__piece){end < kh->gap_hi ? end : kh->gap_hi, false};
+    return pm__copy_next_piece(inst->ranges, per, at, end);
+}
+
 /* Element i (host to device or back) into the plan, cut where page-locked
  * and pageable memory meet. On a capturing stream all of it is page-locked
  * (checked), pieces the driver pinned included. */
@@ -435,10 +447,7 @@ static bool plan_host_element(pm__instance *inst, plan *p, way w, pm_deviceptr d
     const pm_deviceptr dev = w == WAY_HTOD ? dst : src;
     const bool kernel = k->on && bytes <= k->max && device_reaches(b, kd, dev, bytes);
     for (uintptr_t at = start; at < end;) {
-        pm__piece piece =
-            known_host_holds(kh, at)  ? pm__copy_piece_within(&kh->r, b->registration_piece, at, end)
-            : known_gap_holds(kh, at) ? (pm__piece){end < kh->gap_hi ? end : kh->gap_hi, false}
-                                      : pm__copy_next_piece(inst->ranges, b->registration_piece, at, end);
+        pm__piece piece = piece_at(inst, kh, at, end);
         size_t n = piece.end - at;
         pm_deviceptr host = (pm_deviceptr)at, d = dev + (at - start);
         bool ok;
