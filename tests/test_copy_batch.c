@@ -559,6 +559,65 @@ typedef struct batcher {
     int failures;
 } batcher;
 
+/* Whether [a, a + an) and [b, b + bn) share a byte. */
+static bool ranges_meet(pm_deviceptr a, size_t an, pm_deviceptr b, size_t bn)
+{
+    return a < b + bn && b < a + an;
+}
+
+/* Random batches among two device allocations and two host buffers, some
+ * with overlapping ranges: refused exactly when some element writes what
+ * another writes or reads (checked pair by pair), naming one of them. */
+static void overlaps_random(void)
+{
+    enum { AREA = 1 << 20, MAX = 64, TRIALS = 300 };
+    SCOPED_MALLOC uint8_t *host_a = malloc(AREA), *host_b = malloc(AREA);
+    SCOPED_DEVICE pm_deviceptr dev_a = device_alloc(AREA);
+    SCOPED_DEVICE pm_deviceptr dev_b = device_alloc(AREA);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(host_a && host_b && dev_a && dev_b);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    memset(host_a, 1, AREA);
+    memset(host_b, 2, AREA);
+    const pm_deviceptr hosts[2] = {(pm_deviceptr)(uintptr_t)host_a, (pm_deviceptr)(uintptr_t)host_b};
+    const pm_deviceptr devs[2] = {dev_a, dev_b};
+    pm_deviceptr dsts[MAX], srcs[MAX];
+    size_t sizes[MAX];
+    unsigned refused = 0;
+    const int failed_before = check_failures;
+    for (unsigned t = 0; t < TRIALS && check_failures == failed_before; t++) {
+        const size_t n = 2 + rnd(MAX - 1);
+        /* the denser the elements, the likelier an overlap */
+        const size_t most = AREA / (n << (1 + 2 * rnd(4)));
+        for (size_t i = 0; i < n; i++) {
+            sizes[i] = 1 + rnd(most);
+            const pm_deviceptr h = hosts[rnd(2)] + rnd(AREA - sizes[i]),
+                               d = devs[rnd(2)] + rnd(AREA - sizes[i]);
+            const bool to_device = rnd(2);
+            dsts[i] = to_device ? d : h;
+            srcs[i] = to_device ? h : d;
+        }
+        bool meet[MAX] = {false}, any = false;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++)
+                if (i != j && (ranges_meet(dsts[i], sizes[i], dsts[j], sizes[j]) ||
+                               ranges_meet(srcs[i], sizes[i], dsts[j], sizes[j])))
+                    any = meet[i] = meet[j] = true;
+        const pm_result r = pm_memcpy_batch_async(dsts, srcs, sizes, n, s);
+        CHECK_RESULT(r, any ? PM_ERROR_INVALID_VALUE : PM_SUCCESS);
+        if (r != PM_SUCCESS) {
+            size_t named = SIZE_MAX;
+            const char *at = strstr(pm_last_error_detail(), "element ");
+            CHECK(at && sscanf(at, "element %zu", &named) == 1 && named < n && meet[named]);
+            refused++;
+        }
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    }
+    printf("overlaps: %u of %u random batches refused\n", refused, TRIALS);
+    if (check_failures == failed_before) /* both answers were asked for often */
+        CHECK(refused > TRIALS / 5 && refused < TRIALS - TRIALS / 5);
+}
+
 static void *batch_thread(void *arg)
 {
     batcher *w = arg;
@@ -782,6 +841,7 @@ int main(void)
     printf("backend: %s\n", pm_backend_name());
     small_copy_config(0);
     bad_elements();
+    overlaps_random();
     many_allocations();
     host_inside_device();
     random_batches();
