@@ -8,7 +8,7 @@
  * tests/check_layers.sh):
  *   memcopy, counters, backend_copy, store_choice   CPU copies, counters, the backend's copy calls
  *   settings                                        the settings in effect and their gate
- *   staging, regcache                               the staging engine, the registration cache
+ *   staging_*, staging, regcache                    the staging engine, the registration cache
  *   copy                                            pm_memcpy_htod/dtoh[_async]: the front end
  *   memcpy                                          pm_memcpy[_async], pm_device_alloc/free
  *   config, stats                                   pm_copy_get/set_config, pm_copy_get_stats */
@@ -160,7 +160,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
  * differ from the defaults and by_code. */
 void pm__copy_publish(const pm_copy_config *c, bool by_code);
 
-/* staging.c. *no_ring: the failure was that no staging buffer could be
+/* staging*.c. *no_ring: the failure was that no staging buffer could be
  * pinned (nothing was copied; the caller may take another way). sync: the
  * caller waits for the stream next (the engine may then time the copy). */
 pm_result pm__staged_copy(const pm__copy_settings *set, pm__direction dir, uint8_t *host,

@@ -1,0 +1,297 @@
+/* The staging engine's ring: planned to fit what may still be pinned, pinned
+ * in one range with its page of flags, its device twin for kernel jobs, and
+ * the engine's start (the ring and the workers) and stop. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../budget.h"
+#include "../errors.h"
+#include "../instance.h"
+#include "../test_hooks.h"
+#include "staging_engine.h"
+
+void pm__staging_ensure_scratch_locked(void)
+{
+    if (eng.scratch || eng.scratch_failed)
+        return;
+    const pm__backend *be = pm__instance_backend();
+    pm_deviceptr d = 0;
+    if (be->device_alloc(&d, (size_t)eng.n_buffers * eng.chunk) == PM_SUCCESS)
+        eng.scratch = d;
+    else
+        eng.scratch_failed = true;
+}
+
+/* The page of flags pinned at the end of a ring of n buffers: none where
+ * the backend cannot write flags (the engine then waits on markers alone).
+ * One pinned range with the ring, as a page of its own would lie beside the
+ * program's mappings, where the driver would answer for it. */
+static size_t flags_bytes(unsigned n)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return pm__instance_backend()->stream_write_flag && n * FLAG_STRIDE * sizeof *eng.flags <= page
+               ? page
+               : 0;
+}
+
+/* lock held, the ring just pinned: its flags, where it has them. */
+static void start_flags(void)
+{
+    const pm__backend *be = pm__instance_backend();
+    const size_t bytes = flags_bytes(eng.n_buffers);
+    uint8_t *p = (uint8_t *)eng.ring_base + (size_t)eng.n_buffers * eng.chunk;
+    pm_deviceptr dev = 0;
+    pm__detail_saved before; /* no flags is no failure */
+    pm__detail_save(&before);
+    if (bytes && be->device_pointer(&dev, p, NULL) == PM_SUCCESS) {
+        memset(p, 0, bytes);
+        eng.flags = (_Atomic uint32_t *)(void *)p;
+        eng.flags_dev = dev;
+    }
+    pm__detail_restore(&before);
+}
+
+/* Frees whatever the ring holds (gate held for writing, or during start). */
+static void free_ring(void)
+{
+    const pm__backend *be = pm__instance_backend();
+    for (unsigned i = 0; i < eng.n_buffers; i++) {
+        if (eng.ring[i].pending)
+            be->marker_synchronize(&eng.ring[i].mark);
+        if (eng.ring[i].mark.handle)
+            be->marker_release(&eng.ring[i].mark);
+    }
+    if (eng.ring_base) {
+        be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
+        pm__budget_give(eng.ring_pin_len);
+    }
+    /* Freed with the ring: its last writes lie behind the markers waited for above. */
+    eng.flags = NULL;
+    if (eng.scratch)
+        be->device_release(eng.scratch); /* its last users were the markers waited for above */
+    eng.scratch = 0;
+    eng.scratch_failed = false;
+    free(eng.ring);
+    free(eng.queue);
+    eng.ring = NULL;
+    eng.queue = NULL;
+    eng.ring_base = NULL;
+    eng.ring_pin_len = 0;
+    eng.n_buffers = eng.queue_count = eng.queue_head = 0;
+}
+
+/* The largest ring, whatever the settings ask (buffers of up to 256 MiB, up
+ * to 1024 of them): more than this pins memory for no copy's gain. */
+#define RING_MAX ((size_t)2 << 30)
+/* The smallest: two buffers (one filled while the other's DMA runs) of 64
+ * KiB. */
+#define RING_MIN_CHUNK ((size_t)64 << 10)
+enum { RING_MIN_BUFFERS = 2 };
+/* A ring takes at most this share of what the system's limit or the pinned
+ * budget lets the process still pin, so that the program's own pinned
+ * memory fits beside it. */
+enum { RING_SHARE = 4 };
+/* After a refusal, how long before a staged copy looks again (unless pinned
+ * memory was given back meanwhile): looking reads /proc. */
+#define RING_RETRY_NS 100000000ull
+
+static size_t page_floor(size_t n, size_t page) { return n / page * page; }
+
+static void size_text(size_t n, char *buf, size_t cap)
+{
+    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    unsigned u = 0;
+    while (n >= 1024 && n % 1024 == 0 && u < 4) {
+        n /= 1024;
+        u++;
+    }
+    snprintf(buf, cap, "%zu %s", n, units[u]);
+}
+
+/* The ring to pin for set now: as configured where it fits, else smaller
+ * (buffers halved down to the slice size, then fewer of them, then smaller
+ * again down to 64 KiB), else none, with the reason in note. Reads how
+ * much may still be pinned; pins nothing. */
+static pm__ring_plan plan_ring(const pm__copy_settings *set)
+{
+    pm__ring_plan p = {.buffers = set->buffers, .chunk = set->chunk_bytes, .fits = true};
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t room = pm__instance_backend()->pinnable_bytes();
+    const char *bound = "RLIMIT_MEMLOCK";
+    unsigned long long cap = pm__budget_cap(), pinned = pm__budget_pinned();
+    if (cap && cap - (pinned < cap ? pinned : cap) < room) {
+        room = (size_t)(cap - (pinned < cap ? pinned : cap));
+        bound = "the pinned budget";
+    }
+    size_t allow = room == SIZE_MAX ? SIZE_MAX : room / RING_SHARE;
+    if (allow > RING_MAX) {
+        allow = RING_MAX;
+        bound = NULL; /* the ring's own limit binds */
+    }
+    if ((size_t)p.buffers * p.chunk <= allow)
+        return p;
+    size_t floor = set->slice_bytes < p.chunk ? set->slice_bytes : p.chunk;
+    floor = floor > RING_MIN_CHUNK ? floor : RING_MIN_CHUNK;
+    while ((size_t)p.buffers * p.chunk > allow && page_floor(p.chunk / 2, page) >= floor)
+        p.chunk = page_floor(p.chunk / 2, page);
+    unsigned fewest = set->buffers < RING_MIN_BUFFERS ? set->buffers : RING_MIN_BUFFERS;
+    if ((size_t)p.buffers * p.chunk > allow)
+        p.buffers = allow / p.chunk > fewest ? (unsigned)(allow / p.chunk) : fewest;
+    while ((size_t)p.buffers * p.chunk > allow && page_floor(p.chunk / 2, page) >= RING_MIN_CHUNK)
+        p.chunk = page_floor(p.chunk / 2, page);
+    char want[32], left[32];
+    size_text(set->chunk_bytes, want, sizeof want);
+    size_text(room, left, sizeof left);
+    if ((size_t)p.buffers * p.chunk > allow) {
+        p.fits = false;
+        snprintf(p.note, sizeof p.note,
+                 "no staging ring: %s leaves %s to pin, and a ring takes at most a quarter; "
+                 "pageable copies take the backend's own path",
+                 bound, left);
+    } else if (!bound) {
+        snprintf(p.note, sizeof p.note,
+                 "smaller than the %u x %s configured: a ring pins at most 2 GiB", set->buffers,
+                 want);
+    } else {
+        snprintf(p.note, sizeof p.note,
+                 "smaller than the %u x %s configured: %s leaves %s to pin, and a ring takes "
+                 "at most a quarter",
+                 set->buffers, want, bound, left);
+    }
+    return p;
+}
+
+pm__ring_plan pm__staging_ring(const pm__copy_settings *set)
+{
+    pthread_mutex_lock(&eng.lock);
+    /* The ring pinned, or the last refusal until a copy tries again, or
+     * what a copy would pin now. */
+    pm__ring_plan p = eng.started || eng.retry_after_ns ? eng.plan : plan_ring(set);
+    p.pinned = eng.started;
+    pthread_mutex_unlock(&eng.lock);
+    return p;
+}
+
+/* lock held: pins the ring planned, or fails (nothing pinned, nothing
+ * touched where the plan says it cannot fit). */
+static pm_result pin_ring(const pm__copy_settings *set)
+{
+    unsigned long long now = pm__now_ns();
+    if (now < eng.retry_after_ns && pm__budget_pinned() >= eng.pinned_at_refusal)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
+    eng.plan = plan_ring(set);
+    pm_result r = PM_SUCCESS;
+    size_t bytes = (size_t)eng.plan.buffers * eng.plan.chunk + flags_bytes(eng.plan.buffers);
+    if (!eng.plan.fits)
+        r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
+    else if (PM__TEST_FAULT(pm__fault_stage_pin))
+        r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning the staging ring failed (injected fault)");
+    else
+        r = pm__budget_take(bytes, "copy engine's staging ring");
+    if (r == PM_SUCCESS) {
+        const pm__backend *be = pm__instance_backend();
+        r = be->host_alloc(bytes, 0, &eng.ring_base, &eng.ring_pin_len, &eng.ring_tag);
+        if (r == PM_SUCCESS && eng.ring_pin_len != bytes) { /* the backend pinned more: count it */
+            pm_result more =
+                pm__budget_take(eng.ring_pin_len - bytes, "copy engine's staging ring");
+            if (more != PM_SUCCESS) {
+                be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
+                eng.ring_base = NULL;
+                r = more;
+            }
+        }
+        if (r != PM_SUCCESS)
+            pm__budget_give(bytes);
+    }
+    if (r != PM_SUCCESS) {
+        eng.ring_base = NULL;
+        eng.ring_pin_len = 0;
+        if (eng.plan.fits) /* the reason is the failure's */
+            snprintf(eng.plan.note, sizeof eng.plan.note,
+                     "no staging ring: %s; pageable copies take the backend's own path",
+                     pm_last_error_detail());
+        eng.plan.fits = false;
+        eng.retry_after_ns = now + RING_RETRY_NS;
+        eng.pinned_at_refusal = pm__budget_pinned();
+        return pm__fail(r, "%s", eng.plan.note);
+    }
+    eng.retry_after_ns = 0;
+    return PM_SUCCESS;
+}
+
+void pm__staging_stop(void)
+{
+    pthread_mutex_lock(&eng.lock);
+    eng.stopping = true;
+    atomic_store(&eng.stop_spinning, true);
+    note_event(); /* for the workers that spin */
+    pthread_cond_broadcast(&eng.has_work);
+    pthread_cond_broadcast(&eng.dtoh_work);
+    pthread_cond_broadcast(&eng.buffer_freed);
+    pthread_mutex_unlock(&eng.lock);
+    for (unsigned i = 0; i < eng.n_threads; i++)
+        pthread_join(eng.threads[i], NULL);
+    free(eng.threads);
+    eng.threads = NULL;
+    eng.n_threads = eng.want_threads = 0;
+    free_ring();
+    pthread_mutex_lock(&eng.lock);
+    eng.stopping = false;
+    atomic_store(&eng.stop_spinning, false);
+    eng.started = false;
+    eng.retry_after_ns = 0; /* a new shape of ring may fit where the old did not */
+    pthread_mutex_unlock(&eng.lock);
+}
+
+/* The ring and the workers, made on the first staged copy. The ring is
+ * pinned in one piece, as large as configured where the system's limit and
+ * the pinned budget leave room for it, else smaller (plan_ring); where none
+ * fits, the staged copy fails and the caller falls back to the backend's
+ * own path. lock held. */
+static pm_result start_locked(const pm__copy_settings *set)
+{
+    pm_result r = pin_ring(set);
+    if (r != PM_SUCCESS)
+        return r;
+    unsigned n = eng.plan.buffers;
+    eng.ring = calloc(n, sizeof *eng.ring);
+    eng.queue = calloc(n, sizeof *eng.queue);
+    if (!eng.ring || !eng.queue) {
+        free_ring();
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "copy engine: out of memory");
+    }
+    for (unsigned i = 0; i < n; i++) {
+        eng.ring[i].p = (uint8_t *)eng.ring_base + (size_t)i * eng.plan.chunk;
+        eng.queue[i] = i;
+    }
+    eng.n_buffers = eng.queue_count = n;
+    eng.chunk = eng.plan.chunk;
+    start_flags();
+    /* Half the ring: enough that the DMA engine never waits for a thread to
+     * come back from copying out; the other half is left for other callers'
+     * copies. */
+    eng.dtoh_ahead = eng.n_buffers / 2 < AHEAD_MAX ? eng.n_buffers / 2 : AHEAD_MAX;
+    eng.htod_workers = pm__copy_htod_workers(set);
+    eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
+    if (eng.fillers > eng.htod_workers)
+        eng.fillers = eng.htod_workers;
+    /* A new shape of engine learns afresh. */
+    memset(&eng.store_choice, 0, sizeof eng.store_choice);
+    memset(eng.fillers_of, 0, sizeof eng.fillers_of);
+    eng.want_threads = set->workers;
+    pm__staging_start_workers_locked();
+    eng.trace = pm__trace_get();
+    eng.started = true;
+    return PM_SUCCESS;
+}
+
+pm_result pm__staging_ensure_started_locked(const pm__copy_settings *set)
+{
+    if (!eng.started)
+        return start_locked(set);
+    if (eng.n_threads < eng.want_threads)
+        pm__staging_start_workers_locked();
+    return PM_SUCCESS;
+}
