@@ -6,9 +6,9 @@
  * every core busy and small first pieces let the first DMA start early
  * (plan.c). A job may be many segments (a batch's pageable blocks), laid end
  * to end: a piece then gathers several, and its DMAs, one a segment, go to
- * the driver in one call where it can take them so; or, for a batch with the
- * kernel (batch.c), by one launch of the batch kernel, whose list of blocks
- * lies at the end of the buffer, so that the buffer's marker guards it too.
+ * the driver in one call where it can take them so; or, where the batch kernel
+ * may move a batch's pageable blocks (batch.c), through the ring's device
+ * twin (staging_twin.c).
  *
  * Worker threads (started on first use, never per call) take slices from all
  * jobs in turn, so several callers are served at once and fairly, and each
@@ -43,10 +43,11 @@
  * (memcopy.c); whether they do is learnt from timed copies (store_choice.h).
  *
  * Its files, lowest first: staging_engine.c (the one instance; the types are
- * in staging_engine.h); staging_slices.c (claiming and running slices, the
- * DMAs and the waits for them); staging_steer.c (fillers, stores, spinners);
- * staging_workers.c; staging_ring.c (the ring, the engine's start and stop);
- * and this one, a copy's job from its start to its end, and lists of blocks. */
+ * in staging_engine.h); staging_twin.c (pieces through the device twin);
+ * staging_slices.c (claiming and running slices, the DMAs and the waits for
+ * them); staging_steer.c (fillers, stores, spinners); staging_workers.c;
+ * staging_ring.c (the ring, the engine's start and stop); and this one, a
+ * copy's job from its start to its end, and lists of blocks. */
 #include <pthread.h>
 #include <string.h>
 
@@ -73,7 +74,9 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
              .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
     if (kernel)
-        pm__staging_ensure_scratch_locked();
+        pm__staging_ensure_twin_locked();
+    if (kernel && dir == PM__DTOH)
+        j.kernel = pm__staging_twin_start(pm__instance_backend(), &j);
     j.plan = pm__plan_pieces(set, dir, kernel ? eng.chunk - list_reserve() : eng.chunk, bytes);
     j.slice = j.plan.slice;
     unsigned size_class = 0;
@@ -144,8 +147,12 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     if (j.error == PM_SUCCESS)
         pm__staging_steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
+    /* Failed or not, nothing the job queued may run past it on its stream. */
+    const pm_result joined = pm__staging_twin_join(pm__instance_backend(), &j);
     if (j.error != PM_SUCCESS)
         return pm__fail(j.error, "%s", j.detail);
+    if (joined != PM_SUCCESS)
+        return joined;
     if (timed)
         pm__staging_time_job(&j, size_class, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_bytes, bytes, memory_order_relaxed);

@@ -35,6 +35,12 @@ typedef struct buffer {
      * last work from or into p stores, and whether that write was queued. */
     uint32_t flag_value;
     bool flagged;
+    /* Where the ring has its device twin: the marker behind the last launch
+     * from or into p's twin (on the engine's launch stream), whether it may
+     * not be done yet, and how many blocks the list of p's piece holds. */
+    pm__marker twin_mark;
+    bool twin_pending;
+    size_t list_count;
 } buffer;
 
 typedef struct job {
@@ -45,6 +51,9 @@ typedef struct job {
     pm__piece_plan plan;
     bool one_call; /* a piece's DMAs in one driver call where it takes them */
     bool kernel;   /* pieces whose segments all may move by the batch kernel do */
+    /* Some piece was scattered on the launch stream, which the job's stream
+     * waits for at the job's end (atomic: set by the pieces' threads). */
+    _Atomic bool launched;
     pm_stream_t stream;
     pm_copy_stores stores; /* of the CPU copies */
     unsigned store_kind;   /* PM__STORE_PLAIN or PM__STORE_DEMOTING */
@@ -130,6 +139,9 @@ typedef struct engine {
      * DMA a segment). */
     pm_deviceptr scratch;
     bool scratch_failed;
+    /* The stream of the launches between the twins and the blocks, made with
+     * the twin (staging_twin.c says why it is not the copy's). */
+    pm_stream_t launches;
     size_t ring_pin_len;
     unsigned ring_tag;
     /* A flag a buffer in a page pinned at the ring's end, written in stream
@@ -182,6 +194,32 @@ static inline void note_event(void) { atomic_fetch_add(&eng.events, 1); }
  * of a piece's blocks: a sixteenth, so that the list of a buffer of blocks
  * of 400 bytes or more fits. Pieces of kernel jobs end before it. */
 static inline size_t list_reserve(void) { return eng.chunk / 16; }
+
+/* staging_twin.c: kernel jobs' pieces through the ring's device twin. */
+/* lock held, as a kernel job starts: the ring's device twin and the launch
+ * stream, made once (a failure leaves kernel jobs a DMA a segment). */
+void pm__staging_ensure_twin_locked(void);
+/* As the ring is freed (no job running): the launch stream waited for and
+ * destroyed, the twin and its markers released. */
+void pm__staging_release_twin(void);
+/* A piece of kernel job j in b, which spans segments from the i-th on: where
+ * every one of them may move by the kernel, their list fits and the ring has
+ * its twin, it is queued through the twin (true, the result in *r), else
+ * nothing is done (false). Host to device: the DMA of the piece and its list
+ * into the twin, whose launch pm__staging_twin_scatter queues once b's
+ * marker is behind that DMA; device to host: the gather and the DMA back. */
+bool pm__staging_twin_queue(const pm__backend *be, job *j, buffer *b, size_t i, pm_result *r);
+/* Device to host, as kernel job j starts: the launch stream waits for the
+ * work before j on j's stream, once, so that its gathers need not wait for
+ * j's own DMAs there (each would then wait for the DMA before it). False
+ * where that could not be queued: j's pieces then take a DMA a segment. */
+bool pm__staging_twin_start(const pm__backend *be, job *j);
+/* Host to device: the launch scattering b's twin into the blocks, after b's
+ * marker. */
+pm_result pm__staging_twin_scatter(const pm__backend *be, job *j, buffer *b);
+/* At j's end: its stream waits for the launches it queued, so that later
+ * work on it finds the blocks written. */
+pm_result pm__staging_twin_join(const pm__backend *be, const job *j);
 
 /* staging_slices.c: claiming and running slices, the DMAs and the waits. */
 /* lock held: takes j off the list of active jobs. */
@@ -263,9 +301,6 @@ void pm__staging_count_running(pm__direction dir, int change);
 void pm__staging_start_workers_locked(void);
 
 /* staging_ring.c: the ring, and the engine's start and stop. */
-/* lock held, as a kernel job starts: the ring's device twin, made once (a
- * failure leaves kernel jobs a DMA a segment). */
-void pm__staging_ensure_scratch_locked(void);
 /* lock held: the engine started, or the reason it cannot be (no ring). */
 pm_result pm__staging_ensure_started_locked(const pm__copy_settings *set);
 

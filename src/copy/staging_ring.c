@@ -12,18 +12,6 @@
 #include "../test_hooks.h"
 #include "staging_engine.h"
 
-void pm__staging_ensure_scratch_locked(void)
-{
-    if (eng.scratch || eng.scratch_failed)
-        return;
-    const pm__backend *be = pm__instance_backend();
-    pm_deviceptr d = 0;
-    if (be->device_alloc(&d, (size_t)eng.n_buffers * eng.chunk) == PM_SUCCESS)
-        eng.scratch = d;
-    else
-        eng.scratch_failed = true;
-}
-
 /* The page of flags pinned at the end of a ring of n buffers: none where
  * the backend cannot write flags (the engine then waits on markers alone).
  * One pinned range with the ring, as a page of its own would lie beside the
@@ -69,10 +57,7 @@ static void free_ring(void)
     }
     /* Freed with the ring: its last writes lie behind the markers waited for above. */
     eng.flags = NULL;
-    if (eng.scratch)
-        be->device_release(eng.scratch); /* its last users were the markers waited for above */
-    eng.scratch = 0;
-    eng.scratch_failed = false;
+    pm__staging_release_twin();
     free(eng.ring);
     free(eng.queue);
     eng.ring = NULL;

@@ -253,57 +253,6 @@ static pm_result queue_segment_dmas(const pm__backend *be, const job *j, const b
     return r;
 }
 
-/* A piece of a kernel job, which spans segments from the i-th on: where
- * every one of them may move by the kernel, their list fits and the ring
- * has its device twin, the piece moves by one DMA between b and b's twin
- * and one launch of the kernel between the twin and the segments' device
- * memory, whose list is written at the end of b (true, the result in *r);
- * otherwise nothing is done (false). Host to device: the DMA, then the
- * kernel scattering; device to host: the kernel gathering, then the DMA. */
-static bool queue_launch(const pm__backend *be, const job *j, const buffer *b, size_t i,
-                         pm_result *r)
-{
-    const size_t end = b->offset + b->bytes, cap = list_reserve() / sizeof(pm__block_copy);
-    size_t n = 0;
-    if (!eng.scratch)
-        return false;
-    for (size_t k = i, off = b->offset; off < end; k++, n++) {
-        if (!j->segs[k].kernel || n == cap)
-            return false;
-        off = j->segs[k].at + j->segs[k].bytes;
-    }
-    const pm_deviceptr twin = eng.scratch + (pm_deviceptr)((size_t)(b - eng.ring) * eng.chunk);
-    pm__block_copy *list = (pm__block_copy *)((uint8_t *)b->p + eng.chunk - list_reserve());
-    n = 0;
-    for (size_t off = b->offset; off < end; i++) {
-        const pm__segment *s = &j->segs[i];
-        size_t in = off - s->at, take = min_size(s->bytes - in, end - off);
-        pm_deviceptr near = twin + (off - b->offset);
-        list[n++] = (pm__block_copy){.dst = j->dir == PM__HTOD ? s->dev + in : near,
-                                     .src = j->dir == PM__HTOD ? near : s->dev + in,
-                                     .bytes = take};
-        off += take;
-    }
-    /* The list goes to the twin too: the kernel reads it there, near, rather
-     * than across the bus once a part. */
-    const pm_deviceptr twin_list = twin + (eng.chunk - list_reserve());
-    const pm__block_copy *list_near = (const pm__block_copy *)(uintptr_t)twin_list;
-    *r = pm__copy_backend(be, PM__HTOD, list, twin_list, n * sizeof *list, j->stream,
-                          PM__VIA_PINNED);
-    if (*r == PM_SUCCESS && j->dir == PM__HTOD) {
-        *r = pm__copy_backend(be, PM__HTOD, b->p, twin, b->bytes, j->stream, PM__VIA_PINNED);
-        if (*r == PM_SUCCESS)
-            *r = pm__copy_backend_blocks(be, list, n, list_near, j->stream);
-    } else if (*r == PM_SUCCESS) {
-        *r = pm__copy_backend_blocks(be, list, n, list_near, j->stream);
-        if (*r == PM_SUCCESS)
-            *r = pm__copy_backend(be, PM__DTOH, b->p, twin, b->bytes, j->stream, PM__VIA_PINNED);
-    }
-    if (*r == PM_SUCCESS)
-        atomic_fetch_add_explicit(&pm__copy_count.kernel_bytes, b->bytes, memory_order_relaxed);
-    return true;
-}
-
 pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *b, pm_result r,
                                   bool flag)
 {
@@ -327,21 +276,24 @@ pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *
     return r;
 }
 
-/* Queues the DMA of b's piece (or its DMAs, one a segment, or one launch of
- * the batch kernel for them) and re-records b's marker behind it. */
-static pm_result queue_dma(const job *j, buffer *b)
+/* Queues the DMA of b's piece (or its DMAs, one a segment, or its way
+ * through the ring's device twin) and re-records b's marker behind it. */
+static pm_result queue_dma(job *j, buffer *b)
 {
     const pm__backend *be = pm__instance_backend();
     unsigned long long t0 = pm__now_ns();
     size_t i = pm__segment_at(j->segs, j->n_segs, b->offset);
     const pm__segment *s = &j->segs[i];
     pm_result r;
+    bool twin = false;
     if (b->offset + b->bytes <= s->at + s->bytes)
         r = pm__copy_backend(be, j->dir, b->p, s->dev + (b->offset - s->at), b->bytes, j->stream,
                              PM__VIA_PINNED);
-    else if (!j->kernel || !queue_launch(be, j, b, i, &r))
+    else if (!j->kernel || !(twin = pm__staging_twin_queue(be, j, b, i, &r)))
         r = queue_segment_dmas(be, j, b, i);
     r = pm__staging_mark_behind(be, j->stream, b, r, j->bytes <= FLAGGED_JOB_MAX);
+    if (twin && j->dir == PM__HTOD && r == PM_SUCCESS)
+        r = pm__staging_twin_scatter(be, j, b);
     pm__trace_note(eng.trace, PM__TRACE_DMA_QUEUED, j->id, (unsigned)(b - eng.ring));
     count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);
