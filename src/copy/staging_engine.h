@@ -190,9 +190,9 @@ static inline void cpu_relax(void)
 /* lock held: something a worker may claim may have changed. */
 static inline void note_event(void) { atomic_fetch_add(&eng.events, 1); }
 
-/* The bytes at the end of each buffer that a kernel job keeps for the list
- * of a piece's blocks: a sixteenth, so that the list of a buffer of blocks
- * of 400 bytes or more fits. Pieces of kernel jobs end before it. */
+/* The bytes a kernel job leaves free in each buffer for the list of a
+ * piece's blocks, which lies right after the piece's bytes: a sixteenth, so
+ * that the list of a buffer of blocks of 400 bytes or more fits. */
 static inline size_t list_reserve(void) { return eng.chunk / 16; }
 
 /* staging_twin.c: kernel jobs' pieces through the ring's device twin. */
