@@ -671,11 +671,18 @@ static void registration_pieces(void)
     /* A user's registration is one registration, as the user made it: it is not cut. */
     pm__range user = {.base = 4096, .size = 8u << 20, .pin_base = 4096, .pin_len = 8u << 20,
                       .kind = PM__RANGE_REGISTERED};
-    CHECK(pm__copy_pinned_end(&user, 1 << 20, 4096 + 10, 4096 + (3u << 20)) == 4096 + (3u << 20));
+    uintptr_t lo = 0, hi = 0;
+    CHECK(pm__copy_pinned_piece(&user, 1 << 20, 4096 + 10, &lo, &hi));
+    CHECK(lo == 4096 && hi == 4096 + (8u << 20));
     pm__range own = user;
     own.kind = PM__RANGE_POOL;
-    CHECK(pm__copy_pinned_end(&own, 1 << 20, 4096 + 10, 4096 + (3u << 20)) == 4096 + (1u << 20));
-    CHECK(pm__copy_pinned_end(&own, 0, 4096 + 10, 4096 + (3u << 20)) == 4096 + (3u << 20));
+    CHECK(pm__copy_pinned_piece(&own, 1 << 20, 4096 + (1u << 20) + 10, &lo, &hi));
+    CHECK(lo == 4096 + (1u << 20) && hi == 4096 + (2u << 20));
+    CHECK(pm__copy_pinned_piece(&own, 1 << 20, 4096 + (8u << 20) - 1, &lo, &hi));
+    CHECK(lo == 4096 + (7u << 20) && hi == 4096 + (8u << 20));
+    CHECK(pm__copy_pinned_piece(&own, 0, 4096 + 10, &lo, &hi));
+    CHECK(lo == 4096 && hi == 4096 + (8u << 20));
+    CHECK(!pm__copy_pinned_piece(&own, 1 << 20, 4096 + (8u << 20), &lo, &hi));
     /* 1.5 MiB: two pieces of 1 MiB, within an ordinary user's RLIMIT_MEMLOCK */
     const size_t n = (3 << 19) + 123;
     SCOPED_MALLOC uint8_t *other = malloc(n);

@@ -434,6 +434,84 @@ static void host_inside_device(void)
     device_free(dev);
 }
 
+/* Pinned memory is registered in pieces and no copy may cross from one to
+ * the next (test_copy.c's registration_pieces). With 64 KiB pieces, a batch
+ * whose blocks lie in one piece, then straddle two, then lie in another,
+ * then in the first again (each block after the first starting where what
+ * the call knows of the last block does not reach) hands the kernel no
+ * block that crosses a piece, and the bytes arrive, both ways. */
+enum { PIECE = 64 << 10 };
+static uintptr_t piece_base;
+static atomic_int piece_crossings;
+static pm_result (*real_block_copy)(const pm__block_copy *, size_t, unsigned long long,
+                                    pm_stream_t);
+
+static void check_host_side(pm_deviceptr p, unsigned long long n)
+{
+    const uintptr_t a = (uintptr_t)p;
+    if (a >= piece_base && a < piece_base + 4 * PIECE &&
+        (a - piece_base) / PIECE != (a + n - 1 - piece_base) / PIECE)
+        atomic_fetch_add(&piece_crossings, 1);
+}
+
+static pm_result checked_block_copy(const pm__block_copy *blocks, size_t count,
+                                    unsigned long long largest, pm_stream_t s)
+{
+    for (size_t i = 0; i < count; i++) {
+        check_host_side(blocks[i].dst, blocks[i].bytes);
+        check_host_side(blocks[i].src, blocks[i].bytes);
+    }
+    return real_block_copy(blocks, count, largest, s);
+}
+
+static size_t saved_piece;
+static void restore_backend(pm__backend **b)
+{
+    (*b)->block_copy_async = real_block_copy;
+    (*b)->registration_piece = saved_piece;
+}
+
+static void registration_pieces(void)
+{
+    enum { N = 4, BYTES = 5000 };
+    pm_result ignored;
+    pm__instance *inst = pm__instance_get(&ignored);
+    __attribute__((cleanup(restore_backend))) pm__backend *b = &inst->backend;
+    saved_piece = b->registration_piece;
+    real_block_copy = b->block_copy_async;
+    b->registration_piece = PIECE;
+    b->block_copy_async = checked_block_copy;
+    SCOPED_HOST uint8_t *pinned = NULL;
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(2 * N * BYTES);
+    SCOPED_MALLOC uint8_t *back = malloc(4 * PIECE);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(dev && back);
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&pinned, 4 * PIECE), "a 256 KiB host allocation");
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    piece_base = (uintptr_t)pinned;
+    atomic_store(&piece_crossings, 0);
+    const size_t offsets[N] = {100, PIECE - BYTES / 2, 2 * PIECE + 7, 3 * BYTES};
+    pm_deviceptr h[N], d[N];
+    size_t n[N];
+    for (int i = 0; i < N; i++) {
+        h[i] = (pm_deviceptr)(uintptr_t)(pinned + offsets[i]);
+        d[i] = dev + (pm_deviceptr)(N - 1 - i) * 2 * BYTES;
+        n[i] = BYTES;
+    }
+    fill(pinned, 4 * PIECE, 61);
+    memcpy(back, pinned, 4 * PIECE);
+    const pm_copy_stats before = stats();
+    CHECK_RESULT(pm_memcpy_batch_async(d, h, n, N, s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    memset(pinned, 0, 4 * PIECE);
+    CHECK_RESULT(pm_memcpy_batch_async(h, d, n, N, s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    for (int i = 0; i < N; i++)
+        CHECK(memcmp(pinned + offsets[i], back + offsets[i], BYTES) == 0);
+    CHECK(stats().direct_bytes - before.direct_bytes == 2 * N * BYTES);
+    CHECK(atomic_load(&piece_crossings) == 0);
+}
+
 /* A bad element fails the whole call with its index in the detail, and
  * nothing moves: the good elements before it leave their destinations as
  * they were. */
@@ -844,6 +922,7 @@ int main(void)
     overlaps_random();
     many_allocations();
     host_inside_device();
+    registration_pieces();
     random_batches();
     kernel_mode();
     ordering();

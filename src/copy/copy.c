@@ -20,18 +20,23 @@ static void pinned_bytes(const pm__range *r, uintptr_t *lo, uintptr_t *hi)
 
 static uintptr_t min_addr(uintptr_t a, uintptr_t b) { return a < b ? a : b; }
 
-uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
-                              uintptr_t end)
+bool pm__copy_pinned_piece(const pm__range *r, size_t registration_piece, uintptr_t at,
+                           uintptr_t *piece_lo, uintptr_t *piece_hi)
 {
     uintptr_t lo, hi;
     pinned_bytes(r, &lo, &hi);
-    end = min_addr(hi, end);
+    if (at < lo || at >= hi)
+        return false;
     /* A user's registration is one driver registration, as the user made it;
      * pinmem's own mappings are registered in pieces from their start. */
-    if (r->kind == PM__RANGE_REGISTERED || registration_piece == 0)
-        return end;
-    uintptr_t next = lo + ((at - lo) / registration_piece + 1) * registration_piece;
-    return min_addr(next, end);
+    if (r->kind == PM__RANGE_REGISTERED || registration_piece == 0) {
+        *piece_lo = lo;
+        *piece_hi = hi;
+        return true;
+    }
+    *piece_lo = lo + (at - lo) / registration_piece * registration_piece;
+    *piece_hi = min_addr(*piece_lo + registration_piece, hi);
+    return true;
 }
 
 typedef pm__piece piece;
@@ -40,9 +45,9 @@ piece pm__copy_piece_within(const pm__range *r, size_t registration_piece, uintp
                             uintptr_t end)
 {
     uintptr_t lo, hi;
+    if (pm__copy_pinned_piece(r, registration_piece, at, &lo, &hi))
+        return (piece){min_addr(hi, end), true};
     pinned_bytes(r, &lo, &hi);
-    if (at >= lo && at < hi)
-        return (piece){pm__copy_pinned_end(r, registration_piece, at, end), true};
     return (piece){min_addr(at < lo ? lo : r->pin_base + r->pin_len, end), false};
 }
 

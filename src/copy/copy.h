@@ -11,6 +11,7 @@
  *   staging_*, staging, regcache                    the staging engine, the registration cache
  *   copy                                            pm_memcpy_htod/dtoh[_async]: the front end
  *   memcpy                                          pm_memcpy[_async], pm_device_alloc/free
+ *   batch_overlap, batch_run, batch                 pm_memcpy_batch_async (batch.h)
  *   config, stats                                   pm_copy_get/set_config, pm_copy_get_stats */
 #ifndef PINMEM_COPY_H
 #define PINMEM_COPY_H
@@ -221,11 +222,11 @@ static inline void pm__regcache_evict(uintptr_t lo, uintptr_t hi)
 }
 bool pm__regcache_listening(void);
 
-/* copy.c. Where a page-locked piece of a copy from at (in r's pinned
- * bytes) must end, at end at the latest: the end of r's pinned bytes, or of
- * the registration piece at lies in (backend.h). */
-uintptr_t pm__copy_pinned_end(const pm__range *r, size_t registration_piece, uintptr_t at,
-                              uintptr_t end);
+/* copy.c. The pinned bytes [*piece_lo, *piece_hi) of r that hold at and
+ * that one DMA may cover: all of r's, or of the registration piece at lies
+ * in (backend.h). false where at is not in r's pinned bytes. */
+bool pm__copy_pinned_piece(const pm__range *r, size_t registration_piece, uintptr_t at,
+                           uintptr_t *piece_lo, uintptr_t *piece_hi);
 
 /* The longest piece of a host range from at (before end) that is all
  * page-locked in one registration (and one registration piece), or all

@@ -1,0 +1,145 @@
+/* The lists a batch is planned into, and moving what they hold. */
+#include <stdlib.h>
+
+#include "../errors.h"
+#include "batch.h"
+
+static size_t grown(size_t cap, size_t hint)
+{
+    return cap ? 2 * cap : hint > 64 ? hint : 64;
+}
+
+bool pm__dmas_grow(pm__dmas *d, size_t hint)
+{
+    const size_t more = grown(d->cap, hint);
+    pm_deviceptr *a = realloc(d->dst, more * sizeof *a);
+    if (!a)
+        return false;
+    d->dst = a;
+    if (!(a = realloc(d->src, more * sizeof *a)))
+        return false;
+    d->src = a;
+    size_t *z = realloc(d->bytes, more * sizeof *z);
+    if (!z)
+        return false;
+    d->bytes = z;
+    d->cap = more;
+    return true;
+}
+
+bool pm__segments_grow(pm__segments *s, size_t hint)
+{
+    const size_t more = grown(s->cap, hint);
+    pm__segment *v = realloc(s->v, more * sizeof *v);
+    if (!v)
+        return false;
+    s->v = v;
+    s->cap = more;
+    return true;
+}
+
+bool pm__blocks_grow(pm__blocks *k, size_t hint)
+{
+    const size_t more = grown(k->cap, hint);
+    pm__block_copy *v = realloc(k->v, more * sizeof *v);
+    if (!v)
+        return false;
+    k->v = v;
+    k->cap = more;
+    return true;
+}
+
+static void dmas_free(pm__dmas *d)
+{
+    free(d->dst);
+    free(d->src);
+    free(d->bytes);
+}
+
+void pm__batch_plan_free(pm__batch_plan *p)
+{
+    dmas_free(&p->now);
+    dmas_free(&p->queued);
+    dmas_free(&p->host);
+    free(p->kernel.v);
+    free(p->staged[0].v);
+    free(p->staged[1].v);
+}
+
+static pm_result out_of_memory(void)
+{
+    return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory", PM__BATCH_NAME);
+}
+
+/* The pageable pieces of one direction through the staging engine; where no
+ * ring can be pinned, each through the backend's own path. */
+static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, pm__direction dir,
+                            const pm__segments *s, pm_stream_t stream, unsigned long long *driver)
+{
+    if (s->n == 0)
+        return PM_SUCCESS;
+    bool no_ring = false;
+    pm_result r = pm__staged_segments(set, dir, s->v, s->n, s->bytes, stream, s->kernel, &no_ring);
+    if (!no_ring)
+        return r;
+    for (size_t i = 0; i < s->n; i++) {
+        const pm__segment *g = &s->v[i];
+        if (pm__regcache_overlaps(g->host, g->bytes))
+            return r; /* the driver would read through the cache's registration */
+        pm_result each = pm__copy_backend(b, dir, g->host, g->dev, g->bytes, stream,
+                                          PM__VIA_PAGEABLE);
+        if (each != PM_SUCCESS)
+            return each;
+        *driver += g->bytes;
+    }
+    return PM_SUCCESS;
+}
+
+/* The page-locked blocks for the kernel, each list in a staging buffer;
+ * where no ring can be pinned, as DMAs instead. */
+static pm_result run_blocks(const pm__copy_settings *set, const pm__backend *b,
+                            const pm__blocks *k, pm_stream_t stream, bool one_call)
+{
+    if (k->n == 0)
+        return PM_SUCCESS;
+    bool no_ring = false;
+    pm_result r = pm__staged_blocks(set, k->v, k->n, stream, &no_ring);
+    if (!no_ring)
+        return r;
+    pm__dmas d = {0};
+    bool ok = true;
+    for (size_t i = 0; i < k->n && ok; i++)
+        ok = pm__dmas_add(&d, k->n, k->v[i].dst, k->v[i].src, (size_t)k->v[i].bytes);
+    r = ok ? pm__copy_backend_batch(b, d.dst, d.src, d.bytes, d.n, 0, stream, one_call)
+           : out_of_memory();
+    dmas_free(&d);
+    return r;
+}
+
+pm_result pm__batch_run(const pm__copy_settings *set, const pm__backend *b, pm__batch_plan *p,
+                        pm_stream_t stream, bool one_call)
+{
+    pm_result r = PM_SUCCESS;
+    if (p->now.n + p->queued.n > 0) {
+        /* One call takes both groups, the one the driver reads now first. */
+        const size_t now = p->now.n;
+        pm__dmas *all = now ? &p->now : &p->queued;
+        for (size_t i = 0; now && i < p->queued.n; i++)
+            if (!pm__dmas_add(all, p->hint, p->queued.dst[i], p->queued.src[i],
+                              p->queued.bytes[i]))
+                return out_of_memory();
+        r = pm__copy_backend_batch(b, all->dst, all->src, all->bytes, all->n, now, stream,
+                                   one_call);
+    }
+    if (r == PM_SUCCESS)
+        r = run_blocks(set, b, &p->kernel, stream, one_call);
+    for (size_t i = 0; i < p->host.n && r == PM_SUCCESS; i++)
+        r = b->copy_any(p->host.dst[i], p->host.src[i], p->host.bytes[i], stream, false, false);
+    if (r == PM_SUCCESS)
+        r = run_staged(set, b, PM__HTOD, &p->staged[PM__HTOD], stream, &p->driver);
+    if (r == PM_SUCCESS)
+        r = run_staged(set, b, PM__DTOH, &p->staged[PM__DTOH], stream, &p->driver);
+    if (r == PM_SUCCESS && p->wait)
+        r = b->stream_synchronize(stream);
+    return r;
+}
