@@ -41,8 +41,8 @@ static inline void pm__spans_add(pm__spans *s, pm_deviceptr lo, pm_deviceptr hi,
 pm_result pm__batch_check_overlaps(pm__spans *s, pm__span *tmp);
 
 /* Growing lists of DMAs, staging segments and kernel blocks. Each first
- * grows to hint entries (the batch's element count): most batches put every
- * element in one list. */
+ * grows to about hint entries (the batch's element count): most batches put
+ * every element in one list. */
 typedef struct pm__dmas {
     pm_deviceptr *dst, *src;
     size_t *bytes;

@@ -4,15 +4,23 @@
 #include "../errors.h"
 #include "batch.h"
 
-static size_t grown(size_t cap, size_t hint)
+/* A list's first room: the batch's element count, within bounds (a huge
+ * batch whose elements mostly go elsewhere would hold much memory idle). */
+enum { FIRST_MIN = 64, FIRST_MAX = 4096 };
+
+/* The next room for a list of entries of size bytes; 0 where it would not fit
+ * in memory's addresses. */
+static size_t grown(size_t cap, size_t hint, size_t size)
 {
-    return cap ? 2 * cap : hint > 64 ? hint : 64;
+    const size_t more =
+        cap ? 2 * cap : hint < FIRST_MIN ? FIRST_MIN : hint > FIRST_MAX ? FIRST_MAX : hint;
+    return more > cap && more <= SIZE_MAX / size ? more : 0;
 }
 
 bool pm__dmas_grow(pm__dmas *d, size_t hint)
 {
-    const size_t more = grown(d->cap, hint);
-    pm_deviceptr *a = realloc(d->dst, more * sizeof *a);
+    const size_t more = grown(d->cap, hint, sizeof *d->dst);
+    pm_deviceptr *a = more ? realloc(d->dst, more * sizeof *a) : NULL;
     if (!a)
         return false;
     d->dst = a;
@@ -29,8 +37,8 @@ bool pm__dmas_grow(pm__dmas *d, size_t hint)
 
 bool pm__segments_grow(pm__segments *s, size_t hint)
 {
-    const size_t more = grown(s->cap, hint);
-    pm__segment *v = realloc(s->v, more * sizeof *v);
+    const size_t more = grown(s->cap, hint, sizeof *s->v);
+    pm__segment *v = more ? realloc(s->v, more * sizeof *v) : NULL;
     if (!v)
         return false;
     s->v = v;
@@ -40,8 +48,8 @@ bool pm__segments_grow(pm__segments *s, size_t hint)
 
 bool pm__blocks_grow(pm__blocks *k, size_t hint)
 {
-    const size_t more = grown(k->cap, hint);
-    pm__block_copy *v = realloc(k->v, more * sizeof *v);
+    const size_t more = grown(k->cap, hint, sizeof *k->v);
+    pm__block_copy *v = more ? realloc(k->v, more * sizeof *v) : NULL;
     if (!v)
         return false;
     k->v = v;
