@@ -13,10 +13,10 @@ enum { DIGIT_MIN = 8, DIGIT_MAX = 11 };
 
 /* Sorts v by start, stably, with tmp as large as v: a digit at a time from
  * the lowest, over only the bits where some starts differ (nearby addresses
- * share their high bits, aligned blocks their low ones), each digit as wide
- * as needs the fewest passes. A thousand blocks scattered over a few
- * hundred megabytes take one pass. qsort's calls of a comparison took most
- * of a 1,000-block batch's planning. */
+ * share their high bits, aligned blocks their low ones), in the fewest
+ * passes that digits of up to most bits allow. A thousand starts that differ
+ * in ten bits (64 KiB blocks within 64 MiB) take one pass. qsort's calls of
+ * a comparison took most of a 1,000-block batch's planning. */
 static void sort_by_start(pm__span *v, pm__span *tmp, size_t n, pm_deviceptr differ)
 {
     if (n < 2 || differ == 0)
