@@ -6,32 +6,10 @@
  * gcc -O2 -Iinclude bench/probe/batch_call.c -Lbuild -lpinmem -o probe_batch_call
  * LD_LIBRARY_PATH=build ./probe_batch_call [block bytes] [calls] */
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
-#include "pinmem.h"
+#include "api_probe.h"
 
 enum { BLOCKS = 1000, CALLS_MAX = 10001 };
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void fail(const char *what, pm_result r)
-{
-    fprintf(stderr, "%s: %s (%s)\n", what, pm_result_name(r), pm_last_error_detail());
-    exit(1);
-}
 
 int main(int argc, char **argv)
 {
@@ -63,15 +41,15 @@ int main(int argc, char **argv)
     static double call[CALLS_MAX], whole[CALLS_MAX];
     for (int to_host = 0; to_host < 2; to_host++) {
         for (int k = 0; k < calls; k++) {
-            const double t0 = now_us();
+            const double t0 = 1e3 * now_ms();
             if ((r = pm_memcpy_batch_async(to_host ? on_host : on_device,
                                            to_host ? on_device : on_host, sizes, BLOCKS, s)) !=
                 PM_SUCCESS)
                 fail("pm_memcpy_batch_async", r);
-            call[k] = now_us() - t0;
+            call[k] = 1e3 * now_ms() - t0;
             if ((r = pm_stream_synchronize(s)) != PM_SUCCESS)
                 fail("pm_stream_synchronize", r);
-            whole[k] = now_us() - t0;
+            whole[k] = 1e3 * now_ms() - t0;
         }
         qsort(call, (size_t)calls, sizeof *call, by_value);
         qsort(whole, (size_t)calls, sizeof *whole, by_value);

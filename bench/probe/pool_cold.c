@@ -9,28 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "pinmem.h"
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void fail(const char *what, pm_result r)
-{
-    fprintf(stderr, "%s: %s (%s)\n", what, pm_result_name(r), pm_last_error_detail());
-    exit(1);
-}
+#include "api_probe.h"
 
 int main(int argc, char **argv)
 {

@@ -17,44 +17,44 @@ static size_t grown(size_t cap, size_t hint, size_t size)
     return more > cap && more <= SIZE_MAX / size ? more : 0;
 }
 
+/* A list's entries v (of size bytes, room for *cap) moved to more room: the
+ * entries' new place, *cap updated; or NULL, v and *cap as they were. */
+static void *grow_list(void *v, size_t *cap, size_t hint, size_t size)
+{
+    const size_t more = grown(*cap, hint, size);
+    void *moved = more ? realloc(v, more * size) : NULL;
+    if (moved)
+        *cap = more;
+    return moved;
+}
+
 bool pm__dmas_grow(pm__dmas *d, size_t hint)
 {
-    const size_t more = grown(d->cap, hint, sizeof *d->dst);
-    pm_deviceptr *a = more ? realloc(d->dst, more * sizeof *a) : NULL;
-    if (!a)
-        return false;
-    d->dst = a;
-    if (!(a = realloc(d->src, more * sizeof *a)))
-        return false;
-    d->src = a;
-    size_t *z = realloc(d->bytes, more * sizeof *z);
-    if (!z)
-        return false;
-    d->bytes = z;
-    d->cap = more;
-    return true;
+    /* The three lists share one room: each grows from it, and it moves on
+     * once all three have. */
+    size_t dst_cap = d->cap, src_cap = d->cap, bytes_cap = d->cap;
+    pm_deviceptr *dst = grow_list(d->dst, &dst_cap, hint, sizeof *dst);
+    d->dst = dst ? dst : d->dst;
+    pm_deviceptr *src = dst ? grow_list(d->src, &src_cap, hint, sizeof *src) : NULL;
+    d->src = src ? src : d->src;
+    size_t *bytes = src ? grow_list(d->bytes, &bytes_cap, hint, sizeof *bytes) : NULL;
+    d->bytes = bytes ? bytes : d->bytes;
+    d->cap = bytes ? bytes_cap : d->cap;
+    return bytes != NULL;
 }
 
 bool pm__segments_grow(pm__segments *s, size_t hint)
 {
-    const size_t more = grown(s->cap, hint, sizeof *s->v);
-    pm__segment *v = more ? realloc(s->v, more * sizeof *v) : NULL;
-    if (!v)
-        return false;
-    s->v = v;
-    s->cap = more;
-    return true;
+    pm__segment *v = grow_list(s->v, &s->cap, hint, sizeof *v);
+    s->v = v ? v : s->v;
+    return v != NULL;
 }
 
 bool pm__blocks_grow(pm__blocks *k, size_t hint)
 {
-    const size_t more = grown(k->cap, hint, sizeof *k->v);
-    pm__block_copy *v = more ? realloc(k->v, more * sizeof *v) : NULL;
-    if (!v)
-        return false;
-    k->v = v;
-    k->cap = more;
-    return true;
+    pm__block_copy *v = grow_list(k->v, &k->cap, hint, sizeof *v);
+    k->v = v ? v : k->v;
+    return v != NULL;
 }
 
 static void dmas_free(pm__dmas *d)
