@@ -129,6 +129,8 @@ _FUNCTIONS = {
     "pm_copy_get_stats": (c_result, [ctypes.POINTER(CopyStats)]),
     "pm_memcpy": (c_result, [c_devptr, c_devptr, c_size]),
     "pm_memcpy_async": (c_result, [c_devptr, c_devptr, c_size, c_ptr]),
+    "pm_memcpy_batch_async": (c_result, [ctypes.POINTER(c_devptr), ctypes.POINTER(c_devptr),
+                                         ctypes.POINTER(c_size), c_size, c_ptr]),
     "pm_device_alloc": (c_result, [ctypes.POINTER(c_devptr), c_size]),
     "pm_device_free": (c_result, [c_devptr]),
 }
