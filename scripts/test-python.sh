@@ -37,5 +37,8 @@ if [[ $dir == *address* ]]; then
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 fi
 echo "== Python suites ($py, $dir/libpinmem.so)"
+# Temporary files under the build directory: pytest's default,
+# /tmp/pytest-of-$USER, belongs to whoever ran first and is refused to anyone
+# else who inherits that USER (root's environment kept by setpriv or su).
 LD_PRELOAD=$preload PINMEM_LIBRARY=$PWD/$dir/libpinmem.so PYTHONDONTWRITEBYTECODE=1 \
-    "$py" -m pytest -q -rs -p no:cacheprovider tests/python
+    "$py" -m pytest -q -rs -p no:cacheprovider --basetemp="$PWD/$dir/pytest-tmp" tests/python
