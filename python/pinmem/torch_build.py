@@ -46,6 +46,15 @@ def _flags(name, cuda):
     return flags, libs
 
 
+def missing_headers():
+    """None when PyTorch's C++ headers are installed, else what to install:
+    Debian's python3-torch ships only dangling links to them (libtorch-dev)."""
+    if any((Path(p) / "c10" / "macros" / "Macros.h").is_file()
+           for p in _paths("include_paths", False)):
+        return None
+    return "PyTorch's C++ headers are not installed (Debian: libtorch-dev)"
+
+
 def _compile(name, source, cuda):
     flags, libs = _flags(name, cuda)
     text = Path(source).read_bytes()
@@ -72,6 +81,9 @@ def load(name, source, *, cuda):
     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)), built on first use."""
     from torch.utils import cpp_extension
 
+    missing = missing_headers()
+    if missing is not None:
+        raise RuntimeError(f"cannot build {name}: {missing}")
     if cpp_extension.is_ninja_available():
         return cpp_extension.load(name=name, sources=[str(source)], with_cuda=cuda,
                                   extra_cflags=["-O2"],
