@@ -4,15 +4,17 @@ Cold pinning (pinmem.empty against torch.empty(pin_memory=True), PyTorch's
 default and its pinned_use_cuda_host_register setting each in a process of
 its own, since PyTorch reads that setting once), pageable copies both ways
 (pinmem.copy against tensor.copy_, with a pinned tensor's copy as the
-ceiling), and what a pinmem.copy call costs in Python over the C call. On
-the posix backend it runs what needs no GPU (pinning, and pageable copies to
-the simulated device memory) and says what it skips.
+ceiling), batches of scattered page-locked blocks by pinmem.copy_batch
+against one contiguous copy, and what a pinmem.copy call costs in Python
+over the C call. On the posix backend it runs what needs no GPU (pinning,
+and copies to the simulated device memory) and says what it skips.
 """
 
 import argparse
 import ctypes
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -202,6 +204,48 @@ def bench_copies(sizes, reps):
     return results
 
 
+# ------------------------------------------------------- batches of blocks
+
+def bench_batch(reps, count=1000, block=64 << 10):
+    print(f"== pinmem.copy_batch: {count} scattered {block >> 10} KiB blocks of page-locked "
+          "memory, GB/s (share of one contiguous copy of the same bytes)")
+    try:
+        host = pinmem.empty(2 * count * block)
+    except pinmem.PinmemError as e:
+        print(f"  skipped: {2 * count * block >> 20} MiB cannot be pinned here ({e.result})")
+        return {}
+    dev = pinmem.device_empty(2 * count * block)
+    order = list(range(count))
+    random.Random(1).shuffle(order)
+    ways = {"h2d": ([dev.ptr + 2 * k * block for k in order],
+                    [host.ptr + 2 * i * block for i in range(count)])}
+    ways["d2h"] = ways["h2d"][::-1]
+    sizes = [block] * count
+    try:
+        import numpy
+    except ImportError:
+        numpy = None
+    results = {}
+    for way, (dsts, srcs) in ways.items():
+        whole = (dev.ptr, host.ptr) if way == "h2d" else (host.ptr, dev.ptr)
+        forms = [("lists", (dsts, srcs, sizes))]
+        if numpy is not None:
+            forms.insert(0, ("arrays", tuple(numpy.array(v, dtype=numpy.uint64)
+                                             for v in (dsts, srcs, sizes))))
+        pinmem.copy(*whole, count * block)
+        t_whole = _median_time(lambda: pinmem.copy(*whole, count * block), max(reps, 11))
+        row = f"  {way}: contiguous {count * block / t_whole / 1e9:5.1f}"
+        for name, args in forms:
+            pinmem.copy_batch(*args)
+            t = _median_time(lambda: pinmem.copy_batch(*args), max(reps, 11))
+            row += f", {name} {count * block / t / 1e9:5.1f} ({t_whole / t * 100:.1f}%)"
+            results[(way, name)] = (t, t_whole)
+        print(row)
+    host.close()
+    dev.close()
+    return results
+
+
 # ------------------------------------------------------- Python call cost
 
 def bench_overhead(reps):
@@ -265,8 +309,8 @@ def bench_overhead(reps):
 def main(argv):
     parser = argparse.ArgumentParser(prog="python -m pinmem bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", default=["pin", "copy", "overhead"],
-                        help="pin, copy, overhead (default: all)")
+    parser.add_argument("what", nargs="*", default=["pin", "copy", "batch", "overhead"],
+                        help="pin, copy, batch, overhead (default: all)")
     parser.add_argument("--pin-sizes", default="64M,1G", help="sizes to pin cold (default 64M,1G)")
     parser.add_argument("--sizes", default="1M,4M,16M,64M,256M,1G",
                         help="copy sizes (default 1M,4M,16M,64M,256M,1G)")
@@ -277,7 +321,7 @@ def main(argv):
     args = parser.parse_args(argv)
     if args.quick:
         args.pin_sizes, args.sizes, args.reps = "16M", "1M,16M", 3
-    unknown = set(args.what) - {"pin", "copy", "overhead"}
+    unknown = set(args.what) - {"pin", "copy", "batch", "overhead"}
     if unknown:
         parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
     print(f"pinmem {pinmem.version()} ({pinmem.library_path()}), backend {pinmem.backend()}, "
@@ -286,6 +330,8 @@ def main(argv):
         bench_pinning([_size(s) for s in args.pin_sizes.split(",")], args.reps)
     if "copy" in args.what:
         bench_copies([_size(s) for s in args.sizes.split(",")], args.reps)
+    if "batch" in args.what:
+        bench_batch(args.reps)
     if "overhead" in args.what:
         bench_overhead(args.reps)
     return 0

@@ -54,6 +54,7 @@ def test_round_trip_from_lists(host_kind):
         view[:] = bytes(n)
         pinmem.copy_batch(srcs, dsts, [BLOCK] * COUNT)  # and back
     assert bytes(view) == want
+    view.release()  # a Buffer closes only once no view of it is alive
     if host_kind == "pinned":
         host.close()
 
