@@ -10,6 +10,7 @@ import importlib as _importlib
 
 from . import _lib
 from ._batch import copy_batch
+from ._blocks import copy_blocks
 from ._buffer import Buffer, DeviceBuffer, device_empty, empty
 from ._copy import copy
 from ._errors import PinmemError, PinmemMemoryError
@@ -23,8 +24,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Buffer", "DeviceBuffer", "LibraryNotFound", "PinmemError", "PinmemMemoryError", "Pool",
-    "Registration", "Stream", "backend", "capabilities", "copy", "copy_batch", "device_empty",
-    "empty", "library_path", "register", "stats", "version",
+    "Registration", "Stream", "backend", "capabilities", "copy", "copy_batch", "copy_blocks",
+    "device_empty", "empty", "library_path", "register", "stats", "version",
     "HOSTALLOC_PORTABLE", "HOSTALLOC_DEVICEMAP", "HOSTALLOC_WRITECOMBINED",
     "HOSTREGISTER_PORTABLE", "HOSTREGISTER_DEVICEMAP", "HOSTREGISTER_IOMEMORY",
     "HOSTREGISTER_READ_ONLY",

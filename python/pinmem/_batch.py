@@ -122,11 +122,16 @@ def copy_batch(dsts, srcs, sizes, *, stream=None):
         return
     _check_mapped(dst_seq, size_seq, "destination")
     _check_mapped(src_seq, size_seq, "source")
+    submit(dst_array, src_array, ctypes.cast(size_array, ctypes.POINTER(ctypes.c_size_t)), n,
+           handle, _WHAT)
+
+
+def submit(dsts, srcs, sizes, n, handle, what):
+    """pm_memcpy_batch_async over n elements (ctypes pointers or arrays),
+    then, where handle is None, a wait for the legacy default stream."""
     lib = _lib._lib or _lib.load()
-    rc = lib.pm_memcpy_batch_async(dst_array, src_array,
-                                   ctypes.cast(size_array, ctypes.POINTER(ctypes.c_size_t)), n,
-                                   handle or None)
+    rc = lib.pm_memcpy_batch_async(dsts, srcs, sizes, n, handle or None)
     if rc == 0 and handle is None:
         rc = lib.pm_stream_synchronize(None)
     if rc:
-        raise error(rc, _WHAT)
+        raise error(rc, what)

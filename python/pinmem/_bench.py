@@ -5,7 +5,7 @@ default and its pinned_use_cuda_host_register setting each in a process of
 its own, since PyTorch reads that setting once), pageable copies both ways
 (pinmem.copy against tensor.copy_, with a pinned tensor's copy as the
 ceiling), batches of scattered page-locked blocks by pinmem.copy_batch
-against one contiguous copy, and what a pinmem.copy call costs in Python
+and pinmem.copy_blocks against one contiguous copy, and what a pinmem.copy call costs in Python
 over the C call. On the posix backend it runs what needs no GPU (pinning,
 and copies to the simulated device memory) and says what it skips.
 """
@@ -207,8 +207,8 @@ def bench_copies(sizes, reps):
 # ------------------------------------------------------- batches of blocks
 
 def bench_batch(reps, count=1000, block=64 << 10):
-    print(f"== pinmem.copy_batch: {count} scattered {block >> 10} KiB blocks of page-locked "
-          "memory, GB/s (share of one contiguous copy of the same bytes)")
+    print(f"== pinmem.copy_batch and copy_blocks: {count} scattered {block >> 10} KiB blocks of "
+          "page-locked memory, GB/s (share of one contiguous copy of the same bytes)")
     try:
         host = pinmem.empty(2 * count * block)
     except pinmem.PinmemError as e:
@@ -228,16 +228,22 @@ def bench_batch(reps, count=1000, block=64 << 10):
     results = {}
     for way, (dsts, srcs) in ways.items():
         whole = (dev.ptr, host.ptr) if way == "h2d" else (host.ptr, dev.ptr)
-        forms = [("lists", (dsts, srcs, sizes))]
+        pairs = [(2 * i, 2 * k) for i, k in enumerate(order)]
+        if way == "d2h":
+            pairs = [(k, i) for i, k in pairs]
+        ends = (dev, host) if way == "h2d" else (host, dev)
+        forms = [("lists", pinmem.copy_batch, (dsts, srcs, sizes))]
         if numpy is not None:
-            forms.insert(0, ("arrays", tuple(numpy.array(v, dtype=numpy.uint64)
-                                             for v in (dsts, srcs, sizes))))
+            forms.insert(0, ("arrays", pinmem.copy_batch,
+                             tuple(numpy.array(v, dtype=numpy.uint64) for v in (dsts, srcs, sizes))))
+            pairs = numpy.array(pairs, dtype=numpy.int64)
+        forms.append(("copy_blocks", pinmem.copy_blocks, ends + (pairs, block)))
         pinmem.copy(*whole, count * block)
         t_whole = _median_time(lambda: pinmem.copy(*whole, count * block), max(reps, 11))
         row = f"  {way}: contiguous {count * block / t_whole / 1e9:5.1f}"
-        for name, args in forms:
-            pinmem.copy_batch(*args)
-            t = _median_time(lambda: pinmem.copy_batch(*args), max(reps, 11))
+        for name, call, args in forms:
+            call(*args)
+            t = _median_time(lambda: call(*args), max(reps, 11))
             row += f", {name} {count * block / t / 1e9:5.1f} ({t_whole / t * 100:.1f}%)"
             results[(way, name)] = (t, t_whole)
         print(row)

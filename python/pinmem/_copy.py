@@ -14,7 +14,7 @@ _DST = "pinmem.copy: destination"
 _SRC = "pinmem.copy: source"
 
 
-def _order_after(theirs, handle):
+def order_after(theirs, handle):
     """Makes the copy's stream wait for the stream the CUDA array interface named."""
     if theirs is None or isinstance(theirs, bool) or not isinstance(theirs, int):
         return
@@ -95,9 +95,9 @@ def copy(dst, src, nbytes=None, *, stream=None):
                     raise _unmapped("source", s_addr, n)
                 lib = _lib._lib or _lib.load()
                 if d_stream is not None and d_where is DEVICE:
-                    _order_after(d_stream, handle)
+                    order_after(d_stream, handle)
                 if s_stream is not None and s_where is DEVICE:
-                    _order_after(s_stream, handle)
+                    order_after(s_stream, handle)
                 if handle is None:
                     rc = lib.pm_memcpy(d_addr, s_addr, n)
                 else:
