@@ -23,18 +23,18 @@ def _block_bytes(value):
     return value
 
 
-def _side(obj, writable, role, handle):
-    """(address, blocks, where, stream, release) of one side; an int address,
-    which says nothing of its size, is refused."""
+def _side(obj, writable, role, handle, releases):
+    """(address, blocks' bytes, where, stream) of one side, its release added
+    to releases; an int address, which says nothing of its size, is refused."""
     address, nbytes, where, stream, release = handler(obj)(obj, writable, f"{_WHAT}: {role}",
                                                            handle)
+    if release is not None:
+        releases.append(release)
     if nbytes is None:
-        if release is not None:
-            release()
         raise TypeError(f"{_WHAT}: the {role} must be an object that knows its size (a tensor, "
                         f"an array, a pinmem.Buffer...), not {type(obj).__name__}; "
                         f"pinmem.copy_batch takes addresses")
-    return address, nbytes, where, stream, release
+    return address, nbytes, where, stream
 
 
 def _out_of_range(row, column, value, limit):
@@ -128,30 +128,28 @@ def copy_blocks(dst, src, mapping, block_bytes, *, stream=None):
     block = _block_bytes(block_bytes)
     handle = None if stream is None else stream_handle(stream, f"{_WHAT}: stream")
     mapping = _host_mapping(mapping)
-    d_addr, d_n, d_where, d_stream, d_release = _side(dst, True, "destination", handle)
+    releases = []
     try:
-        s_addr, s_n, s_where, s_stream, s_release = _side(src, False, "source", handle)
-        try:
-            bases, limits = (s_addr, d_addr), (s_n // block, d_n // block)
-            np = sys.modules.get("numpy")
-            if np is None and not isinstance(mapping, (list, tuple)):
-                try:
-                    import numpy as np
-                except ImportError:
-                    np = None
-            made = (_addresses_numpy(np, mapping, bases, limits, block) if np is not None
-                    else _addresses_python(mapping, bases, limits, block))
-            if made is None:
-                return dst
-            keep, (dsts, srcs, sizes) = made
-            for theirs, where in ((d_stream, d_where), (s_stream, s_where)):
-                if theirs is not None and where is DEVICE:
-                    order_after(theirs, handle)
-            submit(dsts, srcs, sizes, len(keep[2]), handle, _WHAT)
-        finally:
-            if s_release is not None:
-                s_release()
+        sides = (_side(src, False, "source", handle, releases),
+                 _side(dst, True, "destination", handle, releases))
+        bases = tuple(side[0] for side in sides)
+        limits = tuple(side[1] // block for side in sides)
+        np = sys.modules.get("numpy")
+        if np is None and not isinstance(mapping, (list, tuple)):
+            try:
+                import numpy as np
+            except ImportError:
+                np = None
+        made = (_addresses_numpy(np, mapping, bases, limits, block) if np is not None
+                else _addresses_python(mapping, bases, limits, block))
+        if made is None:
+            return dst
+        keep, (dsts, srcs, sizes) = made
+        for _, _, where, theirs in sides:
+            if theirs is not None and where is DEVICE:
+                order_after(theirs, handle)
+        submit(dsts, srcs, sizes, len(keep[2]), handle, _WHAT)
     finally:
-        if d_release is not None:
-            d_release()
+        for release in releases:
+            release()
     return dst
