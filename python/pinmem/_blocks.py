@@ -120,9 +120,9 @@ def copy_blocks(dst, src, mapping, block_bytes, *, stream=None):
     CUDA tensor, a numpy or CuPy array, a pinmem.Buffer, ...), contiguous;
     either may be host memory of any kind or device memory. mapping is an
     (n, 2) integer array or CPU tensor, or a sequence of pairs. Every index
-    is checked against its side's size, and the destinations must not
-    overlap (a block named twice raises PinmemError naming both pairs),
-    before anything moves. stream as pinmem.copy_batch: None waits until the
+    is checked against its side's size, and no destination may overlap
+    another pair's destination or source (a block named twice raises
+    PinmemError naming both pairs), before anything moves. stream as pinmem.copy_batch: None waits until the
     blocks are there; otherwise ordered on that stream, pageable sources
     reusable on return. An empty mapping does nothing."""
     block = _block_bytes(block_bytes)

@@ -160,6 +160,11 @@ def test_bad_input_is_refused(mapping_path):
             pinmem.copy_blocks(dev, src, [(0, 3), (1, 3)], BLOCK)
         assert e.value.result == "PM_ERROR_INVALID_VALUE"
         assert "element 1" in e.value.detail and "element 0" in e.value.detail
+    # within one object, a pair whose source another pair writes: refused too
+    host = bytearray(b"a" * BLOCK + b"b" * BLOCK + b"c" * BLOCK)
+    with pytest.raises(pinmem.PinmemError, match="overlaps element 0's destination"):
+        pinmem.copy_blocks(host, host, [(0, 1), (1, 2)], BLOCK)
+    assert host == b"a" * BLOCK + b"b" * BLOCK + b"c" * BLOCK
 
 
 def test_bad_arrays_are_refused():
