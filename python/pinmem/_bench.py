@@ -4,10 +4,11 @@ Cold pinning (pinmem.empty against torch.empty(pin_memory=True), PyTorch's
 default and its pinned_use_cuda_host_register setting each in a process of
 its own, since PyTorch reads that setting once), pageable copies both ways
 (pinmem.copy against tensor.copy_, with a pinned tensor's copy as the
-ceiling), batches of scattered page-locked blocks by pinmem.copy_batch
-and pinmem.copy_blocks against one contiguous copy, and what a pinmem.copy call costs in Python
-over the C call. On the posix backend it runs what needs no GPU (pinning,
-and copies to the simulated device memory) and says what it skips.
+ceiling), batches of scattered page-locked blocks by pinmem.copy_batch and
+pinmem.copy_blocks against one contiguous copy, and what a pinmem.copy call
+costs in Python over the C call. On the posix backend it runs what needs no
+GPU (pinning, and copies to the simulated device memory) and says what it
+skips.
 """
 
 import argparse

@@ -78,3 +78,12 @@ def skip_unless_pools_fit():
             pool.alloc(4096).close()
     except pinmem.PinmemMemoryError as e:
         pytest.skip(f"pool memory is past this user's memlock limit ({e.detail[:120]})")
+
+
+def host_memory(kind, nbytes):
+    """nbytes of host memory of a kind, "pageable" (a bytearray) or "pinned"
+    (a pinmem.Buffer; skipped where pools cannot pin), and a byte view of it."""
+    if kind == "pinned":
+        skip_unless_pools_fit()
+    host = bytearray(nbytes) if kind == "pageable" else pinmem.empty(nbytes)
+    return host, memoryview(host).cast("B")

@@ -8,7 +8,7 @@ import random
 import pytest
 
 import pinmem
-from conftest import optional, requires_cuda, skip_unless_pools_fit
+from conftest import host_memory, optional, requires_cuda
 
 BLOCK = 5000
 COUNT = 40
@@ -35,11 +35,8 @@ def device_bytes(dev, n):
 
 @pytest.mark.parametrize("host_kind", ["pageable", "pinned"])
 def test_round_trip_from_lists(host_kind):
-    if host_kind == "pinned":
-        skip_unless_pools_fit()
     n = COUNT * BLOCK
-    host = bytearray(n) if host_kind == "pageable" else pinmem.empty(n)
-    view = memoryview(host).cast("B")
+    host, view = host_memory(host_kind, n)
     want = fill(view, 1)
     base = ctypes_address(host)
     order = scattered(2)

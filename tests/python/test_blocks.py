@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import pinmem
-from conftest import optional, requires_cuda, skip_unless_pools_fit
+from conftest import host_memory, optional, requires_cuda
 
 BLOCK = 3000
 BLOCKS = 24
@@ -49,11 +49,8 @@ def mapping_path(request, monkeypatch):
 
 @pytest.mark.parametrize("host_kind", ["pageable", "pinned"])
 def test_round_trip(host_kind, mapping_path):
-    if host_kind == "pinned":
-        skip_unless_pools_fit()
     n = BLOCKS * BLOCK
-    host = bytearray(n) if host_kind == "pageable" else pinmem.empty(n)
-    view = memoryview(host).cast("B")
+    host, view = host_memory(host_kind, n)
     want = randbytes(n, 1)
     view[:] = want
     mapping = pairs(2)
