@@ -5,6 +5,10 @@
  * once under the same load; and the threads' own copy rate meanwhile. A
  * staged copy both ways at once needs the threads to copy every byte and
  * the DMA engines to move it, so the lesser of the last two bounds it.
+ * `./probe_dma_load wc` makes the memory the DMA engine reads and the threads
+ * write write-combined (CU_MEMHOSTALLOC_WRITECOMBINED), which the bus reads
+ * without snooping the CPUs' caches, as a ring for copies to the device
+ * could be.
  * gcc -O2 -mavx2 -pthread -I/usr/local/cuda/include dma_load.c -lcuda */
 #include <cuda.h>
 #include <stdbool.h>
@@ -34,15 +38,17 @@ static double both_ways(CUdeviceptr d, CUdeviceptr d_src, void *pinned, void *pi
     return 2.0 * TOTAL / (now_ms() - t0) / 1e6;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     probe_context();
+    const bool wc = argc > 1 && strcmp(argv[1], "wc") == 0;
+    const unsigned flags = wc ? CU_MEMHOSTALLOC_WRITECOMBINED : 0;
     void *pinned, *pinned_dst;
     CUdeviceptr d, d_src;
-    TRY(cuMemHostAlloc(&pinned, TOTAL, 0));
+    TRY(cuMemHostAlloc(&pinned, TOTAL, flags));
     TRY(cuMemHostAlloc(&pinned_dst, TOTAL, 0));
     void *load_pinned;
-    TRY(cuMemHostAlloc(&load_pinned, LOAD_DST, 0));
+    TRY(cuMemHostAlloc(&load_pinned, LOAD_DST, flags));
     load_prepare(load_pinned);
     TRY(cuMemAlloc(&d, TOTAL));
     TRY(cuMemAlloc(&d_src, TOTAL));
@@ -52,10 +58,11 @@ int main(void)
     CUstream streams[4];
     for (int i = 0; i < 4; i++)
         TRY(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING));
-    printf("DMA host to device of %d MiB in %d MiB pieces from cuMemHostAlloc memory, while "
+    printf("DMA host to device of %d MiB in %d MiB pieces from cuMemHostAlloc memory%s, while "
            "threads copy with streaming stores (median of %d); both ways: as much again from "
            "the device at once, on a second stream; threads: their own copy rate meanwhile\n",
-           TOTAL >> 20, PIECE >> 20, REPS);
+           TOTAL >> 20, PIECE >> 20, wc ? " (write-combined, as the threads' destination)" : "",
+           REPS);
     static const int loads[] = {0, 4, 8, 12, 15};
     static const int stream_counts[] = {1, 2, 4};
     for (size_t li = 0; li < sizeof loads / sizeof *loads; li++) {
