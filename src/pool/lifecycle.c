@@ -33,6 +33,7 @@ static pthread_once_t module_once = PTHREAD_ONCE_INIT;
 static void module_init(void)
 {
     pm__classes_init();
+    pm__ownership_prepare();
     pm__instance_add_hooks(&hooks);
 }
 

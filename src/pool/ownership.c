@@ -18,11 +18,13 @@ static void register_membarrier(void)
         syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
 }
 
+void pm__ownership_prepare(void) { pthread_once(&membarrier_once, register_membarrier); }
+
 void pm__ownership_init(pm__ownership *o)
 {
     /* Before any owner's first entry, so that the choice never changes
      * under an owner. */
-    pthread_once(&membarrier_once, register_membarrier);
+    pm__ownership_prepare();
     atomic_init(&o->busy, 0);
     atomic_init(&o->foreign, 0);
     pthread_mutex_init(&o->foreign_lock, NULL);

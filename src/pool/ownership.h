@@ -26,6 +26,12 @@ typedef struct pm__ownership {
 /* Whether owners may skip their fence (membarrier works here); set once. */
 extern bool pm__owner_fence_free;
 
+/* Registers the process for the membarrier owners rely on, once. Where the
+ * process already runs several threads the kernel first waits out an RCU
+ * grace period (5-26 ms on the GPU machines), so pools do it as the first of
+ * them is created rather than in an allocation. */
+void pm__ownership_prepare(void);
+
 void pm__ownership_init(pm__ownership *o);
 
 /* The owner's entry: false when another thread holds the cache, and the
