@@ -122,9 +122,10 @@ def copy_blocks(dst, src, mapping, block_bytes, *, stream=None):
     (n, 2) integer array or CPU tensor, or a sequence of pairs. Every index
     is checked against its side's size, and no destination may overlap
     another pair's destination or source (a block named twice raises
-    PinmemError naming both pairs), before anything moves. stream as pinmem.copy_batch: None waits until the
-    blocks are there; otherwise ordered on that stream, pageable sources
-    reusable on return. An empty mapping does nothing."""
+    PinmemError naming both pairs), before anything moves. stream as
+    pinmem.copy_batch: None waits until the blocks are there; otherwise
+    ordered on that stream, pageable sources reusable on return. An empty
+    mapping does nothing."""
     block = _block_bytes(block_bytes)
     handle = None if stream is None else stream_handle(stream, f"{_WHAT}: stream")
     mapping = _host_mapping(mapping)
@@ -146,7 +147,7 @@ def copy_blocks(dst, src, mapping, block_bytes, *, stream=None):
             return dst
         keep, (dsts, srcs, sizes) = made
         for _, _, where, theirs in sides:
-            if theirs is not None and where is DEVICE:
+            if where is DEVICE:
                 order_after(theirs, handle)
         submit(dsts, srcs, sizes, len(keep[2]), handle, _WHAT)
     finally:
