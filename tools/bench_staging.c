@@ -51,32 +51,46 @@ static void row(bool htod, pm_copy_stores stores, pm_deviceptr dev, uint8_t *hos
 }
 
 /* Copies that start after the engine sat idle (its workers asleep, their
- * cores idle), as copies between other work do, against copies back to back. */
-static void cold_rows(pm_deviceptr dev, uint8_t *host, size_t max, bool *failed)
+ * cores idle), as copies between other work do, and right after the CPU
+ * copied as many other bytes (the caches then hold none of the source or the
+ * ring, as after a program's own work), against copies back to back. The
+ * other bytes are two halves of the page-locked buffer: the third column
+ * needs it twice the copy's size. */
+static void cold_rows(pm_deviceptr dev, uint8_t *host, uint8_t *other, size_t max, bool *failed)
 {
     enum { REPS = 9 };
+    enum { HOT, IDLE, AFTER_CPU, WAYS };
     configure(PM_COPY_STORES_DEFAULT, (size_t)-1);
-    printf("\nstaged copies, default stores, median of %d: back to back, and each after 5 ms idle\n",
+    printf("\nstaged copies, default stores, median of %d: back to back, each after 5 ms idle, "
+           "and each right after a CPU copy of as many other bytes\n",
            REPS);
     for (size_t n = (size_t)16 << 20; n <= max && n <= ((size_t)256 << 20); n *= 4) {
+        const bool cpu_first = 2 * n <= max;
         for (int dir = 0; dir < 2; dir++) {
-            double hot[REPS], cold[REPS];
-            for (int k = 0; k < 2 * REPS + 1; k++) {
-                if (k > REPS)
-                    usleep(5000);
-                double t0 = now_ns();
-                *failed |= (dir == 0 ? pm_memcpy_htod(dev, host, n) : pm_memcpy_dtoh(host, dev, n)) !=
-                           PM_SUCCESS;
-                double t = now_ns() - t0;
-                if (k >= 1 && k <= REPS)
-                    hot[k - 1] = t;
-                else if (k > REPS)
-                    cold[k - REPS - 1] = t;
+            double t[WAYS][REPS];
+            for (int way = HOT; way < WAYS; way++) {
+                if (way == AFTER_CPU && !cpu_first)
+                    break;
+                for (int k = 0; k < REPS + (way == HOT); k++) {
+                    if (way == IDLE)
+                        usleep(5000);
+                    else if (way == AFTER_CPU)
+                        memcpy(other + n, other, n);
+                    double t0 = now_ns();
+                    *failed |= (dir == 0 ? pm_memcpy_htod(dev, host, n)
+                                         : pm_memcpy_dtoh(host, dev, n)) != PM_SUCCESS;
+                    if (way != HOT || k > 0) /* back to back after one unmeasured copy */
+                        t[way][k - (way == HOT)] = now_ns() - t0;
+                }
             }
             char sz[32];
-            printf("%-9s %-6s | back to back %5.1f GB/s | after idle %5.1f GB/s\n",
+            printf("%-9s %-6s | back to back %5.1f GB/s | after idle %5.1f GB/s | ",
                    human_size(n, sz, sizeof sz), dir == 0 ? "htod" : "dtoh",
-                   (double)n / median(hot, REPS), (double)n / median(cold, REPS));
+                   (double)n / median(t[HOT], REPS), (double)n / median(t[IDLE], REPS));
+            if (cpu_first)
+                printf("after a CPU copy %5.1f GB/s\n", (double)n / median(t[AFTER_CPU], REPS));
+            else
+                printf("after a CPU copy: needs a buffer of %s\n", human_size(2 * n, sz, sizeof sz));
         }
     }
 }
@@ -150,7 +164,7 @@ int bench_staging(bool quick)
             for (int s = PM_COPY_STORES_CACHED; s <= PM_COPY_STORES_DEMOTING; s++)
                 if (dir == 0 || s != PM_COPY_STORES_DEMOTING) /* a ring-side choice */
                     row(dir == 0, (pm_copy_stores)s, dev, pageable, n, &failed);
-    cold_rows(dev, pageable, max, &failed);
+    cold_rows(dev, pageable, cb.pinned, max, &failed);
     pm_copy_set_config(&saved);
     if (failed)
         printf("(a copy failed: pinmem's last error: %s; the baseline's: %s)\n",
