@@ -660,6 +660,11 @@ PM_API pm_result pm_copy_get_stats(pm_copy_stats *stats);
  * driver; pm_device_free(0) succeeds and does nothing; any other pointer must
  * be an allocation's base. */
 PM_API pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes);
+/* pm_device_alloc on device ordinal (below pm_device_count), in that
+ * device's primary context whatever the calling thread's context is;
+ * PM_ERROR_INVALID_DEVICE for any other ordinal. pm_device_free frees memory
+ * of any device, in the context that allocated it. */
+PM_API pm_result pm_device_alloc_on(pm_deviceptr *dptr, size_t bytes, int ordinal);
 PM_API pm_result pm_device_free(pm_deviceptr dptr);
 
 /* cuMemcpy / cuMemcpyAsync: direction from the pointers (unified addressing);

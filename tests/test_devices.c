@@ -200,7 +200,12 @@ static void pinmem_device_past_the_count(void)
     char past[16], last[16];
     snprintf(past, sizeof past, "%d", n);
     snprintf(last, sizeof last, "%d", n - 1);
-    const char *names[] = {NULL, on_backend("cuda") ? "cuda" : "posix"};
+    /* Unnamed, the child picks the backend as the parent did: by the
+     * environment's PINMEM_BACKEND where it names one (with it unset, posix
+     * would count one device where cuda counts several). */
+    const char *forced = getenv("PINMEM_BACKEND");
+    const char *names[] = {forced && *forced && strcmp(forced, "auto") != 0 ? forced : NULL,
+                           on_backend("cuda") ? "cuda" : "posix"};
     for (size_t i = 0; i < 2; i++) {
         pm_result r = PM_SUCCESS;
         int named = init_with_device(past, names[i], &r);
@@ -240,6 +245,39 @@ static void pointer_device_of_device_memory(void)
     CHECK_RESULT(b->pointer_device((pm_deviceptr)(uintptr_t)pinned, &ordinal),
                  PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_mem_free_host(pinned), PM_SUCCESS);
+}
+
+/* pm_device_alloc_on gives each device's memory, whatever the calling
+ * thread's context, and refuses ordinals that name no device; a staged copy
+ * from a thread without a context reaches every device's memory. */
+static void alloc_on_every_device(void)
+{
+    const pm__backend *b = backend();
+    REQUIRE(b);
+    int n = device_count();
+    pm_deviceptr d = 0;
+    CHECK_RESULT(pm_device_alloc_on(&d, 4096, -1), PM_ERROR_INVALID_DEVICE);
+    CHECK_RESULT(pm_device_alloc_on(&d, 4096, n), PM_ERROR_INVALID_DEVICE);
+    CHECK_RESULT(pm_device_alloc_on(NULL, 4096, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_device_alloc_on(&d, 0, 0), PM_ERROR_INVALID_VALUE);
+    const size_t bytes = (size_t)8 << 20; /* staged, not the driver's own path */
+    unsigned char *src = malloc(bytes), *back = malloc(bytes);
+    REQUIRE(src && back);
+    for (int i = 0; i < n; i++) {
+        REQUIRE_RESULT(pm_device_alloc_on(&d, bytes, i), PM_SUCCESS);
+        int ordinal = -7;
+        CHECK_RESULT(b->pointer_device(d, &ordinal), PM_SUCCESS);
+        CHECK(ordinal == i);
+        for (size_t k = 0; k < bytes; k++)
+            src[k] = (unsigned char)(k * 31 + (size_t)i);
+        memset(back, 0, bytes);
+        CHECK_RESULT(pm_memcpy_htod(d, src, bytes), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(back, d, bytes), PM_SUCCESS);
+        CHECK(memcmp(src, back, bytes) == 0);
+        CHECK_RESULT(pm_device_free(d), PM_SUCCESS);
+    }
+    free(src);
+    free(back);
 }
 
 /* What the driver itself says of memory pinmem pinned (cuda only: posix
@@ -515,7 +553,114 @@ static void copies_to_two_devices_at_once(void)
         CHECK(c[i].same);
     }
 }
+
+typedef struct foreign_stream {
+    int ordinal;       /* the device whose stream it is */
+    CUstream stream;   /* made in that device's primary context */
+} foreign_stream;
+
+static void make_stream(void *arg)
+{
+    foreign_stream *f = arg;
+    const pm__cuda_api *cu = pm__cuda_api_load(&(pm_result){0});
+    if (cu && cu->stream_create(&f->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        f->stream = NULL;
+}
+
+static void destroy_stream(void *arg)
+{
+    foreign_stream *f = arg;
+    const pm__cuda_api *cu = pm__cuda_api_load(&(pm_result){0});
+    if (cu && f->stream)
+        cu->stream_destroy(f->stream);
+}
+
+typedef struct stream_copy {
+    foreign_stream *f;
+    pm_deviceptr d;
+    size_t bytes;
+    pm_result to, from, synced, freed, recorded;
+    bool same;
+} stream_copy;
+
+/* Pageable memory to the other device and back on that device's stream,
+ * staged, with a pool block freed in its order and an event recorded on it
+ * and then on the legacy stream: every marker the calls make belongs to the
+ * stream's context, whichever context the calling thread has. */
+static void copy_on_foreign_stream(void *arg)
+{
+    stream_copy *c = arg;
+    pm_stream_t s = (pm_stream_t)c->f->stream;
+    unsigned char *src = malloc(c->bytes), *back = calloc(1, c->bytes);
+    if (!src || !back) {
+        c->to = PM_ERROR_OUT_OF_MEMORY;
+        free(src);
+        free(back);
+        return;
+    }
+    for (size_t k = 0; k < c->bytes; k++)
+        src[k] = (unsigned char)(k * 17 + 3);
+    c->to = pm_memcpy_htod_async(c->d, src, c->bytes, s);
+    c->from = pm_memcpy_dtoh_async(back, c->d, c->bytes, s);
+    c->synced = pm_stream_synchronize(s);
+    c->same = memcmp(src, back, c->bytes) == 0;
+    void *block = NULL;
+    pm_mem_pool_t pool = NULL;
+    c->freed = pm_mem_get_default_pool(&pool);
+    if (c->freed == PM_SUCCESS)
+        c->freed = pm_mem_alloc_from_pool_async(&block, 4096, pool, s);
+    if (c->freed == PM_SUCCESS)
+        c->freed = pm_mem_free_async(block, s);
+    pm_event_t e = NULL;
+    c->recorded = pm_event_create(&e);
+    if (c->recorded == PM_SUCCESS) {
+        c->recorded = pm_event_record(e, s);
+        if (c->recorded == PM_SUCCESS)
+            c->recorded = pm_event_record(e, NULL);
+        if (c->recorded == PM_SUCCESS)
+            c->recorded = pm_event_synchronize(e);
+        pm_event_destroy(e);
+    }
+    c->synced = c->synced == PM_SUCCESS ? pm_stream_synchronize(s) : c->synced;
+    free(src);
+    free(back);
+}
+
+/* The other device's stream, used from a thread in the device in use's
+ * context and from one without a context. */
+static void streams_of_another_device(void)
+{
+    NEED_TWO_DEVICES();
+    const pm__backend *b = backend();
+    REQUIRE(b);
+    int other = b->device_in_use == 0 ? 1 : 0;
+    foreign_stream f = {.ordinal = other};
+    REQUIRE_RESULT(in_device_context(other, make_stream, &f), PM_SUCCESS);
+    REQUIRE(f.stream);
+    pm_deviceptr d = 0;
+    if (pm_device_alloc_on(&d, (size_t)8 << 20, other) == PM_SUCCESS) {
+        for (int how = 0; how < 2; how++) {
+            stream_copy c = {.f = &f, .d = d, .bytes = (size_t)8 << 20};
+            if (how == 0)
+                CHECK_RESULT(in_device_context(b->device_in_use, copy_on_foreign_stream, &c),
+                             PM_SUCCESS);
+            else
+                copy_on_foreign_stream(&c);
+            CHECK_RESULT(c.to, PM_SUCCESS);
+            CHECK_RESULT(c.from, PM_SUCCESS);
+            CHECK_RESULT(c.synced, PM_SUCCESS);
+            CHECK(c.same);
+            CHECK_RESULT(c.freed, PM_SUCCESS);
+            CHECK_RESULT(c.recorded, PM_SUCCESS);
+        }
+        CHECK_RESULT(pm_device_free(d), PM_SUCCESS);
+    } else {
+        CHECK(false);
+    }
+    CHECK_RESULT(in_device_context(other, destroy_stream, &f), PM_SUCCESS);
+}
 #else
+static void streams_of_another_device(void) { NEED_TWO_DEVICES(); }
 static void portable_memory_on_another_device(void) { NEED_TWO_DEVICES(); }
 static void non_portable_memory_on_another_device(void) { NEED_TWO_DEVICES(); }
 static void copies_to_two_devices_at_once(void) { NEED_TWO_DEVICES(); }
@@ -536,11 +681,13 @@ int main(int argc, char **argv)
     struct_size_checked();
     pinmem_device_past_the_count();
     pointer_device_of_device_memory();
+    alloc_on_every_device();
     pool_memory_is_portable();
     ring_memory_is_portable();
     devices_are_distinct();
     portable_memory_on_another_device();
     non_portable_memory_on_another_device();
     copies_to_two_devices_at_once();
+    streams_of_another_device();
     return check_finish("devices");
 }

@@ -17,6 +17,9 @@ int bench_pool(bool quick);
 int bench_footprint(void);
 /* plot_file: where --plot draws bandwidth against size, or NULL. */
 int bench_copy(bool quick, const char *plot_file);
+/* Copies to and from each device of list ("all", or ordinals such as "0,1"),
+ * each alone and all at once (bench_copy_devices.c). */
+int bench_copy_devices(bool quick, const char *list);
 /* Staged copies alone: the DMA rate for pieces queued from pinned memory, and
  * staged copies of 16 MiB and up, cached against streaming stores, with the
  * engine's time counters. */

@@ -23,7 +23,7 @@ static const char usage_text[] =
     "  help          print this text (also -h, --help)\n";
 
 static const char bench_usage_text[] =
-    "usage: pinmem bench [NAME] [--quick] [--plot FILE.png]\n"
+    "usage: pinmem bench [NAME] [--quick] [--plot FILE.png] [--devices all|0,1,...]\n"
     "\n"
     "Measures pinmem and, in the same run, what it replaces: the CUDA driver's own calls on\n"
     "the cuda backend; on the posix backend the system's plain ways (mmap + mlock, glibc\n"
@@ -41,6 +41,8 @@ static const char bench_usage_text[] =
     "options:\n"
     "  --quick           fewer sizes and repetitions (copies up to 64 MiB)\n"
     "  --plot FILE.png   copy and all only: draw copy bandwidth against size (gnuplot)\n"
+    "  --devices LIST    copy only: instead of its sections, copies to and from each device\n"
+    "                    of LIST (all, or ordinals), each alone and all at once\n"
     "  -h, --help        print this text\n";
 
 static int run_host(bool quick, const char *plot)
@@ -115,7 +117,7 @@ static int bench(int argc, char **argv)
 {
     const benchmark *what = NULL;
     bool quick = false;
-    const char *plot = NULL;
+    const char *plot = NULL, *devices = NULL;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (is_help(arg)) {
@@ -128,6 +130,11 @@ static int bench(int argc, char **argv)
             plot = arg[6] == '=' ? arg + 7 : i + 1 < argc ? argv[++i] : "";
             if (!plot[0] || plot[0] == '-')
                 return refuse(bench_usage_text, "pinmem bench: --plot needs a file name (FILE.png)");
+        } else if (strcmp(arg, "--devices") == 0 || strncmp(arg, "--devices=", 10) == 0) {
+            devices = arg[9] == '=' ? arg + 10 : i + 1 < argc ? argv[++i] : "";
+            if (!devices[0] || devices[0] == '-')
+                return refuse(bench_usage_text,
+                              "pinmem bench: --devices needs 'all' or device ordinals (0,1)");
         } else if (arg[0] == '-') {
             return refuse(bench_usage_text, "pinmem bench: unknown option '%s'", arg);
         } else {
@@ -158,6 +165,11 @@ static int bench(int argc, char **argv)
                       dir, strerror(errno));
     if (quick && !what->takes_quick)
         return refuse(bench_usage_text, "pinmem bench: 'bench %s' has no --quick form", what->name);
+    if (devices && (strcmp(what->name, "copy") != 0 || plot))
+        return refuse(bench_usage_text,
+                      "pinmem bench: --devices goes with 'bench copy' alone, without --plot");
+    if (devices)
+        return bench_copy_devices(quick, devices);
     return what->run(quick, plot);
 }
 

@@ -37,7 +37,19 @@
 typedef struct pm__marker {
     void *handle;
     unsigned long long seq;
+    void *context; /* cuda: the context of the event, where it may be recorded again */
 } pm__marker;
+
+/* Where a copy's driver calls run (cuda: a context; posix: nowhere in
+ * particular, NULL). Every thread that queues work for a copy enters its
+ * place first, so that the legacy stream is the same stream on each. */
+typedef struct pm__place {
+    void *context;
+} pm__place;
+
+typedef struct pm__place_scope {
+    bool pushed;
+} pm__place_scope;
 
 /* Pool chunks: address space of len bytes aligned to align, whose memory is
  * committed (page-locked and mapped for every device, on numa_node unless it
@@ -150,6 +162,9 @@ typedef struct pm__backend {
     /* Device memory, and a synchronous copy to or from it (posix: host
      * memory). */
     pm_result (*device_alloc)(pm_deviceptr *d, size_t bytesize);
+    /* device_alloc on device ordinal (below device_count), in its primary
+     * context (posix: the one simulated device). */
+    pm_result (*device_alloc_on)(pm_deviceptr *d, size_t bytesize, int ordinal);
     pm_result (*copy_htod)(pm_deviceptr d, const void *src, size_t bytesize);
     pm_result (*copy_dtoh)(void *dst, pm_deviceptr d, size_t bytesize);
     /* Copies ordered on stream s. When the host side is page-locked
@@ -229,6 +244,14 @@ typedef struct pm__backend {
      * DEVICE_ORDINAL attribute; posix: 0 for a live device_alloc range);
      * INVALID_VALUE when p is not device memory. */
     pm_result (*pointer_device)(pm_deviceptr p, int *ordinal);
+    /* Where a copy on s between a and b runs (cuda: s's context; for the
+     * legacy and per-thread handles the calling thread's current one, or
+     * where it has none, the primary context of the device whose memory a
+     * is, else b, else pinmem's own; b may be 0). place_enter makes p
+     * current on the calling thread until place_leave. */
+    pm_result (*copy_place)(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out);
+    pm_result (*place_enter)(const pm__place *p, pm__place_scope *scope);
+    void (*place_leave)(pm__place_scope *scope);
 
     /* Block copies for pm_memcpy_batch_async: many small copies in one unit
      * of work, where one DMA each would pay the DMA engine's cost per copy

@@ -13,6 +13,7 @@
 #include "cuda_devices.h"
 #include "cuda_kernel.h"
 #include "cuda_loader.h"
+#include "cuda_places.h"
 #include "cuda_vmm.h"
 
 /* How a host allocation was pinned, kept in the range's backend_tag. */
@@ -286,11 +287,15 @@ static pm_result cuda_stream_launch_host_func(pm_stream_t s, void (*fn)(void *),
     DRIVER_CALL("cuLaunchHostFunc", cu->launch_host_func((CUstream)s, fn, arg));
 }
 
+/* An event belongs to one context and is recorded only on that context's
+ * streams: it is made in s's context (not the calling thread's, which may be
+ * another device's), and made anew where a marker moves to another context. */
 static pm_result cuda_marker_record(pm_stream_t s, pm__marker *out)
 {
     CUevent ev = NULL;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+    pm__place place = {.context = pm__cuda_stream_context(s)};
+    pm__place_scope scope;
+    pm_result r = pm__cuda_place_enter(&place, &scope);
     if (r != PM_SUCCESS)
         return r;
     CUresult rc = cu->event_create(&ev, CU_EVENT_DISABLE_TIMING);
@@ -299,11 +304,12 @@ static pm_result cuda_marker_record(pm_stream_t s, pm__marker *out)
         if (rc != CUDA_SUCCESS)
             cu->event_destroy(ev);
     }
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuEventRecord");
     out->handle = ev;
     out->seq = 0;
+    out->context = place.context;
     return PM_SUCCESS;
 }
 
@@ -319,6 +325,10 @@ static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
 
 static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
 {
+    if (m->handle && m->context != pm__cuda_stream_context(s)) {
+        cu->event_destroy((CUevent)m->handle);
+        m->handle = NULL;
+    }
     if (!m->handle)
         return cuda_marker_record(s, m);
     DRIVER_CALL("cuEventRecord", cu->event_record((CUevent)m->handle, (CUstream)s));
@@ -473,11 +483,6 @@ static pm_result cuda_copy_dtoh_async(void *dst, pm_deviceptr d, size_t bytesize
     (void)host_pinned;
     DRIVER_CALL("cuMemcpyDtoHAsync",
                 cu->memcpy_dtoh_async(dst, (CUdeviceptr)d, bytesize, (CUstream)s));
-}
-
-static pm_result cuda_device_release(pm_deviceptr d)
-{
-    DRIVER_CALL("cuMemFree", cu->mem_free((CUdeviceptr)d));
 }
 
 /* Pointer attributes belong to the process (unified addressing), so they are
@@ -849,7 +854,8 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->copy_htod_async = cuda_copy_htod_async;
     out->copy_dtoh_async = cuda_copy_dtoh_async;
     out->pointer_kind = cuda_pointer_kind;
-    out->device_release = cuda_device_release;
+    out->device_release = pm__cuda_device_free;
+    out->device_alloc_on = pm__cuda_device_alloc_on;
     out->stream_capture_status = cuda_stream_capture_status;
     out->own_thread_start = cuda_own_thread_start;
     out->captures_relax = cuda_captures_relax;
@@ -861,7 +867,13 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->device_in_use = (int)pm__option_value(PM__OPT_DEVICE);
     out->device_info = cuda_device_info;
     out->pointer_device = cuda_pointer_device;
+    out->copy_place = pm__cuda_copy_place;
+    out->place_enter = pm__cuda_place_enter;
+    out->place_leave = pm__cuda_place_leave;
     pm__cuda_devices_open(cu, out->device_in_use);
+    r = pm__cuda_places_open(cu, primary, device_count);
+    if (r != PM_SUCCESS)
+        return r;
     pm__cuda_kernel_open(cu, device, primary,
                          c->unified_addressing && c->can_use_host_pointer_for_registered_mem);
     out->block_copy_ready = cuda_block_copy_ready;

@@ -317,6 +317,12 @@ static pm_result posix_device_alloc(pm_deviceptr *d, size_t bytesize)
     return PM_SUCCESS;
 }
 
+static pm_result posix_device_alloc_on(pm_deviceptr *d, size_t bytesize, int ordinal)
+{
+    (void)ordinal; /* 0, the one device */
+    return posix_device_alloc(d, bytesize);
+}
+
 static pm_result posix_device_release(pm_deviceptr d)
 {
     pm__range r;
@@ -356,6 +362,25 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
 
 /* Device memory is a live device_alloc range, all of it the one simulated
  * device's. */
+/* One simulated device and no contexts: every copy runs where it is. */
+static pm_result posix_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out)
+{
+    (void)s;
+    (void)a;
+    (void)b;
+    out->context = NULL;
+    return PM_SUCCESS;
+}
+
+static pm_result posix_place_enter(const pm__place *p, pm__place_scope *scope)
+{
+    (void)p;
+    scope->pushed = false;
+    return PM_SUCCESS;
+}
+
+static void posix_place_leave(pm__place_scope *scope) { (void)scope; }
+
 static pm_result posix_pointer_device(pm_deviceptr p, int *ordinal)
 {
     pm__range r;
@@ -677,6 +702,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->copy_dtoh_async = posix_copy_dtoh_async;
     out->pointer_kind = posix_pointer_kind;
     out->device_release = posix_device_release;
+    out->device_alloc_on = posix_device_alloc_on;
     out->stream_capture_status = posix_stream_capture_status;
     out->own_thread_start = posix_own_thread_start;
     out->captures_relax = posix_captures_relax;
@@ -688,6 +714,9 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->device_in_use = 0;
     out->device_info = posix_device_info;
     out->pointer_device = posix_pointer_device;
+    out->copy_place = posix_copy_place;
+    out->place_enter = posix_place_enter;
+    out->place_leave = posix_place_leave;
     out->block_copy_ready = posix_block_copy_ready;
     out->block_copy_reaches = posix_block_copy_reaches;
     out->block_copy_async = posix_block_copy_async;

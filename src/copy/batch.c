@@ -399,12 +399,21 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
     bool capturing = false;
     if ((r = b->stream_capture_status(stream, &capturing)) != PM_SUCCESS)
         return r;
+    /* The whole batch runs in the place of its stream (or of its first
+     * element's device, for a thread without a context). */
+    pm__place place;
+    pm__place_scope scope;
+    if ((r = b->copy_place(stream, dsts[0], srcs[0], &place)) != PM_SUCCESS ||
+        (r = b->place_enter(&place, &scope)) != PM_SUCCESS)
+        return r;
     /* Room for both kinds' ranges, two an element each: while one kind is
      * sorted, the room the other left is as large as it. */
     pm__span *spans = malloc(4 * count_ * sizeof *spans);
-    if (!spans)
+    if (!spans) {
+        b->place_leave(&scope);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory for %zu elements", name,
                         count_);
+    }
     const pm__copy_settings *set = pm__copy_enter();
     /* The batch's own waits and registrations: relaxed (backend.h says why). */
     const int mode = capturing ? -1 : b->captures_relax();
@@ -439,6 +448,7 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
     if (!capturing)
         b->captures_restore(mode);
     pm__copy_leave();
+    b->place_leave(&scope);
     if (r == PM_SUCCESS) {
         count(&pm__copy_count.direct_bytes, c.plan.direct);
         count(&pm__copy_count.driver_bytes, c.plan.driver);

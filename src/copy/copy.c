@@ -163,22 +163,13 @@ pm_result pm__copy_capturable(pm__instance *inst, const char *name, uintptr_t st
     return PM_SUCCESS;
 }
 
-pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_deviceptr dev,
-                   size_t bytes, pm_stream_t s, bool sync, pm__capture capture)
+/* A checked copy, with the calling thread in the copy's place. */
+static pm_result copy_in_place(pm__instance *inst, const char *name, pm__direction dir,
+                               uint8_t *host, pm_deviceptr dev, size_t bytes, pm_stream_t s,
+                               bool sync, pm__capture capture)
 {
-    PM__INSTANCE_OR_RETURN(inst);
-    if (bytes == 0)
-        return PM_SUCCESS;
-    if (!host || !dev)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: the %s pointer is NULL", name,
-                        host ? "device" : "host");
-    if (bytes > UINTPTR_MAX - (uintptr_t)host || bytes > UINT64_MAX - dev)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %zu bytes from %p wrap around", name, bytes,
-                        (void *)host);
     const pm__backend *b = &inst->backend;
-    pm_result r = b->stream_check(s);
-    if (r != PM_SUCCESS)
-        return r;
+    pm_result r = PM_SUCCESS;
     /* The copy settings are read only for pageable pieces: a copy that is all
      * page-locked takes no lock but the registry's. */
     const pm__copy_settings *set = NULL;
@@ -238,6 +229,33 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
     }
     if (relaxed)
         b->captures_restore(mode);
+    return r;
+}
+
+pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_deviceptr dev,
+                   size_t bytes, pm_stream_t s, bool sync, pm__capture capture)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    if (bytes == 0)
+        return PM_SUCCESS;
+    if (!host || !dev)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: the %s pointer is NULL", name,
+                        host ? "device" : "host");
+    if (bytes > UINTPTR_MAX - (uintptr_t)host || bytes > UINT64_MAX - dev)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %zu bytes from %p wrap around", name, bytes,
+                        (void *)host);
+    const pm__backend *b = &inst->backend;
+    pm_result r = b->stream_check(s);
+    pm__place place;
+    pm__place_scope scope;
+    if (r == PM_SUCCESS)
+        r = b->copy_place(s, dev, 0, &place);
+    if (r == PM_SUCCESS)
+        r = b->place_enter(&place, &scope);
+    if (r != PM_SUCCESS)
+        return r;
+    r = copy_in_place(inst, name, dir, host, dev, bytes, s, sync, capture);
+    b->place_leave(&scope);
     return r;
 }
 

@@ -20,6 +20,22 @@ pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes)
     return inst->backend.device_alloc(dptr, bytes);
 }
 
+pm_result pm_device_alloc_on(pm_deviceptr *dptr, size_t bytes, int ordinal)
+{
+    PM__INSTANCE_OR_RETURN(inst);
+    const pm__backend *b = &inst->backend;
+    if (!dptr)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_device_alloc_on: dptr is NULL");
+    if (bytes == 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_device_alloc_on: bytes is 0");
+    if (ordinal < 0 || ordinal >= b->device_count)
+        return pm__fail(PM_ERROR_INVALID_DEVICE,
+                        "pm_device_alloc_on: %d is not a device ordinal: the %s backend has %d "
+                        "device%s",
+                        ordinal, b->name, b->device_count, b->device_count == 1 ? "" : "s");
+    return b->device_alloc_on(dptr, bytes, ordinal);
+}
+
 pm_result pm_device_free(pm_deviceptr dptr)
 {
     PM__INSTANCE_OR_RETURN(inst);

@@ -60,6 +60,10 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
                         bool *no_ring)
 {
     *no_ring = false;
+    pm__place place;
+    pm_result placed = pm__instance_backend()->copy_place(stream, segs[0].dev, 0, &place);
+    if (placed != PM_SUCCESS)
+        return placed;
     pthread_mutex_lock(&eng.lock);
     pm_result started = pm__staging_ensure_started_locked(set);
     if (started != PM_SUCCESS) {
@@ -72,7 +76,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     eng.ring_split = set->ring_split;
     atomic_store_explicit(&eng.spin_ns, set->spin_ns, memory_order_relaxed);
     job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
-             .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
+             .place = place, .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
     if (kernel)
         pm__staging_ensure_twin_locked();
     if (kernel && dir == PM__DTOH)

@@ -55,6 +55,7 @@ typedef struct job {
      * waits for at the job's end (atomic: set by the pieces' threads). */
     _Atomic bool launched;
     pm_stream_t stream;
+    pm__place place; /* the caller's, which every thread queuing the job's work enters */
     pm_copy_stores stores; /* of the CPU copies */
     unsigned store_kind;   /* PM__STORE_PLAIN or PM__STORE_DEMOTING */
     /* Time the job's threads spent copying and waiting for DMAs, for the

@@ -277,11 +277,16 @@ pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *
 }
 
 /* Queues the DMA of b's piece (or its DMAs, one a segment, or its way
- * through the ring's device twin) and re-records b's marker behind it. */
+ * through the ring's device twin) and re-records b's marker behind it, in
+ * the job's place. */
 static pm_result queue_dma(job *j, buffer *b)
 {
     const pm__backend *be = pm__instance_backend();
     unsigned long long t0 = pm__now_ns();
+    pm__place_scope scope;
+    pm_result entered = be->place_enter(&j->place, &scope);
+    if (entered != PM_SUCCESS)
+        return entered;
     size_t i = pm__segment_at(j->segs, j->n_segs, b->offset);
     const pm__segment *s = &j->segs[i];
     pm_result r;
@@ -294,6 +299,7 @@ static pm_result queue_dma(job *j, buffer *b)
     r = pm__staging_mark_behind(be, j->stream, b, r, j->bytes <= FLAGGED_JOB_MAX);
     if (twin && j->dir == PM__HTOD && r == PM_SUCCESS)
         r = pm__staging_twin_scatter(be, j, b);
+    be->place_leave(&scope);
     pm__trace_note(eng.trace, PM__TRACE_DMA_QUEUED, j->id, (unsigned)(b - eng.ring));
     count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
     atomic_fetch_add_explicit(&pm__copy_count.staged_pieces, 1, memory_order_relaxed);

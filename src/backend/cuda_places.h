@@ -1,0 +1,28 @@
+/* Where the CUDA backend's driver calls for a stream run: the stream's
+ * context, and for copies by a thread without one, the primary context of
+ * the device whose memory is copied (docs/design.md, "Several devices"). */
+#ifndef PINMEM_CUDA_PLACES_H
+#define PINMEM_CUDA_PLACES_H
+
+#include "backend.h"
+#include "cuda_loader.h"
+
+/* Called once, when the backend opens, before any other call here: primary
+ * is the context of device in_use, which threads without a context use. */
+pm_result pm__cuda_places_open(const pm__cuda_api *api, CUcontext primary, int device_count);
+/* The context s's work runs in: s's own for a stream handle; for the legacy
+ * and per-thread handles (and NULL), the calling thread's current context,
+ * or pinmem's primary one where the thread has none. */
+CUcontext pm__cuda_stream_context(pm_stream_t s);
+/* backend.h's copy_place, place_enter and place_leave. */
+pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out);
+pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope);
+void pm__cuda_place_leave(pm__place_scope *scope);
+/* backend.h's device_alloc_on: cuMemAlloc in device ordinal's primary
+ * context (below the device count). */
+pm_result pm__cuda_device_alloc_on(pm_deviceptr *d, size_t bytesize, int ordinal);
+/* backend.h's device_release: cuMemFree in the context that made d (with one
+ * device, the current or pinmem's). */
+pm_result pm__cuda_device_free(pm_deviceptr d);
+
+#endif
