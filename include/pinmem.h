@@ -461,6 +461,11 @@ PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t ca
  * and a range that wraps around are PM_ERROR_INVALID_VALUE, and the stream
  * is checked.
  *
+ * Where a copy runs (cuda): in its stream's context; on the default stream,
+ * in the calling thread's current context, or, for a thread without one,
+ * in the primary context of the device whose memory is copied (so any
+ * thread may copy to any device's memory).
+ *
  * On a stream that is capturing a graph (cuda), the host side must be all
  * page-locked (pinmem's memory, or memory the driver page-locked itself):
  * the copy is then captured as the driver captures it. Otherwise the call
