@@ -437,6 +437,29 @@ static void ordering(void)
     CHECK(first_mismatch(pinned, n, 77) == n);
 }
 
+/* The per-thread default stream (cuda's handle 2) is each thread's own, so
+ * the workers cannot queue a staged copy's DMAs on it: such a copy is its
+ * caller's alone, and a copy back on the same stream reads what the copy
+ * there before it wrote. */
+static void per_thread_stream(void)
+{
+    if (!on_backend("cuda"))
+        SKIP_CASE("no CUDA driver: the per-thread default stream is the driver's");
+    const size_t n = (size_t)16 << 20; /* many pieces of the small ring */
+    SCOPED_MALLOC uint8_t *src = malloc(n), *dst = malloc(n);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
+    REQUIRE(src && dst && dev);
+    const pm_stream_t own = (pm_stream_t)(uintptr_t)2;
+    for (unsigned k = 0; k < 4; k++) {
+        fill(src, n, 90 + k);
+        memset(dst, 0, n);
+        REQUIRE_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
+        REQUIRE_RESULT(pm_memcpy_dtoh_async(dst, dev, n, own), PM_SUCCESS);
+        REQUIRE_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
+        CHECK(first_mismatch(dst, n, 90 + k) == n);
+    }
+}
+
 /* The synchronous forms are ordered on the default stream, as the driver's
  * are on its legacy stream: a synchronous copy lands after, and reads after,
  * an asynchronous copy queued there before it, whichever path it takes
@@ -761,6 +784,7 @@ int main(void)
     steered_fillers();
     registration_pieces();
     ordering();
+    per_thread_stream();
     sync_after_default_stream();
     store_kinds();
     learnt_stores();

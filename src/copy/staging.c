@@ -100,7 +100,11 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
         pm__staging_queue_ahead_up_to(&j, 1);
         pthread_mutex_lock(&eng.lock);
     }
-    if (j.slices > 1) { /* a single slice is the caller's alone: no hand-off */
+    /* A single slice is the caller's alone: no hand-off. So is every slice of
+     * a copy on the caller's own stream (cuda's per-thread default stream):
+     * a worker's DMA would land on the worker's stream, out of the copy's
+     * order. */
+    if (j.slices > 1 && !pm__instance_backend()->stream_is_threads_own(stream)) {
         eng.spin_want = pm__staging_spinners_for(&j);
         j.listed = true;
         atomic_fetch_add(&eng.listed, 1); /* before the event that announces it */
