@@ -360,8 +360,6 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
     return posix_pointer_extent(p, bytes, kind, &lo, &hi);
 }
 
-/* Device memory is a live device_alloc range, all of it the one simulated
- * device's. */
 /* Every posix stream is a handle any thread may queue on. */
 static bool posix_stream_is_threads_own(pm_stream_t s)
 {
@@ -388,6 +386,8 @@ static pm_result posix_place_enter(const pm__place *p, pm__place_scope *scope)
 
 static void posix_place_leave(pm__place_scope *scope) { (void)scope; }
 
+/* Device memory is a live device_alloc range, all of it the one simulated
+ * device's. */
 static pm_result posix_pointer_device(pm_deviceptr p, int *ordinal)
 {
     pm__range r;
