@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "copy/copy.h"
 #include "copy/store_choice.h"
@@ -441,23 +442,56 @@ static void ordering(void)
  * the workers cannot queue a staged copy's DMAs on it: such a copy is its
  * caller's alone, and a copy back on the same stream reads what the copy
  * there before it wrote. */
+/* The per-thread default stream's work waits here until the case opens the
+ * gate, or 3 s pass, so that a copy that wrongly waits for it still ends. */
+static atomic_int own_gate_open;
+static void wait_own_gate(void *arg)
+{
+    (void)arg;
+    for (int waited_ms = 0; !atomic_load(&own_gate_open) && waited_ms < 3000; waited_ms++)
+        usleep(1000);
+    atomic_store(&own_gate_open, 1);
+}
+
+/* A copy on the per-thread default stream queues every DMA on the caller's
+ * stream, whichever thread fills its buffers: while that stream waits at a
+ * gate, the device memory must not change. The copy is a few slices, in
+ * fewer pieces than the ring has buffers, so that it need not wait for the
+ * gate to reuse one. */
 static void per_thread_stream(void)
 {
     if (!on_backend("cuda"))
         SKIP_CASE("no CUDA driver: the per-thread default stream is the driver's");
-    const size_t n = (size_t)16 << 20; /* many pieces of the small ring */
-    SCOPED_MALLOC uint8_t *src = malloc(n), *dst = malloc(n);
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    const size_t n = 4 * c.slice_bytes;
+    SCOPED_MALLOC uint8_t *src = malloc(n);
+    SCOPED_HOST uint8_t *seen = NULL;
     SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
-    REQUIRE(src && dst && dev);
+    REQUIRE(src && dev);
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&seen, n), "a host allocation of four slices");
+    pm_stream_t other = NULL;
+    REQUIRE_RESULT(pm_stream_create(&other), PM_SUCCESS);
     const pm_stream_t own = (pm_stream_t)(uintptr_t)2;
-    for (unsigned k = 0; k < 4; k++) {
+    for (unsigned k = 0; k < 64; k++) { /* a worker's DMA went first in 1-2 of 16 */
         fill(src, n, 90 + k);
-        memset(dst, 0, n);
-        REQUIRE_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
-        REQUIRE_RESULT(pm_memcpy_dtoh_async(dst, dev, n, own), PM_SUCCESS);
-        REQUIRE_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
-        CHECK(first_mismatch(dst, n, 90 + k) == n);
+        CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS); /* landed, not just read */
+        fill(src, n, 190 + k);
+        atomic_store(&own_gate_open, 0);
+        CHECK_RESULT(pm_stream_launch_host_func(own, wait_own_gate, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
+        CHECK(!atomic_load(&own_gate_open)); /* returned without waiting for the stream */
+        CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, other), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(other), PM_SUCCESS);
+        CHECK(first_mismatch(seen, n, 90 + k) == n); /* nothing arrived past the gate */
+        atomic_store(&own_gate_open, 1);
+        CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, own), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
+        CHECK(first_mismatch(seen, n, 190 + k) == n);
     }
+    CHECK_RESULT(pm_stream_destroy(other), PM_SUCCESS);
 }
 
 /* The synchronous forms are ordered on the default stream, as the driver's
