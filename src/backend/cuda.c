@@ -11,6 +11,7 @@
 #include "../options.h"
 #include "backend.h"
 #include "cuda_devices.h"
+#include "cuda_events.h"
 #include "cuda_kernel.h"
 #include "cuda_loader.h"
 #include "cuda_places.h"
@@ -303,15 +304,11 @@ static pm_result cuda_marker_record(pm_stream_t s, pm__marker *out)
     pm_result r = pm__cuda_place_enter(&place, &scope);
     if (r != PM_SUCCESS)
         return r;
-    CUresult rc = cu->event_create(&ev, CU_EVENT_DISABLE_TIMING);
-    if (rc == CUDA_SUCCESS) {
-        rc = cu->event_record(ev, (CUstream)s);
-        if (rc != CUDA_SUCCESS)
-            cu->event_destroy(ev);
-    }
+    const char *call = NULL;
+    CUresult rc = pm__cuda_event_record_new(place.context, (CUstream)s, &ev, &call);
     pm__cuda_place_leave(&scope);
     if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuEventRecord");
+        return pm__cuda_fail(rc, call);
     out->handle = ev;
     out->seq = 0;
     out->context = place.context;
@@ -331,7 +328,7 @@ static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
 static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
 {
     if (m->handle && m->context != pm__cuda_stream_context(s)) {
-        cu->event_destroy((CUevent)m->handle);
+        pm__cuda_event_give(m->context, (CUevent)m->handle);
         m->handle = NULL;
     }
     if (!m->handle)
@@ -356,7 +353,7 @@ static pm_result cuda_stream_write_flag(pm_stream_t s, pm_deviceptr flag, uint32
 static void cuda_marker_release(pm__marker *m)
 {
     if (m->handle)
-        cu->event_destroy((CUevent)m->handle);
+        pm__cuda_event_give(m->context, (CUevent)m->handle);
     m->handle = NULL;
 }
 
@@ -877,6 +874,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->place_enter = pm__cuda_place_enter;
     out->place_leave = pm__cuda_place_leave;
     pm__cuda_devices_open(cu, out->device_in_use);
+    pm__cuda_events_open(cu);
     r = pm__cuda_places_open(cu, primary, device_count);
     if (r != PM_SUCCESS)
         return r;

@@ -45,6 +45,18 @@ CUcontext pm__cuda_stream_context(pm_stream_t s)
     return primary;
 }
 
+bool pm__cuda_context_held(CUcontext ctx)
+{
+    if (ctx == primary)
+        return true;
+    bool held = false;
+    pthread_mutex_lock(&primaries_lock);
+    for (int i = 0; primaries && i < devices && !held; i++)
+        held = primaries[i] == ctx;
+    pthread_mutex_unlock(&primaries_lock);
+    return held && ctx;
+}
+
 /* The primary context of device ordinal, retained once. */
 static pm_result primary_of(int ordinal, CUcontext *out)
 {

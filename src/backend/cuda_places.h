@@ -14,6 +14,9 @@ pm_result pm__cuda_places_open(const pm__cuda_api *api, CUcontext primary, int d
  * and per-thread handles (and NULL), the calling thread's current context,
  * or pinmem's primary one where the thread has none. */
 CUcontext pm__cuda_stream_context(pm_stream_t s);
+/* Whether ctx is a context pinmem holds until the process ends: its own
+ * primary context, or another device's that it retained. */
+bool pm__cuda_context_held(CUcontext ctx);
 /* backend.h's copy_place, place_enter and place_leave. */
 pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out);
 pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope);

@@ -381,6 +381,9 @@ void pm__retire_poll(bool may_wait);
 bool pm__retire_reap_here(void);
 /* Tests: this many of the next reaper starts fail (set before any starts). */
 extern int pm__retire_fail_starts;
+/* Tests: whether a reaper runs (one that finished its last pool has not yet
+ * ended). */
+bool pm__retire_reaper_running(void);
 
 /* cache.c: per-thread caches and the allocation paths. */
 /* Empties every cache of the pool into it; detach also unhooks them. */

@@ -280,6 +280,14 @@ static bool reap_here(bool may_wait)
 
 bool pm__retire_reap_here(void) { return reap_here(false); }
 
+bool pm__retire_reaper_running(void)
+{
+    pthread_mutex_lock(&reap_lock);
+    bool running = reaper_running && reaper_pid == getpid();
+    pthread_mutex_unlock(&reap_lock);
+    return running;
+}
+
 void pm__retire_poll(bool may_wait)
 {
     if (!atomic_load_explicit(&waiting, memory_order_relaxed))
