@@ -275,12 +275,20 @@ PM_API pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm
  * trusts it. */
 typedef void *pm_stream_t;
 
+/* The driver's two named handles, on both backends: the legacy default
+ * stream (as NULL; CU_STREAM_LEGACY) and the calling thread's own default
+ * stream (CU_STREAM_PER_THREAD; on posix made on the thread's first use and
+ * ended, after its work, when the thread exits). */
+#define PM_STREAM_LEGACY ((pm_stream_t)0x1)
+#define PM_STREAM_PER_THREAD ((pm_stream_t)0x2)
+
 /* A stream whose work is not ordered with the default stream's (cuda:
  * CU_STREAM_NON_BLOCKING, as PyTorch creates its streams).
  * stream must not be NULL. */
 PM_API pm_result pm_stream_create(pm_stream_t *stream);
-/* Waits for the stream's work, then destroys it. NULL (the default stream)
- * is PM_ERROR_INVALID_HANDLE. */
+/* Waits for the stream's work, then destroys it. NULL, PM_STREAM_LEGACY and
+ * PM_STREAM_PER_THREAD, which are not the caller's to destroy, are
+ * PM_ERROR_INVALID_HANDLE. */
 PM_API pm_result pm_stream_destroy(pm_stream_t stream);
 /* Waits for the stream's work; then pools above their release threshold
  * give memory back (see PM_MEMPOOL_ATTR_RELEASE_THRESHOLD). */

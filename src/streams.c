@@ -26,8 +26,11 @@ pm_result pm_stream_synchronize(pm_stream_t stream)
 pm_result pm_stream_destroy(pm_stream_t stream)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    if (!stream)
+    if (!stream || stream == PM_STREAM_LEGACY)
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: the default stream lives on");
+    if (stream == PM_STREAM_PER_THREAD)
+        return pm__fail(PM_ERROR_INVALID_HANDLE,
+                        "pm_stream_destroy: a thread's own stream lives as long as the thread");
     pm_result r = inst->backend.stream_check(stream);
     if (r == PM_SUCCESS)
         r = inst->backend.stream_synchronize(stream);

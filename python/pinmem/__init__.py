@@ -28,7 +28,7 @@ __all__ = [
     "device_empty", "empty", "library_path", "register", "stats", "version",
     "HOSTALLOC_PORTABLE", "HOSTALLOC_DEVICEMAP", "HOSTALLOC_WRITECOMBINED",
     "HOSTREGISTER_PORTABLE", "HOSTREGISTER_DEVICEMAP", "HOSTREGISTER_IOMEMORY",
-    "HOSTREGISTER_READ_ONLY",
+    "HOSTREGISTER_READ_ONLY", "STREAM_LEGACY", "STREAM_PER_THREAD",
 ]
 
 HOSTALLOC_PORTABLE = 0x01
@@ -38,6 +38,10 @@ HOSTREGISTER_PORTABLE = 0x01
 HOSTREGISTER_DEVICEMAP = 0x02
 HOSTREGISTER_IOMEMORY = 0x04
 HOSTREGISTER_READ_ONLY = 0x08
+# The driver's named stream handles (PM_STREAM_LEGACY, PM_STREAM_PER_THREAD):
+# the legacy default stream and the calling thread's own default stream.
+STREAM_LEGACY = 0x1
+STREAM_PER_THREAD = 0x2
 
 _ADAPTERS = {"torch": "torch", "cupy": "cupy", "numba": "numba", "cuda_core": "cuda.core"}
 

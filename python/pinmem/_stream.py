@@ -63,7 +63,8 @@ def _as_int(value, what):
 def stream_handle(stream, what="stream"):
     """The raw handle for stream, or None for None (a synchronous copy).
 
-    Accepted: an int handle (0: the legacy default stream), a pinmem.Stream,
+    Accepted: an int handle (0 or STREAM_LEGACY: the legacy default stream;
+    STREAM_PER_THREAD: the calling thread's own), a pinmem.Stream,
     anything with ``__cuda_stream__`` (cuda.core, recent PyTorch and CuPy), a
     torch.cuda.Stream (``cuda_stream``), a CuPy stream (``ptr``) or a Numba
     stream (``handle``)."""

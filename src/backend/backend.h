@@ -133,7 +133,7 @@ typedef struct pm__backend {
     pm_result (*stream_destroy)(pm_stream_t s);
     pm_result (*stream_synchronize)(pm_stream_t s);
     /* Whether s names the calling thread's own stream, on which no other
-     * thread can queue work (cuda: the per-thread default stream). */
+     * thread can queue work (PM_STREAM_PER_THREAD, on both backends). */
     bool (*stream_is_threads_own)(pm_stream_t s);
     pm_result (*stream_launch_host_func)(pm_stream_t s, void (*fn)(void *), void *arg);
     /* A number for s that no other stream of the process has had or will

@@ -361,12 +361,6 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
 }
 
 /* Every posix stream is a handle any thread may queue on. */
-static bool posix_stream_is_threads_own(pm_stream_t s)
-{
-    (void)s;
-    return false;
-}
-
 /* One simulated device and no contexts: every copy runs where it is. */
 static pm_result posix_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out)
 {
@@ -683,7 +677,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->foreign_get_address_range = posix_foreign_get_address_range;
     out->stream_create = pm__posix_stream_create;
     out->stream_check = pm__posix_stream_check;
-    out->stream_is_threads_own = posix_stream_is_threads_own;
+    out->stream_is_threads_own = pm__posix_stream_is_threads_own;
     out->stream_id = pm__posix_stream_id;
     out->stream_destroy = pm__posix_stream_destroy;
     out->stream_synchronize = posix_stream_synchronize;

@@ -139,18 +139,62 @@ static posix_stream *default_or_start(void)
     return s;
 }
 
-static posix_stream *resolve(pm_stream_t s)
+/* The handles that name no stream of their own (pinmem.h): the legacy one,
+ * here the default stream, and the per-thread one, the calling thread's own
+ * stream, made on the thread's first use and ended (after its work) when the
+ * thread exits. */
+static pthread_key_t own_key;
+static pthread_once_t own_key_once = PTHREAD_ONCE_INIT;
+static bool have_own_key;
+static _Thread_local posix_stream *own_stream __attribute__((tls_model("initial-exec")));
+
+/* At the thread's exit. Another exit handler that runs later and uses the
+ * handle gets a new stream, ended in the next round of handlers. */
+static void end_own(void *s)
 {
-    if (s)
-        return is_live(s) ? s : NULL;
-    return default_or_start();
+    own_stream = NULL;
+    destroy_stream(s);
 }
 
-#define RESOLVE_OR_FAIL(var, handle)                                                     \
-    posix_stream *var = resolve(handle);                                                 \
-    if (!var)                                                                            \
-    return handle ? pm__fail(PM_ERROR_INVALID_HANDLE, "%p is not a live stream", handle)  \
-                  : pm__fail(PM_ERROR_OUT_OF_MEMORY, "the default stream could not be started")
+static void make_own_key(void) { have_own_key = pthread_key_create(&own_key, end_own) == 0; }
+
+static posix_stream *own_or_start(void)
+{
+    if (own_stream)
+        return own_stream;
+    pthread_once(&own_key_once, make_own_key);
+    posix_stream *s = NULL;
+    if (!have_own_key || create(&s) != PM_SUCCESS)
+        return NULL;
+    if (pthread_setspecific(own_key, s) != 0) {
+        destroy_stream(s);
+        return NULL;
+    }
+    own_stream = s;
+    return s;
+}
+
+bool pm__posix_stream_is_threads_own(pm_stream_t s) { return s == PM_STREAM_PER_THREAD; }
+
+static bool names_a_stream(pm_stream_t s)
+{
+    return s && s != PM_STREAM_LEGACY && s != PM_STREAM_PER_THREAD;
+}
+
+static posix_stream *resolve(pm_stream_t s)
+{
+    if (names_a_stream(s))
+        return is_live(s) ? s : NULL;
+    return s == PM_STREAM_PER_THREAD ? own_or_start() : default_or_start();
+}
+
+#define RESOLVE_OR_FAIL(var, handle)                                                         \
+    posix_stream *var = resolve(handle);                                                     \
+    if (!var)                                                                                \
+    return names_a_stream(handle)                                                            \
+               ? pm__fail(PM_ERROR_INVALID_HANDLE, "%p is not a live stream", handle)        \
+               : pm__fail(PM_ERROR_OUT_OF_MEMORY, "the %s stream could not be started",      \
+                          handle == PM_STREAM_PER_THREAD ? "thread's own" : "default")
 
 pm_result pm__posix_stream_check(pm_stream_t handle)
 {

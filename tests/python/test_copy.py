@@ -118,6 +118,19 @@ def test_streams():
     assert bytes(out) == want
 
 
+def test_named_stream_handles():
+    n = 1 << 20
+    src = bytearray(n)
+    want = fill(src, 9)
+    out = bytearray(n)
+    with pinmem.device_empty(n) as dev:
+        for handle in (pinmem.STREAM_LEGACY, pinmem.STREAM_PER_THREAD):
+            pinmem.copy(dev, src, stream=handle)
+            pinmem.copy(out, dev, stream=handle)  # pageable destination: done on return
+            assert bytes(out) == want
+            out[:] = bytes(n)
+
+
 def test_foreign_stream_objects():
     class CudaStreamProtocol:
         def __init__(self, handle):
