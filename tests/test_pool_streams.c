@@ -83,6 +83,54 @@ static void reuse_rules(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* Each thread's own stream (PM_STREAM_PER_THREAD) is its own: a block
+ * freed on thread A's while A's stream waits at the gate stays A's when
+ * thread B synchronizes its own stream and allocates, though both name
+ * theirs by the same handle. */
+static struct {
+    pm_mem_pool_t pool;
+    void *block;
+    atomic_int freed, finish;
+} own;
+
+static void *free_on_own_stream(void *arg)
+{
+    (void)arg;
+    if (pm_mem_alloc_from_pool(&own.block, 4096, own.pool) == PM_SUCCESS) {
+        CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_PER_THREAD, wait_gate, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_free_async(own.block, PM_STREAM_PER_THREAD), PM_SUCCESS);
+    }
+    atomic_store(&own.freed, 1);
+    while (!atomic_load(&own.finish))
+        usleep(100);
+    CHECK_RESULT(pm_stream_synchronize(PM_STREAM_PER_THREAD), PM_SUCCESS);
+    return NULL;
+}
+
+static void threads_own_streams(void)
+{
+    own.pool = make_pool(0);
+    REQUIRE(own.pool != NULL);
+    own.block = NULL;
+    atomic_store(&own.freed, 0);
+    atomic_store(&own.finish, 0);
+    atomic_store(&gate_open, 0);
+    pthread_t a;
+    REQUIRE(pthread_create(&a, NULL, free_on_own_stream, NULL) == 0);
+    while (!atomic_load(&own.freed))
+        usleep(100);
+    CHECK(own.block != NULL);
+    CHECK_RESULT(pm_stream_synchronize(PM_STREAM_PER_THREAD), PM_SUCCESS);
+    CHECK(!among(own.block, 4096, own.pool, false, NULL));
+    CHECK(!among(own.block, 4096, own.pool, true, PM_STREAM_PER_THREAD));
+    atomic_store(&gate_open, 1);
+    atomic_store(&own.finish, 1);
+    pthread_join(a, NULL);
+    CHECK(among(own.block, 4096, own.pool, false, NULL)); /* A's stream is done */
+    CHECK(pool_attr(own.pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+    CHECK_RESULT(pm_mem_pool_destroy(own.pool), PM_SUCCESS);
+}
+
 /* Without opportunistic reuse, an asynchronous allocation on b does not take
  * blocks freed on a, even once a is idle; a synchronous caller may. */
 static void no_opportunistic_reuse(void)
@@ -268,6 +316,10 @@ static void bad_streams(void)
     pm_get_capabilities(&caps);
     CHECK_RESULT(pm_stream_create(NULL), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_stream_destroy(NULL), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_stream_destroy(PM_STREAM_LEGACY), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_stream_destroy(PM_STREAM_PER_THREAD), PM_ERROR_INVALID_HANDLE);
+    CHECK_RESULT(pm_stream_synchronize(PM_STREAM_LEGACY), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(PM_STREAM_PER_THREAD), PM_SUCCESS);
     CHECK_RESULT(pm_stream_launch_host_func(NULL, NULL, NULL), PM_ERROR_INVALID_VALUE);
     CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
     if (strcmp(caps.backend, "posix") == 0) { /* the driver trusts CUstream handles */
@@ -296,6 +348,7 @@ int main(void)
     printf("backend: %s\n", pm_backend_name());
     reuse_rules();
     no_opportunistic_reuse();
+    threads_own_streams();
     internal_dependencies();
     reuse_race();
     sync_while_destroying();

@@ -456,7 +456,12 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         return r;
     pm__pool *pool = span->chunk->pool;
     bool taken = false;
-    pm__cache *c = span->kind == SPAN_RUN ? enter_cache(pool, &taken) : NULL;
+    /* A block freed on the thread's own stream goes behind a marker now: a
+     * cache's blocks may be flushed by another thread, whose handle for that
+     * stream would name its own. */
+    const bool cacheable = span->kind == SPAN_RUN &&
+                           !(async && pool->backend->stream_is_threads_own(s));
+    pm__cache *c = cacheable ? enter_cache(pool, &taken) : NULL;
     if (c) {
         const unsigned cls = span->cls;
         const unsigned cap = pm__class_cache_cap(cls);
