@@ -360,7 +360,6 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
     return posix_pointer_extent(p, bytes, kind, &lo, &hi);
 }
 
-/* Every posix stream is a handle any thread may queue on. */
 /* One simulated device and no contexts: every copy runs where it is. */
 static pm_result posix_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out)
 {
