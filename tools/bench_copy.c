@@ -10,8 +10,9 @@
  * PINMEM_BENCH_COPY picks sections (default "sizes cache both batch"):
  * sizes (4 KiB to the largest), mid (256 KiB to 16 MiB only), small (4 KiB
  * to 512 KiB by doubling, where the driver's own path may win), cache, both,
- * batch, and summary (a last line of key=value figures for scripts that
- * compare settings, bench/gpu-copy.sh). */
+ * batch, streams (pageable copies on the thread's own stream against a
+ * stream of their own), and summary (a last line of key=value figures for
+ * scripts that compare settings, bench/gpu-copy.sh). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,10 +115,10 @@ void summary_add(copy_summary *s, const char *key, double value)
     snprintf(s->text + used, sizeof s->text - used, " %s=%.3g", key, value);
 }
 
-/* Which sections PINMEM_BENCH_COPY names (all but mid, small and summary
- * when unset). */
+/* Which sections PINMEM_BENCH_COPY names (all but mid, small, streams and
+ * summary when unset). */
 typedef struct sections {
-    bool sizes, mid, small, cache, both, batch, summary;
+    bool sizes, mid, small, cache, both, batch, streams, summary;
 } sections;
 
 static bool names(const char *list, const char *word)
@@ -136,7 +137,8 @@ static sections sections_asked(void)
         return (sections){.sizes = true, .cache = true, .both = true, .batch = true};
     return (sections){.sizes = names(v, "sizes"), .mid = names(v, "mid"), .small = names(v, "small"),
                       .cache = names(v, "cache"), .both = names(v, "both"),
-                      .batch = names(v, "batch"), .summary = names(v, "summary")};
+                      .batch = names(v, "batch"), .streams = names(v, "streams"),
+                      .summary = names(v, "summary")};
 }
 
 /* One direction's figures at one size, GB/s. */
@@ -409,6 +411,8 @@ int bench_copy(bool quick, const char *plot_file)
         cache_section(&cb, &cfg, &failed);
     if (sec.both)
         failed |= bench_copy_both(&cb, quick, &sum);
+    if (sec.streams)
+        failed |= bench_copy_streams(&cb, quick, &sum);
     char batch_rows[2048] = "";
     if (sec.batch)
         failed |= bench_copy_batch(&cb, quick, &sum, batch_rows, sizeof batch_rows);

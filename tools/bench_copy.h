@@ -1,6 +1,7 @@
 /* The sections of pinmem bench copy: copies by size in each direction
- * (bench_copy.c), both directions at once (bench_copy_both.c) and batches
- * of scattered blocks (bench_copy_batch.c). Each prints its table, adds its
+ * (bench_copy.c), both directions at once (bench_copy_both.c), batches
+ * of scattered blocks (bench_copy_batch.c) and copies on the thread's own
+ * stream (bench_copy_streams.c). Each prints its table, adds its
  * main figures to a one-line summary (for scripts that compare settings)
  * and, for --plot, its rows. */
 #ifndef PINMEM_TOOL_BENCH_COPY_H
@@ -22,6 +23,9 @@ const char *short_size(size_t bytes, char *buf, size_t cap);
 
 /* Each returns whether a copy failed. */
 bool bench_copy_both(const copy_buffers *cb, bool quick, copy_summary *sum);
+/* Pageable copies on PM_STREAM_PER_THREAD against a stream of its own
+ * (bench_copy_streams.c). */
+bool bench_copy_streams(const copy_buffers *cb, bool quick, copy_summary *sum);
 /* rows: for the plot, one line a row: label, then GB/s of pinmem's batch
  * from pageable blocks, the driver's copy a block, one contiguous pinned
  * copy, pinmem's batch from pinned blocks. */
