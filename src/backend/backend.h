@@ -135,6 +135,10 @@ typedef struct pm__backend {
     /* Whether s names the calling thread's own stream, on which no other
      * thread can queue work (PM_STREAM_PER_THREAD, on both backends). */
     bool (*stream_is_threads_own)(pm_stream_t s);
+    /* Whether s may name another stream on another thread: the thread's own
+     * stream, and on cuda the legacy one (NULL too) where threads may be in
+     * different contexts, each with its own legacy stream (several devices). */
+    bool (*stream_varies_by_thread)(pm_stream_t s);
     pm_result (*stream_launch_host_func)(pm_stream_t s, void (*fn)(void *), void *arg);
     /* A number for s that no other stream of the process has had or will
      * have, even one given s's handle after s is destroyed. */

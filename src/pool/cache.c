@@ -456,11 +456,11 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
         return r;
     pm__pool *pool = span->chunk->pool;
     bool taken = false;
-    /* A block freed on the thread's own stream goes behind a marker now: a
-     * cache's blocks may be flushed by another thread, whose handle for that
-     * stream would name its own. */
+    /* A block freed on a stream whose handle names another stream on another
+     * thread (the thread's own; the legacy one of its context) goes behind a
+     * marker now: a cache's blocks may be flushed by another thread. */
     const bool cacheable = span->kind == SPAN_RUN &&
-                           !(async && pool->backend->stream_is_threads_own(s));
+                           !(async && pool->backend->stream_varies_by_thread(s));
     pm__cache *c = cacheable ? enter_cache(pool, &taken) : NULL;
     if (c) {
         const unsigned cls = span->cls;
