@@ -184,6 +184,7 @@ static void across_pool_blocks(void)
 typedef struct worker {
     unsigned seed;
     int failures;
+    bool on_own_stream; /* PM_STREAM_PER_THREAD, not a stream it makes */
 } worker;
 
 static void *copy_thread(void *arg)
@@ -192,9 +193,9 @@ static void *copy_thread(void *arg)
     const size_t n = (1 << 20) + 12345;
     uint8_t *src = malloc(n), *dst = malloc(n);
     pm_deviceptr dev = 0;
-    pm_stream_t s = NULL;
+    pm_stream_t s = w->on_own_stream ? PM_STREAM_PER_THREAD : NULL;
     if (!src || !dst || pm_device_alloc(&dev, n) != PM_SUCCESS ||
-        pm_stream_create(&s) != PM_SUCCESS) {
+        (!s && pm_stream_create(&s) != PM_SUCCESS)) {
         w->failures++;
         if (dev)
             device_free(dev);
@@ -211,21 +212,23 @@ static void *copy_thread(void *arg)
         if (r1 != PM_SUCCESS || r2 != PM_SUCCESS || first_mismatch(dst, n, seed) != n)
             w->failures++;
     }
-    pm_stream_destroy(s);
+    if (!w->on_own_stream)
+        pm_stream_destroy(s);
     device_free(dev);
     free(src);
     free(dst);
     return NULL;
 }
 
-/* Runs copy_thread on n threads (seeds from seed), each checked. */
-static void copy_threads(unsigned n, unsigned seed)
+/* Runs copy_thread on n threads (seeds from seed), each checked, each on a
+ * stream it makes or on its own default stream. */
+static void copy_threads(unsigned n, unsigned seed, bool on_own_streams)
 {
     pthread_t t[8];
     worker w[8];
     n = n < 8 ? n : 8;
     for (unsigned i = 0; i < n; i++)
-        w[i] = (worker){seed + i, 0};
+        w[i] = (worker){seed + i, 0, on_own_streams};
     unsigned started = start_threads(t, n, copy_thread, w, sizeof w[0]);
     CHECK(started == n);
     join_threads(t, started);
@@ -233,7 +236,11 @@ static void copy_threads(unsigned n, unsigned seed)
         CHECK(w[i].failures == 0);
 }
 
-static void eight_threads(void) { copy_threads(8, 1); }
+static void eight_threads(void) { copy_threads(8, 1, false); }
+
+/* Each thread's own stream is made on its first copy and ended when it
+ * exits, eight at once. */
+static void eight_threads_on_their_own_streams(void) { copy_threads(8, 11, true); }
 
 /* Rings of one to four buffers, so that device-to-host copies queue none,
  * one or two DMAs ahead (half the ring) while four threads copy both ways and
@@ -251,7 +258,7 @@ static void small_rings(void)
         pm_copy_config c = saved;
         c.buffers = buffers;
         CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
-        copy_threads(4, 100 + 10 * buffers);
+        copy_threads(4, 100 + 10 * buffers, false);
     }
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }
@@ -806,6 +813,7 @@ int main(void)
     across_pool_blocks();
     direct_by_direction();
     eight_threads();
+    eight_threads_on_their_own_streams();
     small_rings();
     both_ways();
     piece_plans();
