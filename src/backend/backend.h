@@ -135,10 +135,11 @@ typedef struct pm__backend {
     /* Whether s names the calling thread's own stream, on which no other
      * thread can queue work (PM_STREAM_PER_THREAD, on both backends). */
     bool (*stream_is_threads_own)(pm_stream_t s);
-    /* Whether s may name another stream on another thread: the thread's own
-     * stream, and on cuda the legacy one (NULL too) where threads may be in
-     * different contexts, each with its own legacy stream (several devices). */
-    bool (*stream_varies_by_thread)(pm_stream_t s);
+    /* Whether the legacy stream (NULL too) may name another stream on
+     * another thread (cuda with several devices: threads may be in
+     * different contexts, each with a legacy stream of its own);
+     * pm__stream_varies_by_thread below. */
+    bool legacy_varies_by_thread;
     pm_result (*stream_launch_host_func)(pm_stream_t s, void (*fn)(void *), void *arg);
     /* A number for s that no other stream of the process has had or will
      * have, even one given s's handle after s is destroyed. */
@@ -282,6 +283,15 @@ typedef struct pm__backend {
     pm_result (*block_copy_async)(const pm__block_copy *blocks, size_t count,
                                   unsigned long long largest, pm_stream_t s);
 } pm__backend;
+
+/* Whether s may name another stream on another thread: the thread's own
+ * stream always, the legacy one where b says so. Inline, as every
+ * asynchronous pool free asks. */
+static inline bool pm__stream_varies_by_thread(const pm__backend *b, pm_stream_t s)
+{
+    return s == PM_STREAM_PER_THREAD ||
+           ((!s || s == PM_STREAM_LEGACY) && b->legacy_varies_by_thread);
+}
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */
 pm_result pm__backend_posix_open(pm__backend *out);

@@ -273,12 +273,6 @@ static bool cuda_stream_is_threads_own(pm_stream_t s)
     return (CUstream)s == CU_STREAM_PER_THREAD;
 }
 
-static bool cuda_stream_varies_by_thread(pm_stream_t s)
-{
-    return cuda_stream_is_threads_own(s) ||
-           ((!s || (CUstream)s == CU_STREAM_LEGACY) && device_count > 1);
-}
-
 static pm_result cuda_stream_synchronize(pm_stream_t s)
 {
     DRIVER_CALL("cuStreamSynchronize", cu->stream_synchronize((CUstream)s));
@@ -840,7 +834,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_get_address_range = cuda_foreign_get_address_range;
     out->stream_create = cuda_stream_create;
     out->stream_is_threads_own = cuda_stream_is_threads_own;
-    out->stream_varies_by_thread = cuda_stream_varies_by_thread;
+    out->legacy_varies_by_thread = device_count > 1;
     out->stream_check = cuda_stream_check;
     out->stream_id = cuda_stream_id;
     out->stream_destroy = cuda_stream_destroy;

@@ -677,7 +677,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->stream_create = pm__posix_stream_create;
     out->stream_check = pm__posix_stream_check;
     out->stream_is_threads_own = pm__posix_stream_is_threads_own;
-    out->stream_varies_by_thread = pm__posix_stream_is_threads_own; /* one legacy stream */
+    out->legacy_varies_by_thread = false; /* one default stream for every thread */
     out->stream_id = pm__posix_stream_id;
     out->stream_destroy = pm__posix_stream_destroy;
     out->stream_synchronize = posix_stream_synchronize;

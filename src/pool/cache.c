@@ -460,7 +460,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
      * thread (the thread's own; the legacy one of its context) goes behind a
      * marker now: a cache's blocks may be flushed by another thread. */
     const bool cacheable = span->kind == SPAN_RUN &&
-                           !(async && pool->backend->stream_varies_by_thread(s));
+                           !(async && pm__stream_varies_by_thread(pool->backend, s));
     pm__cache *c = cacheable ? enter_cache(pool, &taken) : NULL;
     if (c) {
         const unsigned cls = span->cls;

@@ -189,7 +189,7 @@ pm_result pm_mem_free_async(void *p, pm_stream_t stream)
     if (!p)
         return PM_SUCCESS;
     pm__span *run = run_of(p);
-    if (run && !inst->backend.stream_varies_by_thread(stream) &&
+    if (run && !pm__stream_varies_by_thread(&inst->backend, stream) &&
         pm__pool_try_free_fast(p, true, stream, run))
         return PM_SUCCESS;
     return pm__pool_free(p, true, stream);
