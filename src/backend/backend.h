@@ -132,9 +132,6 @@ typedef struct pm__backend {
     pm_result (*stream_check)(pm_stream_t s);
     pm_result (*stream_destroy)(pm_stream_t s);
     pm_result (*stream_synchronize)(pm_stream_t s);
-    /* Whether s names the calling thread's own stream, on which no other
-     * thread can queue work (PM_STREAM_PER_THREAD, on both backends). */
-    bool (*stream_is_threads_own)(pm_stream_t s);
     /* Whether the legacy stream (NULL too) may name another stream on
      * another thread (cuda with several devices: threads may be in
      * different contexts, each with a legacy stream of its own);
@@ -284,12 +281,16 @@ typedef struct pm__backend {
                                   unsigned long long largest, pm_stream_t s);
 } pm__backend;
 
+/* Whether s names the calling thread's own stream, on which no other thread
+ * can queue work (PM_STREAM_PER_THREAD, on both backends). */
+static inline bool pm__stream_is_threads_own(pm_stream_t s) { return s == PM_STREAM_PER_THREAD; }
+
 /* Whether s may name another stream on another thread: the thread's own
  * stream always, the legacy one where b says so. Inline, as every
  * asynchronous pool free asks. */
 static inline bool pm__stream_varies_by_thread(const pm__backend *b, pm_stream_t s)
 {
-    return s == PM_STREAM_PER_THREAD ||
+    return pm__stream_is_threads_own(s) ||
            ((!s || s == PM_STREAM_LEGACY) && b->legacy_varies_by_thread);
 }
 

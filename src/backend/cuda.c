@@ -268,11 +268,6 @@ static pm_result cuda_stream_check(pm_stream_t s)
     return PM_SUCCESS;
 }
 
-static bool cuda_stream_is_threads_own(pm_stream_t s)
-{
-    return (CUstream)s == CU_STREAM_PER_THREAD;
-}
-
 static pm_result cuda_stream_synchronize(pm_stream_t s)
 {
     DRIVER_CALL("cuStreamSynchronize", cu->stream_synchronize((CUstream)s));
@@ -833,7 +828,6 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_get_device_pointer = cuda_foreign_get_device_pointer;
     out->foreign_get_address_range = cuda_foreign_get_address_range;
     out->stream_create = cuda_stream_create;
-    out->stream_is_threads_own = cuda_stream_is_threads_own;
     out->legacy_varies_by_thread = device_count > 1;
     out->stream_check = cuda_stream_check;
     out->stream_id = cuda_stream_id;

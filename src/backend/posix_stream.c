@@ -174,8 +174,6 @@ static posix_stream *own_or_start(void)
     return s;
 }
 
-bool pm__posix_stream_is_threads_own(pm_stream_t s) { return s == PM_STREAM_PER_THREAD; }
-
 static bool names_a_stream(pm_stream_t s)
 {
     return s && s != PM_STREAM_LEGACY && s != PM_STREAM_PER_THREAD;

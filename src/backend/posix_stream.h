@@ -6,8 +6,6 @@
 
 pm_result pm__posix_stream_create(pm_stream_t *out);
 pm_result pm__posix_stream_check(pm_stream_t s);
-/* backend.h's stream_is_threads_own. */
-bool pm__posix_stream_is_threads_own(pm_stream_t s);
 pm_result pm__posix_stream_destroy(pm_stream_t s);
 pm_result pm__posix_stream_synchronize(pm_stream_t s);
 pm_result pm__posix_stream_id(pm_stream_t s, unsigned long long *id);

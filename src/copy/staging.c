@@ -104,7 +104,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
      * a copy on the caller's own stream (cuda's per-thread default stream):
      * a worker's DMA would land on the worker's stream, out of the copy's
      * order. */
-    if (j.slices > 1 && !pm__instance_backend()->stream_is_threads_own(stream)) {
+    if (j.slices > 1 && !pm__stream_is_threads_own(stream)) {
         eng.spin_want = pm__staging_spinners_for(&j);
         j.listed = true;
         atomic_fetch_add(&eng.listed, 1); /* before the event that announces it */
