@@ -457,8 +457,8 @@ static void wait_own_gate(void *arg)
 }
 
 /* The per-thread default stream is each thread's own, so a copy on it
- * queues every DMA on the caller's stream, whichever thread fills its
- * buffers: while that stream waits at a gate, the device memory must not
+ * keeps every DMA in the caller's stream's order, whichever thread queues
+ * it: while that stream waits at a gate, the device memory must not
  * change, and once it has passed, a copy back on it reads the new bytes. The
  * copy is a few slices, in fewer pieces than the ring has buffers, so that it
  * need not wait for the gate to reuse one. */
@@ -494,6 +494,50 @@ static void per_thread_stream(void)
         CHECK(first_mismatch(seen, n, 190 + k) == n);
     }
     CHECK_RESULT(pm_stream_destroy(other), PM_SUCCESS);
+}
+
+static void *open_own_gate_soon(void *arg)
+{
+    (void)arg;
+    usleep(2000);
+    atomic_store(&own_gate_open, 1);
+    return NULL;
+}
+
+/* A copy to pageable memory on the per-thread default stream reads the
+ * device memory only after the work queued there before it, whichever
+ * thread queues its DMAs: here a copy into that memory held at a gate that
+ * another thread opens a moment after the copy back starts. */
+static void per_thread_stream_from_device(void)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    const size_t n = 8 * c.slice_bytes;
+    SCOPED_MALLOC uint8_t *seen = malloc(n);
+    SCOPED_HOST uint8_t *pinned = NULL;
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
+    REQUIRE(seen && dev);
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&pinned, n), "a host allocation of eight slices");
+    const pm_stream_t own = PM_STREAM_PER_THREAD;
+    for (unsigned k = 0; k < 32; k++) {
+        fill(pinned, n, 10 + k);
+        CHECK_RESULT(pm_memcpy_htod(dev, pinned, n), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+        fill(pinned, n, 110 + k);
+        atomic_store(&own_gate_open, 0);
+        CHECK_RESULT(pm_stream_launch_host_func(own, wait_own_gate, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, pinned, n, own), PM_SUCCESS);
+        pthread_t opener;
+        if (pthread_create(&opener, NULL, open_own_gate_soon, NULL) != 0) {
+            atomic_store(&own_gate_open, 1);
+            CHECK(!"a thread to open the gate");
+            break;
+        }
+        CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, own), PM_SUCCESS);
+        pthread_join(opener, NULL);
+        CHECK(first_mismatch(seen, n, 110 + k) == n);
+    }
+    CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
 }
 
 /* The synchronous forms are ordered on the default stream, as the driver's
@@ -822,6 +866,7 @@ int main(void)
     registration_pieces();
     ordering();
     per_thread_stream();
+    per_thread_stream_from_device();
     sync_after_default_stream();
     store_kinds();
     learnt_stores();

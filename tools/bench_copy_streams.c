@@ -1,6 +1,7 @@
 /* Pageable copies on the calling thread's own stream (PM_STREAM_PER_THREAD),
- * which the engine stages on the caller alone, against the same copies on a
- * stream made by pm_stream_create, which every worker helps with. Each copy
+ * which the engine runs on a lane of its own (or, where it has none, stages
+ * on the caller alone), against the same copies on a stream made by
+ * pm_stream_create. Each copy
  * is timed with its stream's synchronization, the two kinds in turn. */
 #include <stdint.h>
 #include <stdio.h>
@@ -43,7 +44,7 @@ bool bench_copy_streams(const copy_buffers *cb, bool quick, copy_summary *sum)
     if (pm_stream_create(&made) != PM_SUCCESS)
         return true;
     printf("\npageable copies on a stream of pm_stream_create and on the thread's own stream "
-           "(PM_STREAM_PER_THREAD: staged by the caller alone), GB/s, median\n");
+           "(PM_STREAM_PER_THREAD), GB/s, median\n");
     printf("%-9s | %9s %9s %7s | %9s %9s %7s\n", "size", "to, made", "to, own", "own/made",
            "from, made", "from, own", "own/made");
     bool failed = false;

@@ -257,6 +257,9 @@ typedef struct pm__backend {
     pm_result (*copy_place)(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out);
     pm_result (*place_enter)(const pm__place *p, pm__place_scope *scope);
     void (*place_leave)(pm__place_scope *scope);
+    /* Whether p lasts as long as the process, so that what is made there may
+     * be kept (cuda: a context pinmem holds; posix: always). */
+    bool (*place_lasts)(const pm__place *p);
 
     /* Block copies for pm_memcpy_batch_async: many small copies in one unit
      * of work, where one DMA each would pay the DMA engine's cost per copy

@@ -57,6 +57,8 @@ bool pm__cuda_context_held(CUcontext ctx)
     return held && ctx;
 }
 
+bool pm__cuda_place_lasts(const pm__place *p) { return pm__cuda_context_held(p->context); }
+
 /* The primary context of device ordinal, retained once. */
 static pm_result primary_of(int ordinal, CUcontext *out)
 {

@@ -17,6 +17,8 @@ CUcontext pm__cuda_stream_context(pm_stream_t s);
 /* Whether ctx is a context pinmem holds until the process ends: its own
  * primary context, or another device's that it retained. */
 bool pm__cuda_context_held(CUcontext ctx);
+/* backend.h's place_lasts: a context pinmem holds. */
+bool pm__cuda_place_lasts(const pm__place *p);
 /* backend.h's copy_place, place_enter and place_leave. */
 pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out);
 pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope);

@@ -379,6 +379,12 @@ static pm_result posix_place_enter(const pm__place *p, pm__place_scope *scope)
 
 static void posix_place_leave(pm__place_scope *scope) { (void)scope; }
 
+static bool posix_place_lasts(const pm__place *p)
+{
+    (void)p;
+    return true;
+}
+
 /* Device memory is a live device_alloc range, all of it the one simulated
  * device's. */
 static pm_result posix_pointer_device(pm_deviceptr p, int *ordinal)
@@ -718,6 +724,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->copy_place = posix_copy_place;
     out->place_enter = posix_place_enter;
     out->place_leave = posix_place_leave;
+    out->place_lasts = posix_place_lasts;
     out->block_copy_ready = posix_block_copy_ready;
     out->block_copy_reaches = posix_block_copy_reaches;
     out->block_copy_async = posix_block_copy_async;

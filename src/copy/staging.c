@@ -43,7 +43,8 @@
  * (memcopy.c); whether they do is learnt from timed copies (store_choice.h).
  *
  * Its files, lowest first: staging_engine.c (the one instance; the types are
- * in staging_engine.h); staging_twin.c (pieces through the device twin);
+ * in staging_engine.h); staging_lanes.c (streams for copies on their caller's
+ * own stream); staging_twin.c (pieces through the device twin);
  * staging_slices.c (claiming and running slices, the DMAs and the waits for
  * them); staging_steer.c (fillers, stores, spinners); staging_workers.c;
  * staging_ring.c (the ring, the engine's start and stop); and this one, a
@@ -92,6 +93,16 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     pm__trace_note(eng.trace, PM__TRACE_JOB_START, j.id,
                    (unsigned)(bytes >> 10 & 0x7fffffff) | (unsigned)(dir == PM__DTOH) << 31);
     pm__staging_count_running(dir, 1);
+    /* A copy of several slices on the caller's own stream runs on a lane,
+     * where the workers' DMAs keep its order. */
+    pm__lane *lane = NULL;
+    if (j.slices > 1 && pm__stream_is_threads_own(stream)) {
+        pthread_mutex_unlock(&eng.lock);
+        lane = pm__staging_lane_enter(&place, stream);
+        pthread_mutex_lock(&eng.lock);
+        if (lane)
+            j.stream = lane->stream;
+    }
     /* From the device, the first piece's DMA is queued before the workers
      * are woken, which costs the caller 15-25 µs: the DMA runs meanwhile. */
     const bool dma_first = dir == PM__DTOH && j.slices > 1;
@@ -101,10 +112,9 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
         pthread_mutex_lock(&eng.lock);
     }
     /* A single slice is the caller's alone: no hand-off. So is every slice of
-     * a copy on the caller's own stream (cuda's per-thread default stream):
-     * a worker's DMA would land on the worker's stream, out of the copy's
-     * order. */
-    if (j.slices > 1 && !pm__stream_is_threads_own(stream)) {
+     * a copy on the caller's own stream that found no lane: a worker's DMA
+     * would land on the worker's own stream, out of the copy's order. */
+    if (j.slices > 1 && !pm__stream_is_threads_own(j.stream)) {
         eng.spin_want = pm__staging_spinners_for(&j);
         j.listed = true;
         atomic_fetch_add(&eng.listed, 1); /* before the event that announces it */
@@ -156,7 +166,12 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
         pm__staging_steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
     /* Failed or not, nothing the job queued may run past it on its stream. */
-    const pm_result joined = pm__staging_twin_join(pm__instance_backend(), &j);
+    pm_result joined = pm__staging_twin_join(pm__instance_backend(), &j);
+    if (lane) {
+        const pm_result left = pm__staging_lane_leave(&place, stream, lane);
+        if (joined == PM_SUCCESS)
+            joined = left;
+    }
     if (j.error != PM_SUCCESS)
         return pm__fail(j.error, "%s", j.detail);
     if (joined != PM_SUCCESS)

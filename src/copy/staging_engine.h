@@ -79,6 +79,17 @@ typedef struct job {
     struct job *prev, *following;
 } job;
 
+/* A stream of the engine's own for copies on their caller's own stream
+ * (staging_lanes.c), in place context, used by one copy at a time. */
+typedef struct pm__lane {
+    pm_stream_t stream;
+    void *context;
+    bool busy;
+} pm__lane;
+
+/* The most lanes: one for each thread copying on its own stream at once. */
+enum { PM__LANES_MAX = 16 };
+
 /* A slice handed to a thread. */
 typedef struct claim {
     job *j;
@@ -143,6 +154,9 @@ typedef struct engine {
     /* The stream of the launches between the twins and the blocks, made with
      * the twin (staging_twin.c says why it is not the copy's). */
     pm_stream_t launches;
+    /* The lanes, and how many are being made (lock). */
+    pm__lane lanes[PM__LANES_MAX];
+    unsigned n_lanes, lanes_making;
     size_t ring_pin_len;
     unsigned ring_tag;
     /* A flag a buffer in a page pinned at the ring's end, written in stream
@@ -195,6 +209,20 @@ static inline void note_event(void) { atomic_fetch_add(&eng.events, 1); }
  * piece's blocks, which lies right after the piece's bytes: a sixteenth, so
  * that the list of a buffer of blocks of 400 bytes or more fits. */
 static inline size_t list_reserve(void) { return eng.chunk / 16; }
+
+/* staging_lanes.c: copies on their caller's own stream, on a lane. */
+/* Work queued on waiter from now on follows the work queued on s so far. */
+pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s);
+/* Lock not held: a lane of place that follows the caller's own stream own,
+ * for a job whose workers queue its work there; NULL where none may be had
+ * (the caller then stages the job alone). */
+pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own);
+/* Lock not held, at the job's end: own follows the lane (or, where that
+ * cannot be queued, the lane's work is done), and the lane is free again. */
+pm_result pm__staging_lane_leave(const pm__place *place, pm_stream_t own, pm__lane *lane);
+/* As the ring is freed (no job running): every lane's work waited for and
+ * its stream destroyed. */
+void pm__staging_release_lanes(void);
 
 /* staging_twin.c: kernel jobs' pieces through the ring's device twin. */
 /* lock held, as a kernel job starts: the ring's device twin and the launch

@@ -58,6 +58,7 @@ static void free_ring(void)
     /* Freed with the ring: its last writes lie behind the markers waited for above. */
     eng.flags = NULL;
     pm__staging_release_twin();
+    pm__staging_release_lanes();
     free(eng.ring);
     free(eng.queue);
     eng.ring = NULL;

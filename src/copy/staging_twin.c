@@ -62,18 +62,6 @@ static const pm__block_copy *list_near(const buffer *b)
     return (const pm__block_copy *)(uintptr_t)(twin_of(b) + list_at(b));
 }
 
-/* Work queued on waiter from now on follows the work queued on s so far. */
-static pm_result follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s)
-{
-    pm__marker m = {0};
-    pm_result r = be->marker_record(s, &m);
-    if (r == PM_SUCCESS)
-        r = be->marker_wait(waiter, &m);
-    if (m.handle)
-        be->marker_release(&m);
-    return r;
-}
-
 /* After a launch between b's twin and the blocks was queued (r: how that
  * went), b's twin marker behind it; as pm__staging_mark_behind does for b's
  * marker where that fails. */
@@ -147,7 +135,7 @@ bool pm__staging_twin_queue(const pm__backend *be, job *j, buffer *b, size_t i, 
 
 bool pm__staging_twin_start(const pm__backend *be, job *j)
 {
-    return eng.scratch && follow(be, eng.launches, j->stream) == PM_SUCCESS;
+    return eng.scratch && pm__staging_follow(be, eng.launches, j->stream) == PM_SUCCESS;
 }
 
 pm_result pm__staging_twin_scatter(const pm__backend *be, job *j, buffer *b)
@@ -166,7 +154,7 @@ pm_result pm__staging_twin_join(const pm__backend *be, const job *j)
 {
     if (!atomic_load_explicit(&j->launched, memory_order_relaxed))
         return PM_SUCCESS;
-    const pm_result r = follow(be, j->stream, eng.launches);
+    const pm_result r = pm__staging_follow(be, j->stream, eng.launches);
     /* Where the stream could not be told to wait, the launches are waited
      * for here: the job's stream then finds them done. */
     return r == PM_SUCCESS ? r : be->stream_synchronize(eng.launches);
