@@ -2,6 +2,7 @@
 #ifndef PINMEM_TEST_POOL_UTIL_H
 #define PINMEM_TEST_POOL_UTIL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "check.h"
@@ -45,5 +46,25 @@ static inline size_t pinnable(void)
             SKIP_CASE(why_);                                                              \
         }                                                                                 \
     } while (0)
+
+/* Whether p is among the next 64 blocks of size the pool hands out (on s
+ * where async); they are freed again. */
+static inline bool among(void *p, size_t size, pm_mem_pool_t pool, bool async, pm_stream_t s)
+{
+    void *got[64];
+    bool found = false;
+    int n = 0;
+    for (; n < 64; n++) {
+        pm_result r = async ? pm_mem_alloc_from_pool_async(&got[n], size, pool, s)
+                            : pm_mem_alloc_from_pool(&got[n], size, pool);
+        CHECK_RESULT(r, PM_SUCCESS);
+        if (r != PM_SUCCESS)
+            break;
+        found |= got[n] == p;
+    }
+    for (int i = 0; i < n; i++)
+        CHECK_RESULT(pm_mem_free(got[i]), PM_SUCCESS);
+    return found;
+}
 
 #endif

@@ -12,24 +12,6 @@
 #include "pool_util.h"
 #include "stream_util.h"
 
-static bool among(void *p, size_t size, pm_mem_pool_t pool, bool async, pm_stream_t s)
-{
-    void *got[64];
-    bool found = false;
-    int n = 0;
-    for (; n < 64; n++) {
-        pm_result r = async ? pm_mem_alloc_from_pool_async(&got[n], size, pool, s)
-                            : pm_mem_alloc_from_pool(&got[n], size, pool);
-        CHECK_RESULT(r, PM_SUCCESS);
-        if (r != PM_SUCCESS)
-            break;
-        found |= got[n] == p;
-    }
-    for (int i = 0; i < n; i++)
-        CHECK_RESULT(pm_mem_free(got[i]), PM_SUCCESS);
-    return found;
-}
-
 typedef struct other_thread {
     pm_mem_pool_t pool;
     void *forbidden;

@@ -27,6 +27,12 @@ pm_result pm__cuda_places_open(const pm__cuda_api *api, CUcontext in_use, int de
     return PM_SUCCESS;
 }
 
+bool pm__cuda_legacy_is_home(void)
+{
+    CUcontext ctx = NULL;
+    return cu->ctx_get_current(&ctx) == CUDA_SUCCESS && (!ctx || ctx == primary);
+}
+
 static bool is_stream_handle(pm_stream_t s)
 {
     return s && (CUstream)s != CU_STREAM_LEGACY && (CUstream)s != CU_STREAM_PER_THREAD;

@@ -17,6 +17,9 @@ CUcontext pm__cuda_stream_context(pm_stream_t s);
 /* Whether ctx is a context pinmem holds until the process ends: its own
  * primary context, or another device's that it retained. */
 bool pm__cuda_context_held(CUcontext ctx);
+/* backend.h's legacy_is_home: the calling thread has no context or pinmem's
+ * primary one (a failed query answers false). */
+bool pm__cuda_legacy_is_home(void);
 /* backend.h's place_lasts: a context pinmem holds. */
 bool pm__cuda_place_lasts(const pm__place *p);
 /* backend.h's copy_place, place_enter and place_leave. */

@@ -59,15 +59,23 @@ static void flush_tagged_locked(pm__pool *pool, pm__cache *c)
         bin->n = 0;
     }
     add(&c->held, -bytes);
+    /* Cached legacy-stream frees are all of threads in the home place, and
+     * whichever thread flushes them records their marker there. */
+    const pm__backend *b = pool->backend;
+    pm__place_scope scope;
+    const bool home = n && pm__stream_is_legacy(tag_of(c)) &&
+                      b->place_enter(&b->home, &scope) == PM_SUCCESS;
     if (n && pm__pending_add(pool, tag_of(c), blocks, n) != PM_SUCCESS) {
         /* No marker could be recorded: wait for the stream instead, and the
          * blocks are free at once. */
-        pool->backend->stream_synchronize(tag_of(c));
+        b->stream_synchronize(tag_of(c));
         for (size_t i = 0; i < n; i++) {
             pm__chunk *chunk;
             pm__central_free_block(pool, pm__span_of((uintptr_t)blocks[i], &chunk), blocks[i]);
         }
     }
+    if (home)
+        b->place_leave(&scope);
     set_tag(c, false, tag_of(c));
 }
 
@@ -336,7 +344,10 @@ static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool asy
     bool taken = false;
     pm__cache *c = enter_cache(pool, &taken);
     if (c && cls < PM__POOL_CLASSES) {
-        pm__bin *bin = pm__alloc_bin(c, cls, async, s);
+        /* Where s names another stream on each thread, the blocks the cache
+         * holds for s may be of another thread's. */
+        const bool same_stream = async && !pm__stream_varies_by_thread(pool->backend, s);
+        pm__bin *bin = pm__alloc_bin(c, cls, same_stream, s);
         if (bin->n == 0) {
             pm_result r = refill(pool, c, bin, cls, async, s);
             if (r != PM_SUCCESS) {

@@ -48,18 +48,19 @@ static inline void pm__cache_push(pm__cache *c, pm__bin *bin, unsigned cls, void
     pm__cache_add(&c->frees, 1);
 }
 
-/* The bin an allocation on stream s (async) takes from: blocks freed on s
- * itself first, reusable at once in stream order. */
-static inline pm__bin *pm__alloc_bin(pm__cache *c, unsigned cls, bool async, pm_stream_t s)
+/* The bin an allocation takes from: for one on stream s (same_stream),
+ * blocks freed on s itself first, reusable at once in stream order. */
+static inline pm__bin *pm__alloc_bin(pm__cache *c, unsigned cls, bool same_stream, pm_stream_t s)
 {
-    if (async && atomic_load_explicit(&c->tagged, memory_order_relaxed) &&
+    if (same_stream && atomic_load_explicit(&c->tagged, memory_order_relaxed) &&
         atomic_load_explicit(&c->tag, memory_order_relaxed) == s && c->tagged_bins[cls].n)
         return &c->tagged_bins[cls];
     return &c->ready[cls];
 }
 
 /* pool: a live pool (checked by the caller); 1 <= bytesize <= PM__POOL_SMALL_MAX;
- * s: a checked stream when async. */
+ * s: a checked stream when async, the same stream on every thread
+ * (pm__stream_varies_by_thread). */
 static inline __attribute__((always_inline)) bool
 pm__pool_try_alloc_fast(pm__pool *pool, size_t bytesize, void **pp, bool async, pm_stream_t s)
 {

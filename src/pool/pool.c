@@ -121,7 +121,7 @@ pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t
         *pp = NULL;
         return PM_SUCCESS;
     }
-    if (bytesize <= PM__POOL_SMALL_MAX &&
+    if (bytesize <= PM__POOL_SMALL_MAX && !pm__stream_varies_by_thread(&inst->backend, stream) &&
         pm__pool_try_alloc_fast((pm__pool *)pool, bytesize, pp, true, stream))
         return PM_SUCCESS;
     return pm__pool_alloc((pm__pool *)pool, pp, bytesize, true, stream);

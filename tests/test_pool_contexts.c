@@ -1,0 +1,168 @@
+/* Legacy-stream frees and allocations by threads in a context the user made
+ * (cuCtxCreate) on the CUDA backend: each context has a legacy stream of its
+ * own, so a block freed on one must not wait in a thread cache for another's,
+ * nor be handed to an allocation on another's before its work is done. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <unistd.h>
+
+#include "pool_util.h"
+#include "stream_util.h"
+
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+#include <cuda.h>
+
+/* The driver's context calls, which pinmem does not wrap. */
+typedef struct context_api {
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*create)(CUcontext *, unsigned, CUdevice);
+    CUresult (*destroy)(CUcontext);
+    CUresult (*push)(CUcontext);
+    CUresult (*pop)(CUcontext *);
+} context_api;
+
+static context_api api;
+static CUcontext theirs; /* the user's context, on pinmem's device */
+
+static bool context_api_load(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib)
+        return false;
+    static const char *const names[] = {"cuDeviceGet", "cuCtxCreate_v2", "cuCtxDestroy_v2",
+                                        "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"};
+    void **slots = (void **)&api;
+    _Static_assert(sizeof api == sizeof names / sizeof names[0] * sizeof(void *),
+                   "one name a slot");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(slots[i] = dlsym(lib, names[i])))
+            return false;
+    return true;
+}
+
+/* The legacy streams' work waits here until the case opens the gate, or 3 s
+ * pass, so that a case whose check fails still ends. */
+static void wait_gate_a_while(void *arg)
+{
+    (void)arg;
+    for (int waited_ms = 0; !atomic_load(&gate_open) && waited_ms < 3000; waited_ms++)
+        usleep(1000);
+}
+
+typedef struct elsewhere {
+    pm_mem_pool_t pool;
+    void *block;
+    bool pushed, block_seen;
+} elsewhere;
+
+/* In the user's context: an event recorded on the legacy stream, which
+ * sends every block cached for that handle, this thread's or not, behind a
+ * marker; then the pool's free blocks are looked through. */
+static void *flush_in_their_context(void *arg)
+{
+    elsewhere *e = arg;
+    e->pushed = api.push(theirs) == CUDA_SUCCESS;
+    if (!e->pushed)
+        return NULL;
+    pm_event_t ev = NULL;
+    CHECK_RESULT(pm_event_create(&ev), PM_SUCCESS);
+    if (ev) {
+        CHECK_RESULT(pm_event_record(ev, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_event_destroy(ev), PM_SUCCESS);
+    }
+    e->block_seen = among(e->block, 4096, e->pool, false, NULL);
+    CUcontext popped;
+    api.pop(&popped);
+    return NULL;
+}
+
+/* A block freed on the legacy stream of pinmem's context (this thread has
+ * none) while that stream waits at the gate stays out of reach when a
+ * thread in the user's context flushes the cache it waits in: its marker is
+ * recorded on the stream it was freed on, not on the flushing thread's.
+ * (Had the block come free, a trim could unpin its page while the stream
+ * waits: that hung until the gate opened.) */
+static void flushed_from_their_context(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
+    elsewhere e = {.pool = pool};
+    atomic_store(&gate_open, 0);
+    if (pm_mem_alloc_from_pool(&e.block, 4096, pool) == PM_SUCCESS &&
+        pm_stream_launch_host_func(NULL, wait_gate_a_while, NULL) == PM_SUCCESS) {
+        CHECK_RESULT(pm_mem_free_async(e.block, NULL), PM_SUCCESS);
+        pthread_t t;
+        if (pthread_create(&t, NULL, flush_in_their_context, &e) == 0)
+            pthread_join(t, NULL);
+        CHECK(e.pushed);
+        CHECK(!e.block_seen);
+    } else {
+        CHECK(!"a block and a gate on the legacy stream");
+    }
+    atomic_store(&gate_open, 1);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    CHECK(among(e.block, 4096, pool, false, NULL));
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+/* A block freed on the user's context's legacy stream while that stream
+ * waits at the gate is not handed to this thread's next allocation on the
+ * legacy stream once it has left that context: that is pinmem's context's
+ * legacy stream, which did not wait. */
+static void freed_in_their_context(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
+    void *block = NULL, *got = NULL;
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&block, 4096, pool), PM_SUCCESS);
+    REQUIRE(api.push(theirs) == CUDA_SUCCESS);
+    atomic_store(&gate_open, 0);
+    CUcontext popped;
+    if (pm_stream_launch_host_func(NULL, wait_gate_a_while, NULL) == PM_SUCCESS) {
+        CHECK_RESULT(pm_mem_free_async(block, NULL), PM_SUCCESS);
+        CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
+        CHECK_RESULT(pm_mem_alloc_from_pool_async(&got, 4096, pool, NULL), PM_SUCCESS);
+        CHECK(got != block);
+        CHECK(!among(block, 4096, pool, true, NULL));
+        if (got)
+            CHECK_RESULT(pm_mem_free_async(got, NULL), PM_SUCCESS);
+        CHECK(api.push(theirs) == CUDA_SUCCESS);
+    } else {
+        CHECK(!"a gate on the user's context's legacy stream");
+    }
+    atomic_store(&gate_open, 1);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    api.pop(&popped);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    CHECK(among(block, 4096, pool, false, NULL));
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+#endif
+
+int main(void)
+{
+    if (pm_init(0) != PM_SUCCESS) {
+        printf("pm_init: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    SKIP_UNLESS_CUDA();
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    CUdevice dev;
+    if (pm_get_capabilities(&caps) != PM_SUCCESS || !context_api_load() ||
+        api.device_get(&dev, caps.device_ordinal) != CUDA_SUCCESS)
+        SKIP("the driver's context calls are not there");
+    CUcontext popped;
+    if (api.create(&theirs, 0, dev) != CUDA_SUCCESS)
+        SKIP("no context could be made");
+    api.pop(&popped); /* made current by cuCtxCreate: each case picks its own */
+    flushed_from_their_context();
+    freed_in_their_context();
+    api.destroy(theirs);
+#else
+    SKIP("built without the CUDA headers");
+#endif
+    return check_finish("pool_contexts");
+}
