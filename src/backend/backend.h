@@ -132,18 +132,13 @@ typedef struct pm__backend {
     pm_result (*stream_check)(pm_stream_t s);
     pm_result (*stream_destroy)(pm_stream_t s);
     pm_result (*stream_synchronize)(pm_stream_t s);
-    /* Whether the legacy stream (NULL too) may name another stream on
-     * another thread (cuda with several devices: threads may be in
-     * different contexts, each with a legacy stream of its own);
+    /* Whether the calling thread's legacy stream (NULL too) is the one of
+     * home, the place whose legacy stream is pinmem's own (cuda: threads in
+     * other contexts, another device's or one the user made, each have a
+     * legacy stream of their own; NULL: every thread's is the same one);
      * pm__stream_varies_by_thread below. */
-    bool legacy_varies_by_thread;
-    /* Where legacy_varies_by_thread is false but a thread may still be in a
-     * context the user made (cuda): whether the calling thread's legacy
-     * stream is the one of home, pinmem's own context (NULL: always). */
     bool (*legacy_is_home)(void);
-    /* The place whose legacy stream the threads for which legacy_is_home
-     * answers true share (cuda: pinmem's primary context). */
-    pm__place home;
+    pm__place home; /* cuda: pinmem's primary context */
     pm_result (*stream_launch_host_func)(pm_stream_t s, void (*fn)(void *), void *arg);
     /* A number for s that no other stream of the process has had or will
      * have, even one given s's handle after s is destroyed. */
@@ -298,17 +293,15 @@ static inline bool pm__stream_is_threads_own(pm_stream_t s) { return s == PM_STR
 static inline bool pm__stream_is_legacy(pm_stream_t s) { return !s || s == PM_STREAM_LEGACY; }
 
 /* Whether s, on the calling thread, may name another stream than on another
- * thread: the thread's own stream always; the legacy one where b says so, or
- * where the thread is not in b's home place. Inline, as every asynchronous
- * pool allocation and free asks (the legacy one at the cost of asking the
- * driver for the thread's context). */
+ * thread: the thread's own stream always; the legacy one where the thread is
+ * not in b's home place. Inline, as every asynchronous pool allocation and
+ * free asks (the legacy one at the cost of asking the driver for the
+ * thread's context). */
 static inline bool pm__stream_varies_by_thread(const pm__backend *b, pm_stream_t s)
 {
     if (pm__stream_is_threads_own(s))
         return true;
-    if (!pm__stream_is_legacy(s))
-        return false;
-    return b->legacy_varies_by_thread || (b->legacy_is_home && !b->legacy_is_home());
+    return pm__stream_is_legacy(s) && b->legacy_is_home && !b->legacy_is_home();
 }
 
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */

@@ -828,7 +828,6 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_get_device_pointer = cuda_foreign_get_device_pointer;
     out->foreign_get_address_range = cuda_foreign_get_address_range;
     out->stream_create = cuda_stream_create;
-    out->legacy_varies_by_thread = device_count > 1;
     out->legacy_is_home = pm__cuda_legacy_is_home;
     out->home.context = primary;
     out->stream_check = cuda_stream_check;

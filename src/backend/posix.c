@@ -682,7 +682,6 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->foreign_get_address_range = posix_foreign_get_address_range;
     out->stream_create = pm__posix_stream_create;
     out->stream_check = pm__posix_stream_check;
-    out->legacy_varies_by_thread = false; /* one default stream for every thread */
     out->stream_id = pm__posix_stream_id;
     out->stream_destroy = pm__posix_stream_destroy;
     out->stream_synchronize = posix_stream_synchronize;
