@@ -456,6 +456,15 @@ static void wait_own_gate(void *arg)
     atomic_store(&own_gate_open, 1);
 }
 
+/* The bytes of eight of the engine's slices (0: unknown), for copies of
+ * several slices in fewer pieces than the ring has buffers. */
+static size_t eight_slices(void)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    return 8 * c.slice_bytes;
+}
+
 /* The per-thread default stream is each thread's own, so a copy on it
  * keeps every DMA in the caller's stream's order, whichever thread queues
  * it: while that stream waits at a gate, the device memory must not
@@ -464,9 +473,8 @@ static void wait_own_gate(void *arg)
  * need not wait for the gate to reuse one. */
 static void per_thread_stream(void)
 {
-    pm_copy_config c = {.struct_size = sizeof c};
-    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
-    const size_t n = 8 * c.slice_bytes;
+    const size_t n = eight_slices();
+    REQUIRE(n);
     SCOPED_MALLOC uint8_t *src = malloc(n);
     SCOPED_HOST uint8_t *seen = NULL;
     SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
@@ -510,9 +518,8 @@ static void *open_own_gate_soon(void *arg)
  * another thread opens a moment after the copy back starts. */
 static void per_thread_stream_from_device(void)
 {
-    pm_copy_config c = {.struct_size = sizeof c};
-    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
-    const size_t n = 8 * c.slice_bytes;
+    const size_t n = eight_slices();
+    REQUIRE(n);
     SCOPED_MALLOC uint8_t *seen = malloc(n);
     SCOPED_HOST uint8_t *pinned = NULL;
     SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
