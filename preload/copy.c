@@ -96,13 +96,13 @@ static bool move(pm__attempt *a, const pm__pinmem_api *pm, void *dst, const void
             cudaSuccess)
         return false;
     if (thread_stream) {
-        pm__lane *lane = pm__lane_enter();
-        if (!lane)
-            return false;
-        r = pm->pm_memcpy_async(to, from, count, pm__lane_stream(lane));
-        /* Should the per-thread stream not wait for the lane, the runtime's
-         * own copy on it does the copy again, in its order. */
-        if (r == PM_SUCCESS && !pm__lane_leave(lane, sync))
+        /* pinmem keeps the copy in the per-thread stream's order (the
+         * runtime's handle is pinmem's PM_STREAM_PER_THREAD). Should the
+         * wait after a synchronous one fail, the runtime's own copy does the
+         * copy again, in its order. */
+        r = pm->pm_memcpy_async(to, from, count, PM_STREAM_PER_THREAD);
+        if (r == PM_SUCCESS && sync &&
+            PM__REAL_CALL(cudaStreamSynchronize, cudaStreamPerThread) != cudaSuccess)
             return false;
     } else if (sync && stream == NULL)
         r = pm->pm_memcpy(to, from, count);
@@ -128,7 +128,7 @@ static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
         !stream_serves(pm, stream, per_thread))
         return false;
     /* A synchronous copy waits on this thread for the stream before it
-     * (from the host) or for the lane after it (per-thread stream): in
+     * (from the host) or for the per-thread stream after it: in
      * relaxed mode, so that neither disturbs another thread's capture. */
     enum cudaStreamCaptureMode mode;
     const bool relaxed =

@@ -57,14 +57,7 @@ void pm__preload_turn_off(unsigned feature);
     X(cudaPointerGetAttributes, (struct cudaPointerAttributes *, const void *))            \
     X(cudaStreamIsCapturing, (cudaStream_t, enum cudaStreamCaptureStatus *))               \
     X(cudaGetDevice, (int *))                                                              \
-    X(cudaStreamSynchronize, (cudaStream_t))                                               \
-    X(cudaStreamCreateWithFlags, (cudaStream_t *, unsigned))                               \
-    X(cudaStreamDestroy, (cudaStream_t))                                                   \
-    X(cudaEventCreateWithFlags, (cudaEvent_t *, unsigned))                                 \
-    X(cudaEventDestroy, (cudaEvent_t))                                                     \
-    X(cudaEventRecord, (cudaEvent_t, cudaStream_t))                                        \
-    X(cudaEventSynchronize, (cudaEvent_t))                                                 \
-    X(cudaStreamWaitEvent, (cudaStream_t, cudaEvent_t, unsigned))
+    X(cudaStreamSynchronize, (cudaStream_t))
 
 /* Functions older runtimes lack (this one came with CUDA 10.1), which the
  * preload then does without, silently. */
@@ -188,20 +181,5 @@ cudaError_t pm__attempt_settle(const pm__attempt *a, cudaError_t real_rc);
 void pm__preload_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints the counts at exit when PINMEM_STATS=1 (set up on first use). */
 void pm__preload_stats_arm(void);
-
-/* ------------------------------------------------------------- copies */
-
-/* The calling thread's per-thread default stream has no handle other
- * threads can use, and pinmem's threads queue pieces of a copy. So a copy on
- * it runs on a private stream of the thread's (a lane), between two events:
- * enter makes the lane wait for the per-thread stream's work so far, leave
- * makes the per-thread stream wait for the lane's copy (and, when sync, the
- * calling thread as well, which the caller does in relaxed capture mode).
- * NULL / false: the runtime refused, and the runtime's own copy serves the
- * call. */
-typedef struct pm__lane pm__lane;
-pm__lane *pm__lane_enter(void);
-cudaStream_t pm__lane_stream(const pm__lane *lane);
-bool pm__lane_leave(pm__lane *lane, bool sync);
 
 #endif

@@ -359,13 +359,11 @@ static bool non_blocking[MAX_STREAMS];
  * call of another thread invalidated it. */
 static bool global_capture[MAX_STREAMS], invalidated[MAX_STREAMS];
 static pthread_t captured_by[MAX_STREAMS];
-static _Thread_local pm_stream_t per_thread_stream;
 static _Thread_local enum cudaStreamCaptureMode capture_mode; /* global at first */
 
 /* The pinmem stream a runtime stream stands for: 0 and cudaStreamLegacy the
  * legacy default stream (pinmem's NULL), cudaStreamPerThread (or 0 in the
- * per-thread forms) one stream per thread, others as created. -1: not a
- * stream of this runtime. */
+ * per-thread forms) pinmem's PM_STREAM_PER_THREAD, others as created. */
 static int slot_of(cudaStream_t s)
 {
     for (int i = 0; i < MAX_STREAMS; i++)
@@ -377,9 +375,7 @@ static int slot_of(cudaStream_t s)
 static bool map_stream(cudaStream_t s, bool per_thread, pm_stream_t *out)
 {
     if (s == cudaStreamPerThread || (s == NULL && per_thread)) {
-        if (!per_thread_stream && pmd()->pm_stream_create(&per_thread_stream) != PM_SUCCESS)
-            return false;
-        *out = per_thread_stream;
+        *out = PM_STREAM_PER_THREAD;
         return true;
     }
     if (s == NULL || s == cudaStreamLegacy) {
