@@ -7,6 +7,7 @@ pm__countdown pm__fault_thread_start;
 pm__countdown pm__fault_marker_wait;
 pm__countdown pm__fault_block_copy;
 pm__countdown pm__fault_flag_write;
+pm__countdown pm__fault_lane;
 void *_Atomic pm__fault_capturing_stream;
 atomic_bool pm__fault_global_capture;
 _Thread_local int pm__test_thread_relaxed;

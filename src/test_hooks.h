@@ -21,6 +21,7 @@ extern pm__countdown pm__fault_thread_start; /* starting a thread of the library
 extern pm__countdown pm__fault_marker_wait;  /* the staging engine's wait for a buffer's DMA */
 extern pm__countdown pm__fault_block_copy;   /* a launch of block copies (the batch kernel) */
 extern pm__countdown pm__fault_flag_write;   /* the staging engine's flag behind a buffer's work */
+extern pm__countdown pm__fault_lane;         /* a lane's entry or its exit's wait */
 /* Counts countdown down; true on the pass that takes it from 1 to 0. */
 bool pm__countdown_fires(pm__countdown *countdown);
 #define PM__TEST_FAULT(countdown) pm__countdown_fires(&(countdown))

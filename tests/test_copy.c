@@ -14,6 +14,7 @@
 
 #include "copy/copy.h"
 #include "copy/store_choice.h"
+#include "test_hooks.h"
 #include "copy_util.h"
 #include "threads.h"
 
@@ -470,7 +471,8 @@ static size_t eight_slices(void)
  * it: while that stream waits at a gate, the device memory must not
  * change, and once it has passed, a copy back on it reads the new bytes. The
  * copy is a few slices, in fewer pieces than the ring has buffers, so that it
- * need not wait for the gate to reuse one. */
+ * need not wait for the gate to reuse one. Every other round finds no lane
+ * and is staged by its caller alone. */
 static void per_thread_stream(void)
 {
     const size_t n = eight_slices();
@@ -490,7 +492,9 @@ static void per_thread_stream(void)
         fill(src, n, 190 + k);
         atomic_store(&own_gate_open, 0);
         CHECK_RESULT(pm_stream_launch_host_func(own, wait_own_gate, NULL), PM_SUCCESS);
+        atomic_store(&pm__fault_lane, (int)(k % 2));
         CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
+        CHECK(atomic_exchange(&pm__fault_lane, 0) == 0);
         CHECK(!atomic_load(&own_gate_open)); /* returned without waiting for the stream */
         CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, other), PM_SUCCESS);
         CHECK_RESULT(pm_stream_synchronize(other), PM_SUCCESS);
@@ -515,7 +519,9 @@ static void *open_own_gate_soon(void *arg)
 /* A copy to pageable memory on the per-thread default stream reads the
  * device memory only after the work queued there before it, whichever
  * thread queues its DMAs: here a copy into that memory held at a gate that
- * another thread opens a moment after the copy back starts. */
+ * another thread opens a moment after the copy back starts. A third of the
+ * rounds find no lane, and a third fail to order the stream behind the lane
+ * at the end (the lane is then waited for). */
 static void per_thread_stream_from_device(void)
 {
     const size_t n = eight_slices();
@@ -540,7 +546,9 @@ static void per_thread_stream_from_device(void)
             CHECK(!"a thread to open the gate");
             break;
         }
+        atomic_store(&pm__fault_lane, (int)(k % 3));
         CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, own), PM_SUCCESS);
+        CHECK(atomic_exchange(&pm__fault_lane, 0) == 0);
         pthread_join(opener, NULL);
         CHECK(first_mismatch(seen, n, 110 + k) == n);
     }

@@ -9,6 +9,7 @@
  * or one that finds every lane busy, is staged by its caller alone. */
 #include "../errors.h"
 #include "../instance.h"
+#include "../test_hooks.h"
 #include "staging_engine.h"
 
 pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s)
@@ -73,7 +74,7 @@ static void give_back(pm__lane *lane)
 pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own)
 {
     const pm__backend *be = pm__instance_backend();
-    if (!be->place_lasts(place))
+    if (PM__TEST_FAULT(pm__fault_lane) || !be->place_lasts(place))
         return NULL;
     pthread_mutex_lock(&eng.lock);
     pm__lane *lane = take_idle_locked(place);
@@ -99,18 +100,23 @@ none:
 pm_result pm__staging_lane_leave(const pm__place *place, pm_stream_t own, pm__lane *lane)
 {
     const pm__backend *be = pm__instance_backend();
+    pm__detail_saved saved;
+    pm__detail_save(&saved);
     pm__place_scope scope;
     pm_result r = be->place_enter(place, &scope);
-    if (r == PM_SUCCESS) {
-        r = pm__staging_follow(be, own, lane->stream);
-        /* Unordered, the caller's stream could run ahead of the copy: it
-         * is done before the copy returns instead. */
-        if (r != PM_SUCCESS && be->stream_synchronize(lane->stream) == PM_SUCCESS)
-            r = PM_SUCCESS;
-        be->place_leave(&scope);
-    } else if (be->stream_synchronize(lane->stream) == PM_SUCCESS) {
+    const bool entered = r == PM_SUCCESS;
+    if (entered)
+        r = PM__TEST_FAULT(pm__fault_lane)
+                ? pm__fail(PM_ERROR_UNKNOWN, "a lane's exit failed (injected fault)")
+                : pm__staging_follow(be, own, lane->stream);
+    /* Unordered, the caller's stream could run ahead of the copy: it is
+     * done before the copy returns instead. */
+    if (r != PM_SUCCESS && be->stream_synchronize(lane->stream) == PM_SUCCESS) {
+        pm__detail_restore(&saved);
         r = PM_SUCCESS;
     }
+    if (entered)
+        be->place_leave(&scope);
     give_back(lane);
     return r;
 }
