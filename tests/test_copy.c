@@ -499,9 +499,10 @@ static void per_thread_stream(void)
         CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, other), PM_SUCCESS);
         CHECK_RESULT(pm_stream_synchronize(other), PM_SUCCESS);
         CHECK(first_mismatch(seen, n, 90 + k) == n); /* nothing arrived past the gate */
-        atomic_store(&own_gate_open, 1);
-        CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
+        /* Queued behind the copy before the gate opens, so that it would run
+         * beside the copy's DMAs were the stream not to wait for them. */
         CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, own), PM_SUCCESS);
+        atomic_store(&own_gate_open, 1);
         CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
         CHECK(first_mismatch(seen, n, 190 + k) == n);
     }
