@@ -35,6 +35,10 @@ extern void *_Atomic pm__fault_capturing_stream;
  * driver keeps it. */
 extern atomic_bool pm__fault_global_capture;
 extern _Thread_local int pm__test_thread_relaxed;
+/* While set, the posix backend's places do not last (place_lasts), as a
+ * context the user made on cuda, so that what is made there is not kept. */
+extern atomic_bool pm__fault_places_pass;
+#define PM__TEST_PLACES_PASS() atomic_load(&pm__fault_places_pass)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -45,6 +49,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_FAULT(countdown) false
 #define PM__TEST_CAPTURING(s) false
 #define PM__TEST_WAIT_REFUSED() false
+#define PM__TEST_PLACES_PASS() false
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

@@ -471,8 +471,9 @@ static size_t eight_slices(void)
  * it: while that stream waits at a gate, the device memory must not
  * change, and once it has passed, a copy back on it reads the new bytes. The
  * copy is a few slices, in fewer pieces than the ring has buffers, so that it
- * need not wait for the gate to reuse one. Every other round finds no lane
- * and is staged by its caller alone. */
+ * need not wait for the gate to reuse one. Rounds take turns: a kept lane,
+ * no lane (the caller stages alone), a lane made for the copy (the place
+ * does not last, as a context the user made on cuda). */
 static void per_thread_stream(void)
 {
     const size_t n = eight_slices();
@@ -486,15 +487,17 @@ static void per_thread_stream(void)
     REQUIRE_RESULT(pm_stream_create(&other), PM_SUCCESS);
     const pm_stream_t own = PM_STREAM_PER_THREAD;
     /* On an H200, every round on a lane failed without either of its waits. */
-    for (unsigned k = 0; k < 64; k++) {
+    for (unsigned k = 0; k < 66; k++) {
         fill(src, n, 90 + k);
         CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
         CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS); /* landed, not just read */
         fill(src, n, 190 + k);
         atomic_store(&own_gate_open, 0);
         CHECK_RESULT(pm_stream_launch_host_func(own, wait_own_gate, NULL), PM_SUCCESS);
-        atomic_store(&pm__fault_lane, (int)(k % 2));
+        atomic_store(&pm__fault_lane, k % 3 == 1);
+        atomic_store(&pm__fault_places_pass, k % 3 == 2);
         CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
+        atomic_store(&pm__fault_places_pass, false);
         CHECK(atomic_exchange(&pm__fault_lane, 0) == 0);
         CHECK(!atomic_load(&own_gate_open)); /* returned without waiting for the stream */
         CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, other), PM_SUCCESS);
@@ -523,7 +526,8 @@ static void *open_own_gate_soon(void *arg)
  * thread queues its DMAs: here a copy into that memory held at a gate that
  * another thread opens a moment after the copy back starts. A third of the
  * rounds find no lane, and a third fail to order the stream behind the lane
- * at the end (the lane is then waited for). */
+ * at the end (the lane is then waited for); every other run of three makes a
+ * lane for each copy (the place does not last) instead of keeping one. */
 static void per_thread_stream_from_device(void)
 {
     const size_t n = eight_slices();
@@ -534,7 +538,7 @@ static void per_thread_stream_from_device(void)
     REQUIRE(seen && dev);
     REQUIRE_PINNED(pm_mem_alloc_host((void **)&pinned, n), "a host allocation of eight slices");
     const pm_stream_t own = PM_STREAM_PER_THREAD;
-    for (unsigned k = 0; k < 32; k++) {
+    for (unsigned k = 0; k < 36; k++) {
         fill(pinned, n, 10 + k);
         CHECK_RESULT(pm_memcpy_htod(dev, pinned, n), PM_SUCCESS);
         CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
@@ -549,7 +553,9 @@ static void per_thread_stream_from_device(void)
             break;
         }
         atomic_store(&pm__fault_lane, (int)(k % 3));
+        atomic_store(&pm__fault_places_pass, k / 3 % 2 == 1);
         CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, own), PM_SUCCESS);
+        atomic_store(&pm__fault_places_pass, false);
         CHECK(atomic_exchange(&pm__fault_lane, 0) == 0);
         pthread_join(opener, NULL);
         CHECK(first_mismatch(seen, n, 110 + k) == n);

@@ -2,46 +2,16 @@
  * (cuCtxCreate) on the CUDA backend: each context has a legacy stream of its
  * own, so a block freed on one must not wait in a thread cache for another's,
  * nor be handed to an allocation on another's before its work is done. */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <unistd.h>
 
+#include "context_util.h"
 #include "pool_util.h"
 #include "stream_util.h"
 
 #ifdef PINMEM_HAVE_CUDA_HEADERS
-#include <cuda.h>
-
-/* The driver's context calls, which pinmem does not wrap. */
-typedef struct context_api {
-    CUresult (*device_get)(CUdevice *, int);
-    CUresult (*create)(CUcontext *, unsigned, CUdevice);
-    CUresult (*destroy)(CUcontext);
-    CUresult (*push)(CUcontext);
-    CUresult (*pop)(CUcontext *);
-} context_api;
-
-static context_api api;
-static CUcontext theirs; /* the user's context, on pinmem's device */
-
-static bool context_api_load(void)
-{
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (!lib)
-        return false;
-    static const char *const names[] = {"cuDeviceGet", "cuCtxCreate_v2", "cuCtxDestroy_v2",
-                                        "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"};
-    void **slots = (void **)&api;
-    _Static_assert(sizeof api == sizeof names / sizeof names[0] * sizeof(void *),
-                   "one name a slot");
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!(slots[i] = dlsym(lib, names[i])))
-            return false;
-    return true;
-}
-
 /* The legacy streams' work waits here until the case opens the gate, or 3 s
  * pass, so that a case whose check fails still ends. */
 static void wait_gate_a_while(void *arg)
@@ -149,15 +119,9 @@ int main(void)
     }
     SKIP_UNLESS_CUDA();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
-    pm_capabilities caps = {.struct_size = sizeof caps};
-    CUdevice dev;
-    if (pm_get_capabilities(&caps) != PM_SUCCESS || !context_api_load() ||
-        api.device_get(&dev, caps.device_ordinal) != CUDA_SUCCESS)
-        SKIP("the driver's context calls are not there");
-    CUcontext popped;
-    if (api.create(&theirs, 0, dev) != CUDA_SUCCESS)
-        SKIP("no context could be made");
-    api.pop(&popped); /* made current by cuCtxCreate: each case picks its own */
+    const char *why_not = their_context_make();
+    if (why_not)
+        SKIP(why_not);
     flushed_from_their_context();
     freed_in_their_context();
     api.destroy(theirs);

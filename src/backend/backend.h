@@ -131,6 +131,9 @@ typedef struct pm__backend {
      * trusts the caller, as the driver does). */
     pm_result (*stream_check)(pm_stream_t s);
     pm_result (*stream_destroy)(pm_stream_t s);
+    /* Destroys s once the work queued on it is done, without waiting for it
+     * (the driver's own cuStreamDestroy; stream_destroy waits first). */
+    pm_result (*stream_release)(pm_stream_t s);
     pm_result (*stream_synchronize)(pm_stream_t s);
     /* Whether the calling thread's legacy stream (NULL too) is the one of
      * home, the place whose legacy stream is pinmem's own (cuda: threads in

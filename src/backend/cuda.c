@@ -283,6 +283,11 @@ static pm_result cuda_stream_destroy(pm_stream_t s)
     DRIVER_CALL("cuStreamDestroy", cu->stream_destroy((CUstream)s));
 }
 
+static pm_result cuda_stream_release(pm_stream_t s)
+{
+    DRIVER_CALL("cuStreamDestroy", cu->stream_destroy((CUstream)s));
+}
+
 static pm_result cuda_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg)
 {
     DRIVER_CALL("cuLaunchHostFunc", cu->launch_host_func((CUstream)s, fn, arg));
@@ -833,6 +838,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->stream_check = cuda_stream_check;
     out->stream_id = cuda_stream_id;
     out->stream_destroy = cuda_stream_destroy;
+    out->stream_release = cuda_stream_release;
     out->stream_synchronize = cuda_stream_synchronize;
     out->stream_launch_host_func = cuda_stream_launch_host_func;
     out->marker_record = cuda_marker_record;

@@ -29,8 +29,11 @@ typedef struct posix_stream {
     unsigned long long id; /* never reused */
     int refs; /* the creator's, plus one per live marker or pending wait */
     bool stopping;
+    bool released; /* the thread drops the creator's reference as it ends */
     pthread_t thread;
 } posix_stream;
+
+static void drop_ref(posix_stream *s);
 
 static void *stream_main(void *arg)
 {
@@ -51,7 +54,10 @@ static void *stream_main(void *arg)
                               memory_order_release);
         pthread_cond_broadcast(&s->progressed);
     }
+    const bool released = s->released;
     pthread_mutex_unlock(&s->lock);
+    if (released)
+        drop_ref(s);
     return NULL;
 }
 
@@ -269,6 +275,21 @@ pm_result pm__posix_stream_destroy(pm_stream_t handle)
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: %p is not a live stream",
                         handle);
     destroy_stream(s);
+    return PM_SUCCESS;
+}
+
+pm_result pm__posix_stream_release(pm_stream_t handle)
+{
+    posix_stream *s = handle;
+    if (!s || !pm__handle_set_remove(&live_streams, s))
+        return pm__fail(PM_ERROR_INVALID_HANDLE, "%p is not a live stream", handle);
+    pthread_mutex_lock(&s->lock);
+    s->stopping = true;
+    s->released = true;
+    const pthread_t thread = s->thread; /* s may be gone once the lock is let go */
+    pthread_cond_signal(&s->has_work);
+    pthread_mutex_unlock(&s->lock);
+    pthread_detach(thread);
     return PM_SUCCESS;
 }
 

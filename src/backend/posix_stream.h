@@ -7,6 +7,9 @@
 pm_result pm__posix_stream_create(pm_stream_t *out);
 pm_result pm__posix_stream_check(pm_stream_t s);
 pm_result pm__posix_stream_destroy(pm_stream_t s);
+/* backend.h's stream_release: the stream's thread ends itself once its
+ * queue is empty. */
+pm_result pm__posix_stream_release(pm_stream_t s);
 pm_result pm__posix_stream_synchronize(pm_stream_t s);
 pm_result pm__posix_stream_id(pm_stream_t s, unsigned long long *id);
 pm_result pm__posix_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg);

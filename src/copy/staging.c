@@ -95,10 +95,10 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     pm__staging_count_running(dir, 1);
     /* A copy of several slices on the caller's own stream runs on a lane,
      * where the workers' DMAs keep its order. */
-    pm__lane *lane = NULL;
+    pm__lane *lane = NULL, spare_lane;
     if (j.slices > 1 && pm__stream_is_threads_own(stream)) {
         pthread_mutex_unlock(&eng.lock);
-        lane = pm__staging_lane_enter(&place, stream);
+        lane = pm__staging_lane_enter(&place, stream, &spare_lane);
         pthread_mutex_lock(&eng.lock);
         if (lane)
             j.stream = lane->stream;

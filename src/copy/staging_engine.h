@@ -80,11 +80,12 @@ typedef struct job {
 } job;
 
 /* A stream of the engine's own for copies on their caller's own stream
- * (staging_lanes.c), in place context, used by one copy at a time. */
+ * (staging_lanes.c), in place context, used by one copy at a time; a
+ * one-off lane is made for one copy and released at its end. */
 typedef struct pm__lane {
     pm_stream_t stream;
     void *context;
-    bool busy;
+    bool busy, one_off;
 } pm__lane;
 
 /* The most lanes: one for each thread copying on its own stream at once. */
@@ -214,9 +215,10 @@ static inline size_t list_reserve(void) { return eng.chunk / 16; }
 /* Work queued on waiter from now on follows the work queued on s so far. */
 pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s);
 /* Lock not held: a lane of place that follows the caller's own stream own,
- * for a job whose workers queue its work there; NULL where none may be had
- * (the caller then stages the job alone). */
-pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own);
+ * for a job whose workers queue its work there (a kept one, or one made for
+ * this job in spare, which must outlive the job); NULL where none could be
+ * had (the caller then stages the job alone). */
+pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own, pm__lane *spare);
 /* Lock not held, at the job's end: own follows the lane (or, where that
  * cannot be queued, the lane's work is done), and the lane is free again. */
 pm_result pm__staging_lane_leave(const pm__place *place, pm_stream_t own, pm__lane *lane);

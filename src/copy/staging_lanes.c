@@ -4,9 +4,10 @@
  * it on the worker's own stream, out of the copy's order; on a lane, the
  * lane first waits for the caller's stream, and the caller's stream waits
  * for the lane at the end, so the copy keeps its place in the caller's
- * order (docs/design.md, "The staging engine"). Lanes are
- * kept only in places that last as long as the process; a copy elsewhere,
- * or one that finds every lane busy, is staged by its caller alone. */
+ * order (docs/design.md, "The staging engine"). Lanes are kept only in
+ * places that last as long as the process; a copy elsewhere, or one that
+ * finds every lane busy, makes a one-off lane and releases it at its end,
+ * and one that cannot is staged by its caller alone. */
 #include "../errors.h"
 #include "../instance.h"
 #include "../test_hooks.h"
@@ -35,9 +36,22 @@ static pm__lane *take_idle_locked(const pm__place *place)
     return NULL;
 }
 
+/* A stream made in place (entered), or NULL; a failure only costs the copy
+ * its helpers, so the detail of the caller's last failure stays as it was. */
+static pm_stream_t make_stream(const pm__backend *be)
+{
+    pm_stream_t stream = NULL;
+    pm__detail_saved saved;
+    pm__detail_save(&saved);
+    if (be->stream_create(&stream) != PM_SUCCESS)
+        stream = NULL;
+    pm__detail_restore(&saved);
+    return stream;
+}
+
 /* A new lane of place, made and marked used, or NULL where there may be no
  * more or the stream could not be made (place entered). */
-static pm__lane *make_lane(const pm__backend *be, const pm__place *place)
+static pm__lane *make_kept(const pm__backend *be, const pm__place *place)
 {
     pthread_mutex_lock(&eng.lock);
     const bool room = eng.n_lanes + eng.lanes_making < PM__LANES_MAX;
@@ -46,17 +60,11 @@ static pm__lane *make_lane(const pm__backend *be, const pm__place *place)
     pthread_mutex_unlock(&eng.lock);
     if (!room)
         return NULL;
-    pm_stream_t stream = NULL;
-    /* A failure here only costs the copy its helpers: the detail of the
-     * caller's last failure stays as it was. */
-    pm__detail_saved saved;
-    pm__detail_save(&saved);
-    const bool made = be->stream_create(&stream) == PM_SUCCESS;
-    pm__detail_restore(&saved);
+    pm_stream_t stream = make_stream(be);
     pthread_mutex_lock(&eng.lock);
     eng.lanes_making--;
     pm__lane *lane = NULL;
-    if (made) {
+    if (stream) {
         lane = &eng.lanes[eng.n_lanes++];
         *lane = (pm__lane){.stream = stream, .context = place->context, .busy = true};
     }
@@ -64,37 +72,59 @@ static pm__lane *make_lane(const pm__backend *be, const pm__place *place)
     return lane;
 }
 
-static void give_back(pm__lane *lane)
+/* A lane for this copy alone, in spare, or NULL (place entered). */
+static pm__lane *make_one_off(const pm__backend *be, const pm__place *place, pm__lane *spare)
 {
+    *spare = (pm__lane){.stream = make_stream(be), .context = place->context, .busy = true,
+                        .one_off = true};
+    return spare->stream ? spare : NULL;
+}
+
+/* A one-off lane is released (place entered), its work left to finish. */
+static void give_back(const pm__backend *be, pm__lane *lane)
+{
+    if (lane->one_off) {
+        pm__detail_saved saved;
+        pm__detail_save(&saved);
+        be->stream_release(lane->stream);
+        pm__detail_restore(&saved);
+        return;
+    }
     pthread_mutex_lock(&eng.lock);
     lane->busy = false;
     pthread_mutex_unlock(&eng.lock);
 }
 
-pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own)
+pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own, pm__lane *spare)
 {
     const pm__backend *be = pm__instance_backend();
-    if (PM__TEST_FAULT(pm__fault_lane) || !be->place_lasts(place))
+    if (PM__TEST_FAULT(pm__fault_lane))
         return NULL;
-    pthread_mutex_lock(&eng.lock);
-    pm__lane *lane = take_idle_locked(place);
-    pthread_mutex_unlock(&eng.lock);
+    const bool kept = be->place_lasts(place);
+    pm__lane *lane = NULL;
+    if (kept) {
+        pthread_mutex_lock(&eng.lock);
+        lane = take_idle_locked(place);
+        pthread_mutex_unlock(&eng.lock);
+    }
     pm__place_scope scope;
-    if (be->place_enter(place, &scope) != PM_SUCCESS)
-        goto none;
+    if (be->place_enter(place, &scope) != PM_SUCCESS) {
+        if (lane)
+            give_back(be, lane);
+        return NULL;
+    }
+    if (!lane && kept)
+        lane = make_kept(be, place);
     if (!lane)
-        lane = make_lane(be, place);
+        lane = make_one_off(be, place, spare);
     pm__detail_saved saved;
     pm__detail_save(&saved);
     const bool following = lane && pm__staging_follow(be, lane->stream, own) == PM_SUCCESS;
     pm__detail_restore(&saved);
+    if (lane && !following)
+        give_back(be, lane);
     be->place_leave(&scope);
-    if (following)
-        return lane;
-none:
-    if (lane)
-        give_back(lane);
-    return NULL;
+    return following ? lane : NULL;
 }
 
 pm_result pm__staging_lane_leave(const pm__place *place, pm_stream_t own, pm__lane *lane)
@@ -115,9 +145,9 @@ pm_result pm__staging_lane_leave(const pm__place *place, pm_stream_t own, pm__la
         pm__detail_restore(&saved);
         r = PM_SUCCESS;
     }
+    give_back(be, lane);
     if (entered)
         be->place_leave(&scope);
-    give_back(lane);
     return r;
 }
 

@@ -1,0 +1,95 @@
+/* Copies on the per-thread default stream by a thread in a context the user
+ * made (cuCtxCreate) on the CUDA backend. pinmem keeps no lane in a context
+ * it does not hold (the user may destroy it), so each such copy of several
+ * slices runs on a lane made for it and released at its end; the copy must
+ * keep its place in the thread's stream all the same. */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "context_util.h"
+#include "copy_util.h"
+
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+static atomic_int gate_open;
+
+/* The stream's work waits here until the case opens the gate, or 3 s pass,
+ * so that a case whose check fails still ends. */
+static void wait_gate_a_while(void *arg)
+{
+    (void)arg;
+    for (int waited_ms = 0; !atomic_load(&gate_open) && waited_ms < 3000; waited_ms++)
+        usleep(1000);
+}
+
+static CUdeviceptr their_alloc(size_t n)
+{
+    CUdeviceptr d = 0;
+    CHECK(api.mem_alloc(&d, n) == CUDA_SUCCESS);
+    return d;
+}
+
+/* As test_copy's per_thread_stream, in the user's context: while the
+ * thread's own stream waits at a gate, a copy of eight slices on it returns
+ * without changing the device memory, and a copy back queued behind it
+ * reads the new bytes once the gate is open. */
+static void per_thread_stream_in_their_context(void)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    const size_t n = 8 * c.slice_bytes;
+    SCOPED_MALLOC uint8_t *src = malloc(n);
+    SCOPED_HOST uint8_t *seen = NULL;
+    REQUIRE(src);
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&seen, n), "a host allocation of eight slices");
+    REQUIRE(api.push(theirs) == CUDA_SUCCESS);
+    const CUdeviceptr dev = their_alloc(n);
+    pm_stream_t other = NULL;
+    CHECK_RESULT(pm_stream_create(&other), PM_SUCCESS);
+    const pm_stream_t own = PM_STREAM_PER_THREAD;
+    for (unsigned k = 0; dev && other && k < 16; k++) {
+        fill(src, n, 30 + k);
+        CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+        fill(src, n, 130 + k);
+        atomic_store(&gate_open, 0);
+        CHECK_RESULT(pm_stream_launch_host_func(own, wait_gate_a_while, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
+        CHECK(!atomic_load(&gate_open)); /* returned without waiting for the stream */
+        CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, other), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(other), PM_SUCCESS);
+        CHECK(first_mismatch(seen, n, 30 + k) == n); /* nothing arrived past the gate */
+        CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, own), PM_SUCCESS);
+        atomic_store(&gate_open, 1);
+        CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
+        CHECK(first_mismatch(seen, n, 130 + k) == n);
+    }
+    atomic_store(&gate_open, 1);
+    if (other)
+        CHECK_RESULT(pm_stream_destroy(other), PM_SUCCESS);
+    if (dev)
+        CHECK(api.mem_free(dev) == CUDA_SUCCESS);
+    CUcontext popped;
+    CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
+}
+#endif
+
+int main(void)
+{
+    if (pm_init(0) != PM_SUCCESS) {
+        printf("pm_init: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    SKIP_UNLESS_CUDA();
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+    const char *why_not = their_context_make();
+    if (why_not)
+        SKIP(why_not);
+    per_thread_stream_in_their_context();
+    api.destroy(theirs);
+#else
+    SKIP("built without the CUDA headers");
+#endif
+    return check_finish("copy_contexts");
+}
