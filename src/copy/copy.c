@@ -110,12 +110,30 @@ static pm_result driver_copy(const pm__backend *b, pm__direction dir, uint8_t *h
     return r;
 }
 
-/* *queued: work was left running on the stream (a synchronous copy waits for it). */
+/* The calling thread's capture mode while a copy runs: relaxed from the
+ * first of the copy's own waits or registrations on (backend.h says why). */
+typedef struct capture_mode {
+    int saved;
+    bool relaxed;
+} capture_mode;
+
+static void relax_once(const pm__backend *b, capture_mode *m)
+{
+    if (!m->relaxed) {
+        m->saved = b->captures_relax();
+        m->relaxed = true;
+    }
+}
+
+/* *queued: work was left running on the stream (a synchronous copy waits for
+ * it). The driver's own path neither waits nor registers for pinmem, and
+ * leaves another thread's capture alone, so it runs in the caller's mode. */
 static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *b,
                                pm__direction dir, uint8_t *host, pm_deviceptr dev, size_t n,
-                               pm_stream_t s, bool sync, bool *queued)
+                               pm_stream_t s, bool sync, bool *queued, capture_mode *mode)
 {
     if (set->registration_cache && n >= set->cache_min_bytes) {
+        relax_once(b, mode);
         pm__regcache_entry *e = pm__regcache_acquire(set, host, n);
         if (e)
             return cached_copy(b, e, dir, host, dev, n, s);
@@ -127,6 +145,7 @@ static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *
     if (n <= (dir == PM__HTOD ? set->direct_max : set->dtoh_direct_max) && driver_may)
         return driver_copy(b, dir, host, dev, n, s, sync);
     bool no_ring;
+    relax_once(b, mode);
     r = pm__staged_copy(set, dir, host, dev, n, s, sync, &no_ring);
     *queued |= dir == PM__HTOD && !no_ring;
     if (no_ring && driver_may) /* nothing pinned for staging (budget): slower, but works */
@@ -189,10 +208,8 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
     if (captured && (r = pm__copy_capturable(inst, name, start, bytes)) != PM_SUCCESS)
         return r;
     /* The engine's waits and registrations, and the wait of a synchronous
-     * copy, are the copy's own: relaxed (backend.h says why), from the
-     * first on. */
-    int mode = -1;
-    bool relaxed = false;
+     * copy, are the copy's own: relaxed, from the first on. */
+    capture_mode mode = {.saved = -1};
     for (uintptr_t at = start;;) {
         size_t n = p.end - at, off = at - start;
         if (p.pinned || captured) {
@@ -206,12 +223,9 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
             if (r == PM_SUCCESS)
                 count(&pm__copy_count.direct_bytes, n);
         } else {
-            if (!set) {
+            if (!set)
                 set = pm__copy_enter();
-                mode = b->captures_relax();
-                relaxed = true;
-            }
-            r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s, sync, &queued);
+            r = pageable_copy(set, b, dir, (uint8_t *)at, dev + off, n, s, sync, &queued, &mode);
         }
         at = p.end;
         if (at == end || r != PM_SUCCESS)
@@ -221,14 +235,12 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
     if (set)
         pm__copy_leave();
     if (r == PM_SUCCESS && sync && queued) {
-        if (!relaxed && !captured) {
-            mode = b->captures_relax();
-            relaxed = true;
-        }
+        if (!captured)
+            relax_once(b, &mode);
         r = b->stream_synchronize(s);
     }
-    if (relaxed)
-        b->captures_restore(mode);
+    if (mode.relaxed)
+        b->captures_restore(mode.saved);
     return r;
 }
 
