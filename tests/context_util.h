@@ -5,12 +5,14 @@
 #ifndef PINMEM_TEST_CONTEXT_UTIL_H
 #define PINMEM_TEST_CONTEXT_UTIL_H
 
+#include <stddef.h>
+
+#include "check.h"
+
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdbool.h>
-
-#include "pinmem.h"
 
 typedef struct context_api {
     CUresult (*device_get)(CUdevice *, int);
@@ -58,5 +60,31 @@ static inline const char *their_context_make(void)
     return NULL;
 }
 #endif
+
+typedef void (*context_case)(void);
+
+/* A test's main: each case with the user's context made (skipped without a
+ * CUDA driver, its headers or such a context); the test's exit status. */
+static inline int their_context_main(const char *name, const context_case *cases, size_t count)
+{
+    if (pm_init(0) != PM_SUCCESS) {
+        printf("pm_init: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    SKIP_UNLESS_CUDA();
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+    const char *why_not = their_context_make();
+    if (why_not)
+        SKIP(why_not);
+    for (size_t i = 0; i < count; i++)
+        cases[i]();
+    api.destroy(theirs);
+#else
+    (void)cases;
+    (void)count;
+    SKIP("built without the CUDA headers");
+#endif
+    return check_finish(name);
+}
 
 #endif

@@ -77,19 +77,10 @@ static void per_thread_stream_in_their_context(void)
 
 int main(void)
 {
-    if (pm_init(0) != PM_SUCCESS) {
-        printf("pm_init: %s\n", pm_last_error_detail());
-        return 1;
-    }
-    SKIP_UNLESS_CUDA();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
-    const char *why_not = their_context_make();
-    if (why_not)
-        SKIP(why_not);
-    per_thread_stream_in_their_context();
-    api.destroy(theirs);
+    static const context_case cases[] = {per_thread_stream_in_their_context};
+    return their_context_main("copy_contexts", cases, sizeof cases / sizeof cases[0]);
 #else
-    SKIP("built without the CUDA headers");
+    return their_context_main("copy_contexts", NULL, 0);
 #endif
-    return check_finish("copy_contexts");
 }

@@ -113,20 +113,10 @@ static void freed_in_their_context(void)
 
 int main(void)
 {
-    if (pm_init(0) != PM_SUCCESS) {
-        printf("pm_init: %s\n", pm_last_error_detail());
-        return 1;
-    }
-    SKIP_UNLESS_CUDA();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
-    const char *why_not = their_context_make();
-    if (why_not)
-        SKIP(why_not);
-    flushed_from_their_context();
-    freed_in_their_context();
-    api.destroy(theirs);
+    static const context_case cases[] = {flushed_from_their_context, freed_in_their_context};
+    return their_context_main("pool_contexts", cases, sizeof cases / sizeof cases[0]);
 #else
-    SKIP("built without the CUDA headers");
+    return their_context_main("pool_contexts", NULL, 0);
 #endif
-    return check_finish("pool_contexts");
 }
