@@ -563,6 +563,50 @@ static void per_thread_stream_from_device(void)
     CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
 }
 
+/* A copy in a place that does not last lets its buffers' markers go (their
+ * events could outlive a context the user destroys), so the next copy to take
+ * those buffers must wait for their flags: here a copy through the whole ring
+ * twice, on another stream, while the first copy's DMAs wait at the gate. Had
+ * it not waited, it would overwrite the bytes those DMAs have yet to move. */
+static void passing_place_buffers_wait_for_their_flags(void)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    const size_t n = eight_slices(), big = 2 * (size_t)c.buffers * c.chunk_bytes;
+    SCOPED_MALLOC uint8_t *src = malloc(n);
+    SCOPED_MALLOC uint8_t *other_src = malloc(big);
+    SCOPED_MALLOC uint8_t *seen = malloc(n);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
+    SCOPED_DEVICE pm_deviceptr other_dev = device_alloc(big);
+    REQUIRE(src && other_src && seen && dev && other_dev);
+    pm_stream_t other = NULL;
+    REQUIRE_RESULT(pm_stream_create(&other), PM_SUCCESS);
+    const pm_stream_t own = PM_STREAM_PER_THREAD;
+    for (unsigned k = 0; k < 4; k++) {
+        fill(src, n, 60 + k);
+        fill(other_src, big, 160 + k);
+        atomic_store(&own_gate_open, 0);
+        CHECK_RESULT(pm_stream_launch_host_func(own, wait_own_gate, NULL), PM_SUCCESS);
+        atomic_store(&pm__fault_places_pass, true);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
+        atomic_store(&pm__fault_places_pass, false);
+        memset(src, 0, n);
+        pthread_t opener;
+        if (pthread_create(&opener, NULL, open_own_gate_soon, NULL) != 0) {
+            atomic_store(&own_gate_open, 1);
+            CHECK(!"a thread to open the gate");
+            break;
+        }
+        CHECK_RESULT(pm_memcpy_htod_async(other_dev, other_src, big, other), PM_SUCCESS);
+        pthread_join(opener, NULL);
+        CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(seen, dev, n), PM_SUCCESS);
+        CHECK(first_mismatch(seen, n, 60 + k) == n);
+    }
+    CHECK_RESULT(pm_stream_synchronize(other), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(other), PM_SUCCESS);
+}
+
 /* The synchronous forms are ordered on the default stream, as the driver's
  * are on its legacy stream: a synchronous copy lands after, and reads after,
  * an asynchronous copy queued there before it, whichever path it takes
@@ -890,6 +934,7 @@ int main(void)
     ordering();
     per_thread_stream();
     per_thread_stream_from_device();
+    passing_place_buffers_wait_for_their_flags();
     sync_after_default_stream();
     store_kinds();
     learnt_stores();

@@ -1,11 +1,14 @@
-/* Copies on the per-thread default stream by a thread in a context the user
- * made (cuCtxCreate) on the CUDA backend. pinmem keeps no lane in a context
- * it does not hold (the user may destroy it), so each such copy of several
- * slices runs on a lane made for it and released at its end; the copy must
- * keep its place in the thread's stream all the same. */
+/* Copies by a thread in a context the user made (cuCtxCreate) on the CUDA
+ * backend. pinmem keeps nothing in a context it does not hold (the user may
+ * destroy it): a copy of several slices on the per-thread default stream
+ * runs on a lane made for it and released at its end, keeping its place in
+ * the thread's stream, and the staging ring's buffers keep no event of the
+ * context once the copy is done. */
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "context_util.h"
@@ -73,12 +76,68 @@ static void per_thread_stream_in_their_context(void)
     CUcontext popped;
     CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
 }
+
+/* One copy each way of n bytes through the staging ring in a context made
+ * for it, which is then destroyed, its stream's work done. */
+static void copy_in_a_brief_context(CUdevice device, uint8_t *src, uint8_t *back, size_t n,
+                                    bool async)
+{
+    CUcontext brief = NULL;
+    REQUIRE(api.create(&brief, 0, device) == CUDA_SUCCESS); /* current now */
+    const CUdeviceptr dev = their_alloc(n);
+    pm_stream_t s = NULL;
+    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    if (dev && s) {
+        CHECK_RESULT(async ? pm_memcpy_htod_async(dev, src, n, s) : pm_memcpy_htod(dev, src, n),
+                     PM_SUCCESS);
+        CHECK_RESULT(async ? pm_memcpy_dtoh_async(back, dev, n, s) : pm_memcpy_dtoh(back, dev, n),
+                     PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    }
+    if (s)
+        CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    if (dev)
+        CHECK(api.mem_free(dev) == CUDA_SUCCESS);
+    CUcontext popped;
+    CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == brief);
+    CHECK(api.destroy(brief) == CUDA_SUCCESS);
+}
+
+/* The staging ring's buffers hold nothing of a context that is gone (its
+ * events die with it): after copies in a context the user destroys, copies
+ * in pinmem's own context go on. Before the ring let such markers go, they
+ * failed with CUDA_ERROR_CONTEXT_IS_DESTROYED or crashed in the driver. */
+static void copies_after_a_context_is_gone(void)
+{
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    CUdevice device;
+    REQUIRE_RESULT(pm_get_capabilities(&caps), PM_SUCCESS);
+    REQUIRE(api.device_get(&device, caps.device_ordinal) == CUDA_SUCCESS);
+    const size_t most = (size_t)256 << 20;
+    SCOPED_MALLOC uint8_t *src = malloc(most);
+    SCOPED_MALLOC uint8_t *back = malloc(most);
+    SCOPED_DEVICE pm_deviceptr ours = device_alloc(most);
+    REQUIRE(src && back && ours);
+    const size_t sizes[] = {(size_t)16 << 20, most};
+    for (unsigned k = 0; k < 4; k++) {
+        const size_t n = sizes[k % 2];
+        fill(src, n, 70 + k);
+        copy_in_a_brief_context(device, src, back, n, k >= 2);
+        CHECK(first_mismatch(back, n, 70 + k) == n);
+        fill(src, n, 170 + k);
+        memset(back, 0, n);
+        CHECK_RESULT(pm_memcpy_htod(ours, src, n), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(back, ours, n), PM_SUCCESS);
+        CHECK(first_mismatch(back, n, 170 + k) == n);
+    }
+}
 #endif
 
 int main(void)
 {
 #ifdef PINMEM_HAVE_CUDA_HEADERS
-    static const context_case cases[] = {per_thread_stream_in_their_context};
+    static const context_case cases[] = {per_thread_stream_in_their_context,
+                                         copies_after_a_context_is_gone};
     return their_context_main("copy_contexts", cases, sizeof cases / sizeof cases[0]);
 #else
     return their_context_main("copy_contexts", NULL, 0);
