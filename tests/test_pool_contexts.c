@@ -109,12 +109,61 @@ static void freed_in_their_context(void)
     CHECK(among(block, 4096, pool, false, NULL));
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
+
+/* Blocks freed on a stream of a context the user then destroys, with that
+ * stream's work never waited for, hold nothing of the context: allocations,
+ * a trim and the pool's destruction in pinmem's context go on, and the
+ * blocks come back. Before markers there were flags, the pool queried the
+ * context's dead events and crashed (3 runs of 3 on an H200). */
+static void frees_in_a_context_destroyed_at_once(void)
+{
+    pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    CUdevice device;
+    CHECK_RESULT(pm_get_capabilities(&caps), PM_SUCCESS);
+    CHECK(api.device_get(&device, caps.device_ordinal) == CUDA_SUCCESS);
+    for (unsigned round = 0; round < 8; round++) {
+        CUcontext brief = NULL;
+        if (api.create(&brief, 0, device) != CUDA_SUCCESS) {
+            CHECK(!"a context");
+            break;
+        }
+        pm_stream_t s = NULL;
+        void *blocks[64] = {0};
+        CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+        for (unsigned i = 0; s && i < 64; i++) {
+            CHECK_RESULT(pm_mem_alloc_from_pool(&blocks[i], 65536, pool), PM_SUCCESS);
+            if (blocks[i])
+                CHECK_RESULT(pm_mem_free_async(blocks[i], s), PM_SUCCESS);
+        }
+        pm_event_t ev = NULL; /* its record sends the cached frees behind a marker */
+        CHECK_RESULT(pm_event_create(&ev), PM_SUCCESS);
+        if (ev && s) {
+            CHECK_RESULT(pm_event_record(ev, s), PM_SUCCESS);
+            CHECK_RESULT(pm_event_destroy(ev), PM_SUCCESS);
+        }
+        CUcontext popped;
+        CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == brief);
+        CHECK(api.destroy(brief) == CUDA_SUCCESS); /* its streams with it */
+        void *again[64] = {0};
+        for (unsigned i = 0; i < 64; i++)
+            CHECK_RESULT(pm_mem_alloc_from_pool(&again[i], 65536, pool), PM_SUCCESS);
+        for (unsigned i = 0; i < 64; i++)
+            if (again[i])
+                CHECK_RESULT(pm_mem_free(again[i]), PM_SUCCESS);
+    }
+    CHECK_RESULT(pm_mem_pool_trim_to(pool, 0), PM_SUCCESS);
+    CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 0);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
 #endif
 
 int main(void)
 {
 #ifdef PINMEM_HAVE_CUDA_HEADERS
-    static const context_case cases[] = {flushed_from_their_context, freed_in_their_context};
+    static const context_case cases[] = {flushed_from_their_context, freed_in_their_context,
+                                         frees_in_a_context_destroyed_at_once};
     return their_context_main("pool_contexts", cases, sizeof cases / sizeof cases[0]);
 #else
     return their_context_main("pool_contexts", NULL, 0);

@@ -33,11 +33,14 @@
 #include "pinmem.h"
 
 /* A point in a stream's work: done once everything enqueued before it is.
- * cuda: an event; posix: the stream and its sequence number. */
+ * cuda: an event, or in a context pinmem does not hold a flag the stream
+ * writes (handle: the flag's word, seq: its value; cuda_flags.c says why);
+ * posix: the stream and its sequence number. */
 typedef struct pm__marker {
     void *handle;
     unsigned long long seq;
     void *context; /* cuda: the context of the event, where it may be recorded again */
+    bool flag;     /* cuda: handle is a flag, not an event */
 } pm__marker;
 
 /* Where a copy's driver calls run (cuda: a context; posix: nowhere in

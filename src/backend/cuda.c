@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "cuda_devices.h"
 #include "cuda_events.h"
+#include "cuda_flags.h"
 #include "cuda_kernel.h"
 #include "cuda_loader.h"
 #include "cuda_places.h"
@@ -295,7 +296,8 @@ static pm_result cuda_stream_launch_host_func(pm_stream_t s, void (*fn)(void *),
 
 /* An event belongs to one context and is recorded only on that context's
  * streams: it is made in s's context (not the calling thread's, which may be
- * another device's), and made anew where a marker moves to another context. */
+ * another device's), and made anew where a marker moves to another context.
+ * In a context pinmem does not hold, the marker is a flag (cuda_flags.c). */
 static pm_result cuda_marker_record(pm_stream_t s, pm__marker *out)
 {
     CUevent ev = NULL;
@@ -304,33 +306,47 @@ static pm_result cuda_marker_record(pm_stream_t s, pm__marker *out)
     pm_result r = pm__cuda_place_enter(&place, &scope);
     if (r != PM_SUCCESS)
         return r;
+    if (pm__cuda_flags_for(place.context)) {
+        r = pm__cuda_flag_record((CUstream)s, place.context, out);
+        pm__cuda_place_leave(&scope);
+        return r;
+    }
     const char *call = NULL;
     CUresult rc = pm__cuda_event_record_new(place.context, (CUstream)s, &ev, &call);
     pm__cuda_place_leave(&scope);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, call);
-    out->handle = ev;
-    out->seq = 0;
-    out->context = place.context;
+    *out = (pm__marker){.handle = ev, .context = place.context};
     return PM_SUCCESS;
 }
 
 static bool cuda_marker_done(const pm__marker *m)
 {
+    if (m->flag)
+        return pm__cuda_flag_done(m);
     return cu->event_query((CUevent)m->handle) == CUDA_SUCCESS;
 }
 
 static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
 {
+    if (m->flag)
+        return pm__cuda_flag_wait((CUstream)s, m);
     DRIVER_CALL("cuStreamWaitEvent", cu->stream_wait_event((CUstream)s, (CUevent)m->handle, 0));
+}
+
+static void cuda_marker_release(pm__marker *m)
+{
+    if (m->flag)
+        pm__cuda_flag_release(m);
+    else if (m->handle)
+        pm__cuda_event_give(m->context, (CUevent)m->handle);
+    m->handle = NULL;
 }
 
 static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
 {
-    if (m->handle && m->context != pm__cuda_stream_context(s)) {
-        pm__cuda_event_give(m->context, (CUevent)m->handle);
-        m->handle = NULL;
-    }
+    if (m->handle && (m->flag || m->context != pm__cuda_stream_context(s)))
+        cuda_marker_release(m);
     if (!m->handle)
         return cuda_marker_record(s, m);
     DRIVER_CALL("cuEventRecord", cu->event_record((CUevent)m->handle, (CUstream)s));
@@ -338,6 +354,10 @@ static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
 
 static pm_result cuda_marker_synchronize(const pm__marker *m)
 {
+    if (m->flag) {
+        pm__cuda_flag_synchronize(m);
+        return PM_SUCCESS;
+    }
     CUresult rc = cu->event_synchronize((CUevent)m->handle);
     return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuEventSynchronize");
 }
@@ -348,13 +368,6 @@ static pm_result cuda_stream_write_flag(pm_stream_t s, pm_deviceptr flag, uint32
     DRIVER_CALL("cuStreamWriteValue32",
                 cu->stream_write_value32((CUstream)s, (CUdeviceptr)flag, value,
                                          CU_STREAM_WRITE_VALUE_DEFAULT));
-}
-
-static void cuda_marker_release(pm__marker *m)
-{
-    if (m->handle)
-        pm__cuda_event_give(m->context, (CUevent)m->handle);
-    m->handle = NULL;
 }
 
 /* Pool chunks in VMM host granules (cuda_vmm.c), inside a context scope. */
@@ -878,6 +891,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->place_leave = pm__cuda_place_leave;
     pm__cuda_devices_open(cu, out->device_in_use);
     pm__cuda_events_open(cu);
+    pm__cuda_flags_open(cu, primary);
     r = pm__cuda_places_open(cu, primary, device_count);
     if (r != PM_SUCCESS)
         return r;

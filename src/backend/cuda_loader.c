@@ -87,6 +87,7 @@ static const symbol optional[] = {
     SYM(launch_kernel, "cuLaunchKernel", 4000),
     SYM(stream_get_ctx, "cuStreamGetCtx", 9020),
     SYM(stream_write_value32, "cuStreamWriteValue32", 12000),
+    SYM(stream_wait_value32, "cuStreamWaitValue32", 12000),
 };
 #undef SYM
 

@@ -87,6 +87,8 @@ typedef struct pm__cuda_api {
     /* A flag written in stream order, read by the staging engine's threads
      * instead of asking about an event: NULL where the driver lacks it. */
     CUresult (*stream_write_value32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    /* Work on a stream that waits for such a flag (cuda_flags.c). */
+    CUresult (*stream_wait_value32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 } pm__cuda_api;
 
 /* The loaded driver, or NULL (and a detail, with the result in *why) when
