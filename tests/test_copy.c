@@ -563,12 +563,12 @@ static void per_thread_stream_from_device(void)
     CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
 }
 
-/* A copy in a place that does not last lets its buffers' markers go (their
- * events could outlive a context the user destroys), so the next copy to take
- * those buffers must wait for their flags: here a copy through the whole ring
- * twice, on another stream, while the first copy's DMAs wait at the gate. Had
- * it not waited, it would overwrite the bytes those DMAs have yet to move. */
-static void passing_place_buffers_wait_for_their_flags(void)
+/* The buffers of a copy on a lane made for it (a place that does not last;
+ * on cuda their markers are flags) are waited for by the next copy to take
+ * them: here a copy through the whole ring twice, on another stream, while
+ * the first copy's DMAs wait at the gate. Had it not waited, it would
+ * overwrite the bytes those DMAs have yet to move. */
+static void one_off_lane_buffers_are_waited_for(void)
 {
     pm_copy_config c = {.struct_size = sizeof c};
     REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
@@ -934,7 +934,7 @@ int main(void)
     ordering();
     per_thread_stream();
     per_thread_stream_from_device();
-    passing_place_buffers_wait_for_their_flags();
+    one_off_lane_buffers_are_waited_for();
     sync_after_default_stream();
     store_kinds();
     learnt_stores();

@@ -77,8 +77,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     eng.ring_split = set->ring_split;
     atomic_store_explicit(&eng.spin_ns, set->spin_ns, memory_order_relaxed);
     job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
-             .place = place, .place_passes = !pm__instance_backend()->place_lasts(&place),
-             .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
+             .place = place, .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
     if (kernel)
         pm__staging_ensure_twin_locked();
     if (kernel && dir == PM__DTOH)
@@ -245,8 +244,7 @@ pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *
         if (r == PM_SUCCESS) {
             memcpy(b->p, blocks + done, k * sizeof *blocks);
             r = pm__staging_mark_behind(be, stream, b,
-                                        pm__copy_backend_blocks(be, b->p, k, NULL, stream), true,
-                                        false);
+                                        pm__copy_backend_blocks(be, b->p, k, NULL, stream), true);
         }
         count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
         for (size_t i = done; i < done + k; i++)

@@ -35,10 +35,6 @@ typedef struct buffer {
      * last work from or into p stores, and whether that write was queued. */
     uint32_t flag_value;
     bool flagged;
-    /* Pending with its marker let go, for a job in a place that may not
-     * outlast it (a context the user made, which may be destroyed with the
-     * marker's event): only the flag says when its last work is done. */
-    bool flag_only;
     /* Where the ring has its device twin: the marker behind the last launch
      * from or into p's twin (on the engine's launch stream), whether it may
      * not be done yet, and how many blocks the list of p's piece holds. */
@@ -60,7 +56,6 @@ typedef struct job {
     _Atomic bool launched;
     pm_stream_t stream;
     pm__place place; /* the caller's, which every thread queuing the job's work enters */
-    bool place_passes; /* place may not outlast the job (backend.h's place_lasts) */
     pm_copy_stores stores; /* of the CPU copies */
     unsigned store_kind;   /* PM__STORE_PLAIN or PM__STORE_DEMOTING */
     /* Time the job's threads spent copying and waiting for DMAs, for the
@@ -282,11 +277,9 @@ pm_result pm__staging_wait_previous_dma(job *j, buffer *b);
  * work failed, part of it may have been queued all the same: the marker is
  * re-recorded behind it for b's next user to wait for, else the stream
  * waited for, else the marker before stands, as nothing better can be
- * known; the flag is then not read. In a place that passes the flag is
- * always written and the marker let go (flag_only); where the flag could not
- * be written, the work is waited for instead. */
+ * known; the flag is then not read. */
 pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *b, pm_result r,
-                                  bool flag, bool place_passes);
+                                  bool flag);
 /* Device to host: queues the DMAs of j's next pieces into free buffers, up
  * to most of them, so that the DMA engine never waits for threads to come
  * back from copying out: a piece's threads wait for its DMA, and without

@@ -47,7 +47,7 @@ static void free_ring(void)
     const pm__backend *be = pm__instance_backend();
     for (unsigned i = 0; i < eng.n_buffers; i++) {
         if (eng.ring[i].pending)
-            pm__staging_wait_previous_dma(NULL, &eng.ring[i]);
+            be->marker_synchronize(&eng.ring[i].mark);
         if (eng.ring[i].mark.handle)
             be->marker_release(&eng.ring[i].mark);
     }

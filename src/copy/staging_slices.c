@@ -3,7 +3,6 @@
  * them (ahead of the threads, from the device), and the waits for those
  * DMAs, by a buffer's flag or its marker. */
 #include <stdio.h>
-#include <time.h>
 
 #include "../errors.h"
 #include "../instance.h"
@@ -13,8 +12,6 @@
 /* How long a thread reads a flag before it asks the driver instead: longer
  * than a buffer's DMA queued behind the rest of the ring's. */
 #define FLAG_READ_NS 2000000ull
-/* Between a flag-only buffer's looks once FLAG_READ_NS has passed. */
-#define FLAG_NAP_NS 50000
 /* The largest job whose DMAs get flags: the flag's write fences the stream,
  * which holds the next DMA back a little (1 GiB copies lost 2 points of
  * pinned), while the waits of larger jobs are long beside the driver's
@@ -184,13 +181,6 @@ static void cpu_copy(job *j, pm_copy_stores stores, uint8_t *ring, size_t off, s
     count_ns(&pm__copy_count.staging_copy_ns, &j->copy_ns, t0);
 }
 
-/* Whether b's flag holds the value written behind its last work. */
-static bool flag_done(const buffer *b)
-{
-    const _Atomic uint32_t *f = eng.flags + (size_t)(b - eng.ring) * FLAG_STRIDE;
-    return atomic_load_explicit(f, memory_order_acquire) == b->flag_value;
-}
-
 /* Whether b's flag shows its last work done within FLAG_READ_NS. Longer
  * waits, work whose flag write failed, and a stream that failed (whose flag
  * never comes) are left to the marker to answer. */
@@ -198,25 +188,15 @@ static bool flag_seen(const buffer *b)
 {
     if (!b->flagged)
         return false;
+    const _Atomic uint32_t *f = eng.flags + (size_t)(b - eng.ring) * FLAG_STRIDE;
     const unsigned long long until = pm__now_ns() + FLAG_READ_NS;
     for (unsigned k = 1;; k++) {
-        if (flag_done(b))
+        if (atomic_load_explicit(f, memory_order_acquire) == b->flag_value)
             return true;
         if (k % 256 == 0 && pm__now_ns() > until)
             return false;
         cpu_relax();
     }
-}
-
-/* Until b's flag shows its last work done, however long that takes: a
- * flag-only buffer has nothing else to ask. */
-static void wait_flag(const buffer *b)
-{
-    const struct timespec nap = {.tv_nsec = FLAG_NAP_NS};
-    if (flag_seen(b))
-        return;
-    while (!flag_done(b))
-        nanosleep(&nap, NULL);
 }
 
 /* Waits until the DMA behind b's marker is done. */
@@ -227,7 +207,6 @@ static pm_result wait_marker(job *j, buffer *b)
     const pm__backend *be = pm__instance_backend();
     pm_result r = PM__TEST_FAULT(pm__fault_marker_wait)
                       ? pm__fail(PM_ERROR_UNKNOWN, "waiting for a staging DMA (injected fault)")
-                  : b->flag_only ? (wait_flag(b), PM_SUCCESS)
                   : flag_seen(b) ? PM_SUCCESS
                                  : be->marker_synchronize(&b->mark);
     count_ns(&pm__copy_count.staging_wait_ns, j ? &j->wait_ns : NULL, t0);
@@ -275,11 +254,10 @@ static pm_result queue_segment_dmas(const pm__backend *be, const job *j, const b
 }
 
 pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *b, pm_result r,
-                                  bool flag, bool place_passes)
+                                  bool flag)
 {
     b->flagged = false;
-    b->flag_only = false;
-    if (r == PM_SUCCESS && (flag || place_passes) && eng.flags) {
+    if (r == PM_SUCCESS && flag && eng.flags) {
         pm__detail_saved before; /* a flag write that fails leaves the marker: no failure */
         pm__detail_save(&before);
         const size_t at = (size_t)(b - eng.ring) * FLAG_STRIDE * sizeof *eng.flags;
@@ -289,21 +267,12 @@ pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *
         if (!b->flagged)
             pm__detail_restore(&before);
     }
-    if (r == PM_SUCCESS && place_passes && b->flagged) {
-        be->marker_release(&b->mark); /* while its place lives */
-        b->pending = b->flag_only = true;
-        return r;
-    }
     if (r == PM_SUCCESS)
         r = be->marker_rerecord(s, &b->mark);
     if (r == PM_SUCCESS || be->marker_rerecord(s, &b->mark) == PM_SUCCESS)
         b->pending = true;
     else if (be->stream_synchronize(s) == PM_SUCCESS)
         b->pending = false;
-    if (place_passes && b->pending && be->marker_synchronize(&b->mark) == PM_SUCCESS)
-        b->pending = false;
-    if (place_passes && !b->pending)
-        be->marker_release(&b->mark);
     return r;
 }
 
@@ -327,7 +296,7 @@ static pm_result queue_dma(job *j, buffer *b)
                              PM__VIA_PINNED);
     else if (!j->kernel || !(twin = pm__staging_twin_queue(be, j, b, i, &r)))
         r = queue_segment_dmas(be, j, b, i);
-    r = pm__staging_mark_behind(be, j->stream, b, r, j->bytes <= FLAGGED_JOB_MAX, j->place_passes);
+    r = pm__staging_mark_behind(be, j->stream, b, r, j->bytes <= FLAGGED_JOB_MAX);
     if (twin && j->dir == PM__HTOD && r == PM_SUCCESS)
         r = pm__staging_twin_scatter(be, j, b);
     be->place_leave(&scope);
