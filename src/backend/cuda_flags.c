@@ -40,7 +40,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static flag_page *pages;
 static word_ref *spare; /* words whose last value has arrived, or never used */
 static size_t n_spare, cap_spare;
-static word_ref *draining; /* released before their last value arrived */
+static word_ref *draining; /* released, spare again once their last value has arrived */
 static size_t n_draining, cap_draining;
 
 void pm__cuda_flags_open(const pm__cuda_api *api, CUcontext in_use)
