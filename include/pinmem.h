@@ -587,9 +587,10 @@ typedef struct pm_copy_config {
                                     engine reads those buffers from the memory the threads
                                     copy through, and too many threads copying slow it */
     /* How a staged copy is cut into pieces, each moved by one DMA: the first piece is
-     * first_piece_bytes (default: slice_bytes), each next one twice the one before, up to
-     * the copy's bytes / pieces (default 1: up to a whole buffer), never past a buffer. Small
-     * first pieces start the first DMA sooner; large pieces run the DMA engine faster. */
+     * first_piece_bytes to the device (default: slice_bytes) and dtoh_first_piece_bytes
+     * from it, each next one twice the one before, up to the copy's bytes / pieces (default
+     * 1: up to a whole buffer), never past a buffer. Small first pieces start the first DMA
+     * to the device sooner; large pieces run the DMA engine faster. */
     size_t first_piece_bytes;
     unsigned pieces;
     unsigned spin_us;            /* after a copy of up to a buffer, up to half the workers
@@ -603,9 +604,12 @@ typedef struct pm_copy_config {
                                     where smaller): the staging engine wins there from
                                     smaller sizes; (size_t)-1: none do */
     size_t dtoh_slice_bytes;     /* slices of staged copies from the device larger than
-                                    slice_bytes and up to 64 MiB (default 128 KiB): more
-                                    threads then empty each buffer as its DMA lands; a
-                                    value of slice_bytes or more: slice_bytes */
+                                    slice_bytes and up to 4 MiB (default 128 KiB; above 4
+                                    and up to 64 MiB twice this): more threads then empty
+                                    each buffer as its DMA lands; slice_bytes at most */
+    size_t dtoh_first_piece_bytes; /* a staged copy's first piece from the device (default 2
+                                      MiB): its DMA needs no CPU copy first, so a large one
+                                      keeps the DMA engine busy while the workers wake */
 } pm_copy_config;
 
 /* config and its struct_size are checked. */

@@ -73,7 +73,8 @@ static const spec table[PM__OPT_COUNT] = {
     [PM__OPT_COPY_DTOH_SLICE] = {"PINMEM_COPY_DTOH_SLICE", "dtoh_slice_bytes", SIZE,
                                  ZERO_DEFAULT | PAGES, NULL, 4 * KIB, 256 * MIB, 128 * KIB, "128K",
                                  "one CPU copy out of a staging buffer, for copies from the "
-                                 "device larger than a slice and up to 64 MiB"},
+                                 "device larger than a slice and up to 4 MiB (twice this "
+                                 "above, up to 64 MiB)"},
     [PM__OPT_COPY_BUFFERS] = {"PINMEM_COPY_BUFFERS", "buffers", COUNT, ZERO_DEFAULT, NULL, 1,
                               1024, 0, "twice the buffers all threads fill at once, plus 4",
                               "staging buffers in the ring"},
@@ -91,7 +92,13 @@ static const spec table[PM__OPT_COUNT] = {
                              "how staging threads store into and out of the buffers"},
     [PM__OPT_COPY_FIRST_PIECE] = {"PINMEM_COPY_FIRST_PIECE", "first_piece_bytes", SIZE,
                                   ZERO_DEFAULT | PAGES, NULL, 4 * KIB, 256 * MIB, 0, "the slice",
-                                  "a staged copy's first piece (one DMA); each next one doubles"},
+                                  "a staged copy's first piece to the device (one DMA); each "
+                                  "next one doubles"},
+    [PM__OPT_COPY_DTOH_FIRST_PIECE] = {"PINMEM_COPY_DTOH_FIRST_PIECE", "dtoh_first_piece_bytes",
+                                       SIZE, ZERO_DEFAULT | PAGES, NULL, 4 * KIB, 256 * MIB,
+                                       2 * MIB, "2M",
+                                       "a staged copy's first piece from the device (one DMA); "
+                                       "each next one doubles"},
     [PM__OPT_COPY_PIECES] = {"PINMEM_COPY_PIECES", "pieces", COUNT, ZERO_DEFAULT, NULL, 1, 1024, 1,
                              "1", "a staged copy is cut into at least this many pieces (DMAs), "
                                   "none smaller than the first"},

@@ -336,11 +336,50 @@ static void both_ways(void)
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }
 
-/* How copies are cut into pieces: for every shape of plan, the pieces add up
- * to the copy, the first is the first piece (or the whole copy), each is
- * twice the one before until the target, none is larger than a buffer, the
- * slices counted are the slices of the pieces, and copies from the device
- * larger than a slice and up to PM__DTOH_SLICES_MAX take the finer slices. */
+/* One plan against its rules: the pieces follow one another from 0 to the
+ * copy, the first is the first piece (or the whole copy), each is twice the
+ * one before until the target, none is larger than a buffer, the slices
+ * counted are the slices of the pieces, and copies from the device larger
+ * than a slice and up to PM__DTOH_SLICES_MAX take the finer slices. A copy of
+ * one range from the device takes dtoh_first_piece, and above
+ * PM__DTOH_FINE_MAX twice the finer slice; every other job first_piece. */
+static void check_plan(pm__direction dir, bool one_range, size_t chunk, size_t first_piece,
+                       size_t dtoh_first_piece, unsigned pieces, size_t bytes)
+{
+    const pm__copy_settings set = {.slice_bytes = 16 << 10,
+                                   .dtoh_slice_bytes = 4 << 10,
+                                   .first_piece = first_piece,
+                                   .dtoh_first_piece = dtoh_first_piece,
+                                   .pieces = pieces};
+    const pm__piece_plan p = pm__plan_pieces(&set, dir, chunk, bytes, one_range);
+    size_t first = dir == PM__DTOH && one_range ? dtoh_first_piece : first_piece;
+    first = first ? first : set.slice_bytes;
+    first = first < chunk ? first : chunk;
+    const bool fine = dir == PM__DTOH && bytes > set.slice_bytes && bytes <= PM__DTOH_SLICES_MAX;
+    const size_t fine_slice = one_range && bytes > PM__DTOH_FINE_MAX ? 2 * set.dtoh_slice_bytes
+                                                                     : set.dtoh_slice_bytes;
+    CHECK(p.first == first && p.target >= p.first && p.target <= chunk);
+    CHECK(p.slice == (fine ? fine_slice : set.slice_bytes));
+    size_t off = 0, slices = 0, last = 0;
+    bool ok = true;
+    for (unsigned i = 0; off < bytes && ok; i++) {
+        size_t n = pm__plan_piece(&p, i, off);
+        size_t want = i == 0 ? first : last * 2 < p.target ? last * 2 : p.target;
+        want = want < bytes - off ? want : bytes - off;
+        ok = n == want && n > 0 && n <= chunk;
+        slices += (n + p.slice - 1) / p.slice;
+        off += n;
+        last = n;
+    }
+    if (!ok || off != bytes || slices != pm__plan_slices(&p))
+        fprintf(stderr, "plan of %zu bytes (dir %d, one range %d, chunk %zu, first %zu / %zu, "
+                        "pieces %u) is wrong\n",
+                bytes, (int)dir, (int)one_range, chunk, first_piece, dtoh_first_piece, pieces);
+    CHECK(ok && off == bytes && slices == pm__plan_slices(&p));
+}
+
+/* Plans of every shape the settings allow, each direction's first piece
+ * unlike the other's, so that a plan that took the wrong one shows. */
 static void piece_plans(void)
 {
     static const size_t chunks[] = {64 << 10, 4 << 20};
@@ -348,45 +387,14 @@ static void piece_plans(void)
     static const unsigned pieces[] = {1, 3, 8, 1024};
     static const size_t sizes[] = {1, 4095, 4096, 100000, 1 << 20, (4 << 20) + 1,
                                    (64 << 20) + 12345};
-    for (int dir = PM__HTOD; dir <= PM__DTOH; dir++) {
-        for (size_t c = 0; c < 2; c++)
-            for (size_t f = 0; f < 5; f++)
-                for (size_t k = 0; k < 4; k++)
-                    for (size_t z = 0; z < 7; z++) {
-                        pm__copy_settings set = {.slice_bytes = 16 << 10,
-                                                 .dtoh_slice_bytes = 4 << 10,
-                                                 .first_piece = firsts[f],
-                                                 .pieces = pieces[k]};
-                        const size_t bytes = sizes[z], chunk = chunks[c];
-                        pm__piece_plan p =
-                            pm__plan_pieces(&set, (pm__direction)dir, chunk, bytes);
-                        size_t first = firsts[f] ? firsts[f] : set.slice_bytes;
-                        first = first < chunk ? first : chunk;
-                        const bool fine = dir == PM__DTOH && bytes > set.slice_bytes &&
-                                          bytes <= PM__DTOH_SLICES_MAX;
-                        CHECK(p.first == first && p.target >= p.first && p.target <= chunk);
-                        CHECK(p.slice == (fine ? set.dtoh_slice_bytes : set.slice_bytes));
-                        size_t off = 0, slices = 0, last = 0;
-                        bool ok = true;
-                        for (unsigned i = 0; off < bytes && ok; i++) {
-                            size_t n = pm__plan_piece(&p, i, off);
-                            size_t want = i == 0                ? first
-                                          : last * 2 < p.target ? last * 2
-                                                                : p.target;
-                            want = want < bytes - off ? want : bytes - off;
-                            ok = n == want && n > 0 && n <= chunk;
-                            slices += (n + p.slice - 1) / p.slice;
-                            off += n;
-                            last = n;
-                        }
-                        if (!ok || off != bytes || slices != pm__plan_slices(&p))
-                            fprintf(stderr,
-                                    "plan of %zu bytes (chunk %zu, first %zu, pieces %u) is "
-                                    "wrong\n",
-                                    bytes, chunk, firsts[f], pieces[k]);
-                        CHECK(ok && off == bytes && slices == pm__plan_slices(&p));
-                    }
-    }
+    for (int dir = PM__HTOD; dir <= PM__DTOH; dir++)
+        for (int one_range = 0; one_range < 2; one_range++)
+            for (size_t c = 0; c < 2; c++)
+                for (size_t f = 0; f < 5; f++)
+                    for (size_t k = 0; k < 4; k++)
+                        for (size_t z = 0; z < 7; z++)
+                            check_plan((pm__direction)dir, one_range, chunks[c], firsts[f],
+                                       firsts[(f + 2) % 5], pieces[k], sizes[z]);
 }
 
 /* Copies cut every way the settings allow, with workers that spin between
@@ -406,6 +414,7 @@ static void piece_settings(void)
     for (unsigned k = 0; k < 16; k++) {
         pm_copy_config c = saved;
         c.first_piece_bytes = firsts[k % 4];
+        c.dtoh_first_piece_bytes = firsts[(k + 1) % 4];
         c.pieces = pieces[k / 4];
         c.spin_us = k % 3 == 0 ? 200 : k % 3 == 1 ? 1000 : UINT_MAX; /* UINT_MAX: none */
         c.dtoh_slice_bytes = k / 2 % 2 ? 4 << 10 : 0; /* 0: the default */

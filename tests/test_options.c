@@ -47,7 +47,8 @@ static bool same_config(const pm_copy_config *a, const pm_copy_config *b)
            a->slice_bytes == b->slice_bytes && a->htod_workers == b->htod_workers &&
            a->first_piece_bytes == b->first_piece_bytes && a->pieces == b->pieces &&
            a->spin_us == b->spin_us && a->ring == b->ring && a->batch == b->batch &&
-           a->dtoh_direct_max == b->dtoh_direct_max && a->dtoh_slice_bytes == b->dtoh_slice_bytes;
+           a->dtoh_direct_max == b->dtoh_direct_max && a->dtoh_slice_bytes == b->dtoh_slice_bytes &&
+           a->dtoh_first_piece_bytes == b->dtoh_first_piece_bytes;
 }
 
 /* The configuration in effect goes back in unchanged. */
@@ -126,6 +127,11 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_FIRST_PIECE", "128K", GOOD, FIELD(first_piece_bytes), 128 * KIB},
     {"PINMEM_COPY_FIRST_PIECE", "512M", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_FIRST_PIECE", "-1", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_DTOH_FIRST_PIECE", "0", GOOD, FIELD(dtoh_first_piece_bytes), 2 * MIB},
+    {"PINMEM_COPY_DTOH_FIRST_PIECE", "5000", GOOD, FIELD(dtoh_first_piece_bytes), 8 * KIB},
+    {"PINMEM_COPY_DTOH_FIRST_PIECE", "1M", GOOD, FIELD(dtoh_first_piece_bytes), MIB},
+    {"PINMEM_COPY_DTOH_FIRST_PIECE", "512M", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_DTOH_FIRST_PIECE", "x", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_PIECES", "8", GOOD, FIELD(pieces), 8},
     {"PINMEM_COPY_PIECES", "0", GOOD, FIELD(pieces), 1},
     {"PINMEM_COPY_PIECES", "1025", BAD, NO_FIELD, 0},
@@ -279,6 +285,8 @@ static void code(void)
     EXPECT_REFUSED(cache_min_bytes, (size_t)-1);
     EXPECT_REFUSED(first_piece_bytes, 512 * MIB);
     EXPECT_REFUSED(first_piece_bytes, (size_t)-1);
+    EXPECT_REFUSED(dtoh_first_piece_bytes, 512 * MIB);
+    EXPECT_REFUSED(dtoh_first_piece_bytes, (size_t)-1);
     EXPECT_REFUSED(pieces, 1025);
     EXPECT_REFUSED(spin_us, 10001);
     EXPECT_REFUSED(spin_us, UINT_MAX - 1);
@@ -305,6 +313,8 @@ static void code(void)
     EXPECT_TAKEN(first_piece_bytes, 1, 4 * KIB);
     EXPECT_TAKEN(first_piece_bytes, 0, saved.slice_bytes); /* 0: the default, the slice */
     EXPECT_TAKEN(first_piece_bytes, 256 * MIB, 256 * MIB);
+    EXPECT_TAKEN(dtoh_first_piece_bytes, 0, 2 * MIB); /* 0: the default */
+    EXPECT_TAKEN(dtoh_first_piece_bytes, 1, 4 * KIB);
     EXPECT_TAKEN(pieces, 1024, 1024u);
     EXPECT_TAKEN(pieces, 0, 1u);
     EXPECT_TAKEN(spin_us, 200, 200u);
@@ -346,6 +356,7 @@ static void settings_list(void)
     CHECK(setting("PINMEM_COPY_RING", &st) && strcmp(st.value, "split") == 0);
     CHECK(setting("PINMEM_COPY_BATCH", &st) && strcmp(st.value, "kernel") == 0);
     CHECK(setting("PINMEM_COPY_FIRST_PIECE", &st) && strcmp(st.value, "512K") == 0);
+    CHECK(setting("PINMEM_COPY_DTOH_FIRST_PIECE", &st) && strcmp(st.value, "2M") == 0);
 }
 
 /* pm_set_pinned_budget and pm_copy_config.pinned_budget are one setting. */

@@ -368,10 +368,12 @@ int bench_copy(bool quick, const char *plot_file)
     if (cfg.spin_us != (unsigned)-1)
         snprintf(spin, sizeof spin, "%u us", cfg.spin_us);
     printf("copies, median (backend %s: %u workers, %u of them to the device, %u buffers of %zu "
-           "KiB, %zu KiB slices, first piece %zu KiB, at least %u pieces, spin %s, ring %s, "
+           "KiB, %zu KiB slices, first piece %zu KiB (%zu KiB from the device), at least %u "
+           "pieces, spin %s, ring %s, "
            "batches %s; driver's own path up to %zu KiB, %zu KiB from the device; driver: %s)\n",
            caps.backend, cfg.workers, cfg.htod_workers, cfg.buffers, cfg.chunk_bytes >> 10,
-           cfg.slice_bytes >> 10, cfg.first_piece_bytes >> 10, cfg.pieces, spin,
+           cfg.slice_bytes >> 10, cfg.first_piece_bytes >> 10, cfg.dtoh_first_piece_bytes >> 10,
+           cfg.pieces, spin,
            cfg.ring == PM_COPY_RING_SHARED ? "shared" : "split",
            cfg.batch == PM_COPY_BATCH_EACH     ? "a call a DMA"
            : cfg.batch == PM_COPY_BATCH_DRIVER ? "to the driver"

@@ -30,6 +30,7 @@ static pm_copy_config config_of(const pm__copy_settings *s)
         .slice_bytes = s->slice_bytes,
         .dtoh_slice_bytes = s->dtoh_slice_bytes,
         .first_piece_bytes = s->first_piece,
+        .dtoh_first_piece_bytes = s->dtoh_first_piece,
         .pieces = s->pieces,
         .spin_us = s->spin_ns ? (unsigned)(s->spin_ns / 1000) : UINT_MAX,
         .ring = s->ring_split ? PM_COPY_RING_SPLIT : PM_COPY_RING_SHARED,

@@ -41,7 +41,8 @@ typedef struct pm__copy_settings {
     size_t cache_min_bytes, cache_max_bytes;
     pm_copy_stores stores, default_stores /* PINMEM_COPY_STORES */;
     bool cpu_demotes; /* the CPU has cldemote (memcopy.c) */
-    size_t first_piece;          /* a staged copy's first piece (plan.c) */
+    size_t first_piece;          /* a staged copy's first piece to the device (plan.c) */
+    size_t dtoh_first_piece;     /* the same from the device */
     unsigned pieces;             /* at least this many pieces a staged copy */
     unsigned long long spin_ns;  /* a worker looks for work this long before it sleeps */
     bool ring_split;             /* both ways at once: at most half the ring each */
@@ -110,20 +111,26 @@ typedef struct pm__segment {
 
 /* plan.c: how a staged job of bytes is cut into pieces, each one buffer and
  * one DMA (or one driver call for the DMAs of the segments in it). The
- * first piece is first bytes, each next one twice the one before up to
- * target, so the first DMA starts after little copying and the later ones
- * run the DMA engine at its large-piece rate; target is the job's bytes /
- * pieces, from first up to a whole buffer (chunk). A thread copies one slice
- * of a piece at a time: slice_bytes, or dtoh_slice_bytes for copies from the
- * device larger than slice_bytes and up to PM__DTOH_SLICES_MAX, which wake
- * workers anyway and whose buffers more threads then empty as each DMA
- * lands (larger ones gained nothing from it, docs/performance.md). */
+ * first piece is first bytes (its direction's), each next one twice the one
+ * before up to target, so the first DMA starts after little copying and the
+ * later ones run the DMA engine at its large-piece rate; target is the job's
+ * bytes / pieces, from first up to a whole buffer (chunk). A thread copies
+ * one slice of a piece at a time: slice_bytes, or dtoh_slice_bytes for
+ * copies from the device larger than slice_bytes and up to
+ * PM__DTOH_SLICES_MAX, which wake workers anyway and whose buffers more
+ * threads then empty as each DMA lands (larger ones gained nothing from it,
+ * docs/performance.md); above PM__DTOH_FINE_MAX twice dtoh_slice_bytes, as
+ * such copies have buffers enough for every thread. A job of many ranges (a
+ * batch's blocks) keeps slice_bytes as its first piece and dtoh_slice_bytes
+ * at every size: each of its blocks is a DMA of its own, so a large first
+ * piece would hold the workers' wake-up behind many driver calls. */
 #define PM__DTOH_SLICES_MAX ((size_t)64 << 20)
+#define PM__DTOH_FINE_MAX ((size_t)4 << 20)
 typedef struct pm__piece_plan {
     size_t bytes, chunk, first, target, slice;
 } pm__piece_plan;
 pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, pm__direction dir, size_t chunk,
-                               size_t bytes);
+                               size_t bytes, bool one_range);
 /* The size of piece k, which starts at offset. */
 size_t pm__plan_piece(const pm__piece_plan *p, unsigned k, size_t offset);
 /* The slices of the whole job. */

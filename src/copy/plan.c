@@ -10,15 +10,18 @@ static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 static size_t slices_of(size_t bytes, size_t slice) { return (bytes + slice - 1) / slice; }
 
 pm__piece_plan pm__plan_pieces(const pm__copy_settings *set, pm__direction dir, size_t chunk,
-                               size_t bytes)
+                               size_t bytes, bool one_range)
 {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     pm__piece_plan p = {.bytes = bytes, .chunk = chunk};
     p.slice = min_size(set->slice_bytes, chunk);
     if (dir == PM__DTOH && bytes > p.slice && bytes <= PM__DTOH_SLICES_MAX &&
         set->dtoh_slice_bytes && set->dtoh_slice_bytes < p.slice)
-        p.slice = set->dtoh_slice_bytes;
-    p.first = min_size(set->first_piece ? set->first_piece : set->slice_bytes, chunk);
+        p.slice = min_size(one_range && bytes > PM__DTOH_FINE_MAX ? 2 * set->dtoh_slice_bytes
+                                                                  : set->dtoh_slice_bytes,
+                           p.slice);
+    const size_t first = dir == PM__DTOH && one_range ? set->dtoh_first_piece : set->first_piece;
+    p.first = min_size(first ? first : set->slice_bytes, chunk);
     size_t share = bytes / (set->pieces ? set->pieces : 1);
     share = (share + page - 1) / page * page;
     p.target = share < p.first ? p.first : min_size(share, chunk);

@@ -106,9 +106,11 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
         {PM__OPT_COPY_RING, c->ring, (unsigned long long)(long long)c->ring, 0},
         {PM__OPT_COPY_BATCH, c->batch, (unsigned long long)(long long)c->batch, 0},
         {PM__OPT_COPY_DTOH_SLICE, (long long)c->dtoh_slice_bytes, c->dtoh_slice_bytes, 0},
+        {PM__OPT_COPY_DTOH_FIRST_PIECE, (long long)c->dtoh_first_piece_bytes,
+         c->dtoh_first_piece_bytes, 0},
     };
     enum { W, HW, CHUNK, SLICE, BUF, DIRECT, DTOH_DIRECT, STORES, CACHE, CMIN, CMAX, BUDGET, FIRST,
-           PIECES, SPIN, RING, BATCH, DTOH_SLICE, N };
+           PIECES, SPIN, RING, BATCH, DTOH_SLICE, DTOH_FIRST, N };
     for (int i = 0; i < N; i++) {
         char name[128];
         snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id), f[i].shown);
@@ -139,6 +141,11 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     out->cache_max_bytes = pick(f[CMAX].checked, e->cache_max_bytes, machine_cache_max());
     out->pinned_budget = pick(f[BUDGET].checked, e->pinned_budget, 0);
     out->first_piece_bytes = pick(f[FIRST].checked, e->first_piece_bytes, out->slice_bytes);
+    /* A copy from the device queues its first DMA at once, so a large first
+     * piece keeps the DMA engine busy while the workers wake, and the finer
+     * slices let many of them empty it (docs/performance.md, "Changes"). */
+    out->dtoh_first_piece_bytes =
+        pick(f[DTOH_FIRST].checked, e->dtoh_first_piece_bytes, (size_t)2 << 20);
     out->pieces = (unsigned)pick(f[PIECES].checked, e->pieces, 1);
     /* No spinning unless asked: where the hypervisor shares the host's CPUs,
      * spinning workers take time from the threads that hold slices
@@ -163,6 +170,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
         .default_stores = e->staging_stores,
         .cpu_demotes = pm__copy_cpu_demotes(),
         .first_piece = out->first_piece_bytes,
+        .dtoh_first_piece = out->dtoh_first_piece_bytes,
         .pieces = out->pieces,
         .spin_ns = out->spin_us == UINT_MAX ? 0 : 1000ull * out->spin_us,
         .ring_split = out->ring == PM_COPY_RING_SPLIT,
@@ -202,6 +210,8 @@ void pm__copy_publish(const pm_copy_config *c, bool by_code)
                        by_code);
     pm__option_publish(PM__OPT_COPY_FIRST_PIECE, c->first_piece_bytes, d->first_piece_bytes,
                        by_code);
+    pm__option_publish(PM__OPT_COPY_DTOH_FIRST_PIECE, c->dtoh_first_piece_bytes,
+                       d->dtoh_first_piece_bytes, by_code);
     pm__option_publish(PM__OPT_COPY_PIECES, c->pieces, d->pieces, by_code);
     pm__option_publish(PM__OPT_COPY_SPIN_US, c->spin_us == UINT_MAX ? PM__OPT_NONE : c->spin_us,
                        d->spin_us == UINT_MAX ? PM__OPT_NONE : d->spin_us, by_code);
@@ -231,6 +241,8 @@ static void choose_defaults(void)
     e->cache_max_bytes = pm__option_env(PM__OPT_REGISTRATION_CACHE_MAX, &v) ? (size_t)v : 0;
     e->pinned_budget = pm__option_env(PM__OPT_PINNED_BUDGET, &v) ? v : 0;
     e->first_piece_bytes = pm__option_env(PM__OPT_COPY_FIRST_PIECE, &v) ? (size_t)v : 0;
+    e->dtoh_first_piece_bytes =
+        pm__option_env(PM__OPT_COPY_DTOH_FIRST_PIECE, &v) ? (size_t)v : 0;
     e->pieces = pm__option_env(PM__OPT_COPY_PIECES, &v) ? (unsigned)v : 0;
     e->spin_us = pm__option_env(PM__OPT_COPY_SPIN_US, &v)
                      ? (v == PM__OPT_NONE ? UINT_MAX : (unsigned)v)

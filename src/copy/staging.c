@@ -82,7 +82,8 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
         pm__staging_ensure_twin_locked();
     if (kernel && dir == PM__DTOH)
         j.kernel = pm__staging_twin_start(pm__instance_backend(), &j);
-    j.plan = pm__plan_pieces(set, dir, kernel ? eng.chunk - list_reserve() : eng.chunk, bytes);
+    j.plan = pm__plan_pieces(set, dir, kernel ? eng.chunk - list_reserve() : eng.chunk, bytes,
+                             n_segs == 1);
     j.slice = j.plan.slice;
     unsigned size_class = 0;
     bool timed;
