@@ -122,8 +122,9 @@ typedef struct pm__segment {
  * docs/performance.md); above PM__DTOH_FINE_MAX twice dtoh_slice_bytes, as
  * such copies have buffers enough for every thread. A job of many ranges (a
  * batch's blocks) keeps slice_bytes as its first piece and dtoh_slice_bytes
- * at every size: each of its blocks is a DMA of its own, so a large first
- * piece would hold the workers' wake-up behind many driver calls. */
+ * at every size: each of its blocks is a DMA of its own, which the DMA
+ * engine runs at a fraction of a large DMA's rate, and such batches lost
+ * with the larger first piece (docs/performance.md, "Changes"). */
 #define PM__DTOH_SLICES_MAX ((size_t)64 << 20)
 #define PM__DTOH_FINE_MAX ((size_t)4 << 20)
 typedef struct pm__piece_plan {
