@@ -545,12 +545,15 @@ typedef enum {
  * PINMEM_COPY_HTOD_WORKERS (1 to 256), chunk_bytes PINMEM_COPY_CHUNK (64 KiB
  * to 256 MiB), slice_bytes PINMEM_COPY_SLICE (4 KiB to 256 MiB), buffers
  * PINMEM_COPY_BUFFERS (1 to 1024), direct_max PINMEM_COPY_DIRECT_MAX (-1:
- * none), dtoh_direct_max PINMEM_COPY_DTOH_DIRECT_MAX (-1: none), staging_stores PINMEM_COPY_STORES (default, cached, streaming or
+ * none), dtoh_direct_max PINMEM_COPY_DTOH_DIRECT_MAX (-1: none),
+ * staging_stores PINMEM_COPY_STORES (default, cached, streaming or
  * demoting), registration_cache PINMEM_REGISTRATION_CACHE (0 or 1),
  * cache_min_bytes PINMEM_REGISTRATION_CACHE_MIN and cache_max_bytes
  * PINMEM_REGISTRATION_CACHE_MAX (from 4 KiB), pinned_budget
- * PINMEM_PINNED_BUDGET, first_piece_bytes PINMEM_COPY_FIRST_PIECE (4 KiB to
- * 256 MiB), pieces PINMEM_COPY_PIECES (1 to 1024), spin_us
+ * PINMEM_PINNED_BUDGET, first_piece_bytes PINMEM_COPY_FIRST_PIECE and
+ * dtoh_first_piece_bytes PINMEM_COPY_DTOH_FIRST_PIECE (4 KiB to 256 MiB),
+ * dtoh_slice_bytes PINMEM_COPY_DTOH_SLICE (4 KiB to 256 MiB), pieces
+ * PINMEM_COPY_PIECES (1 to 1024), spin_us
  * PINMEM_COPY_SPIN_US (1 to 10000; -1: none), ring PINMEM_COPY_RING
  * (default, shared or split), batch PINMEM_COPY_BATCH (default, gather, each,
  * driver or kernel). Sizes of memory are rounded up to whole pages; in
@@ -588,9 +591,10 @@ typedef struct pm_copy_config {
                                     copy through, and too many threads copying slow it */
     /* How a staged copy is cut into pieces, each moved by one DMA: the first piece is
      * first_piece_bytes to the device (default: slice_bytes) and dtoh_first_piece_bytes
-     * from it, each next one twice the one before, up to the copy's bytes / pieces (default
-     * 1: up to a whole buffer), never past a buffer. Small first pieces start the first DMA
-     * to the device sooner; large pieces run the DMA engine faster. */
+     * from it (first_piece_bytes for a batch's blocks), each next one twice the one before,
+     * up to the copy's bytes / pieces (default 1: up to a whole buffer), never past a
+     * buffer. Small first pieces start the first DMA to the device sooner; large pieces run
+     * the DMA engine faster. */
     size_t first_piece_bytes;
     unsigned pieces;
     unsigned spin_us;            /* after a copy of up to a buffer, up to half the workers
@@ -605,8 +609,9 @@ typedef struct pm_copy_config {
                                     smaller sizes; (size_t)-1: none do */
     size_t dtoh_slice_bytes;     /* slices of staged copies from the device larger than
                                     slice_bytes and up to 4 MiB (default 128 KiB; above 4
-                                    and up to 64 MiB twice this): more threads then empty
-                                    each buffer as its DMA lands; slice_bytes at most */
+                                    and up to 64 MiB twice this, but for a batch's blocks):
+                                    more threads then empty each buffer as its DMA lands;
+                                    slice_bytes at most */
     size_t dtoh_first_piece_bytes; /* a staged copy's first piece from the device (default 2
                                       MiB): its DMA needs no CPU copy first, so a large one
                                       keeps the DMA engine busy while the workers wake */
