@@ -2,8 +2,10 @@
  * backend. pinmem keeps nothing in a context it does not hold (the user may
  * destroy it): a copy of several slices on the per-thread default stream
  * runs on a lane made for it and released at its end, keeping its place in
- * the thread's stream, and the staging ring's buffers wait behind flags
- * rather than the context's events, which die with it. */
+ * the thread's stream; a copy of pinmem's device memory runs on a lane in
+ * pinmem's context, keeping its place in whichever stream it was queued on;
+ * and the staging ring's buffers wait behind flags rather than the context's
+ * events, which die with it. */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -33,46 +35,84 @@ static CUdeviceptr their_alloc(size_t n)
     return d;
 }
 
-/* As test_copy's per_thread_stream, in the user's context: while the
- * thread's own stream waits at a gate, a copy of eight slices on it returns
- * without changing the device memory, and a copy back queued behind it
- * reads the new bytes once the gate is open. */
-static void per_thread_stream_in_their_context(void)
+/* As test_copy's per_thread_stream, in the user's context: while stream s
+ * waits at a gate, a copy of eight slices on it into dev returns without
+ * changing the device memory, and a copy back queued behind it reads the new
+ * bytes once the gate is open. */
+static void gated_rounds(pm_deviceptr dev, size_t n, pm_stream_t s, const char *what)
 {
-    pm_copy_config c = {.struct_size = sizeof c};
-    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
-    const size_t n = 8 * c.slice_bytes;
     SCOPED_MALLOC uint8_t *src = malloc(n);
     SCOPED_HOST uint8_t *seen = NULL;
     REQUIRE(src);
     REQUIRE_PINNED(pm_mem_alloc_host((void **)&seen, n), "a host allocation of eight slices");
-    REQUIRE(api.push(theirs) == CUDA_SUCCESS);
-    const CUdeviceptr dev = their_alloc(n);
     pm_stream_t other = NULL;
     CHECK_RESULT(pm_stream_create(&other), PM_SUCCESS);
-    const pm_stream_t own = PM_STREAM_PER_THREAD;
-    for (unsigned k = 0; dev && other && k < 16; k++) {
+    const int failures_before = check_failures;
+    for (unsigned k = 0; other && k < 16 && check_failures == failures_before; k++) {
         fill(src, n, 30 + k);
         CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
-        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
         fill(src, n, 130 + k);
         atomic_store(&gate_open, 0);
-        CHECK_RESULT(pm_stream_launch_host_func(own, wait_gate_a_while, NULL), PM_SUCCESS);
-        CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, own), PM_SUCCESS);
-        CHECK(!atomic_load(&gate_open)); /* returned without waiting for the stream */
+        CHECK_RESULT(pm_stream_launch_host_func(s, wait_gate_a_while, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_htod_async(dev, src, n, s), PM_SUCCESS);
+        CHECK(!atomic_load(&gate_open)); /* returned without waiting for s */
         CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, other), PM_SUCCESS);
         CHECK_RESULT(pm_stream_synchronize(other), PM_SUCCESS);
         CHECK(first_mismatch(seen, n, 30 + k) == n); /* nothing arrived past the gate */
-        CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, own), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh_async(seen, dev, n, s), PM_SUCCESS);
         atomic_store(&gate_open, 1);
-        CHECK_RESULT(pm_stream_synchronize(own), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
         CHECK(first_mismatch(seen, n, 130 + k) == n);
+        if (check_failures != failures_before)
+            fprintf(stderr, "  %s: round %u failed\n", what, k);
     }
     atomic_store(&gate_open, 1);
     if (other)
         CHECK_RESULT(pm_stream_destroy(other), PM_SUCCESS);
-    if (dev)
+}
+
+static size_t eight_slices(void)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT_OR(pm_copy_get_config(&c), PM_SUCCESS, 0);
+    return 8 * c.slice_bytes;
+}
+
+/* The per-thread stream in the user's context, into that context's memory:
+ * the copy runs on a lane made for it. */
+static void per_thread_stream_in_their_context(void)
+{
+    const size_t n = eight_slices();
+    REQUIRE(n && api.push(theirs) == CUDA_SUCCESS);
+    const CUdeviceptr dev = their_alloc(n);
+    if (dev) {
+        gated_rounds(dev, n, PM_STREAM_PER_THREAD, "their memory, the thread's own stream");
         CHECK(api.mem_free(dev) == CUDA_SUCCESS);
+    }
+    CUcontext popped;
+    CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
+}
+
+/* Streams of the user's context, into memory of pinmem's context: such
+ * copies run on a lane in pinmem's context (DMAs queued from the user's into
+ * it cost more each) that follows the caller's stream and that the caller's
+ * stream follows, whichever handle names it. */
+static void their_streams_into_our_memory(void)
+{
+    const size_t n = eight_slices();
+    REQUIRE(n);
+    SCOPED_DEVICE pm_deviceptr ours = device_alloc(n);
+    REQUIRE(ours);
+    REQUIRE(api.push(theirs) == CUDA_SUCCESS);
+    pm_stream_t made = NULL;
+    CHECK_RESULT(pm_stream_create(&made), PM_SUCCESS);
+    if (made)
+        gated_rounds(ours, n, made, "our memory, a stream made in their context");
+    gated_rounds(ours, n, PM_STREAM_PER_THREAD, "our memory, the thread's own stream");
+    gated_rounds(ours, n, PM_STREAM_LEGACY, "our memory, the legacy stream");
+    if (made)
+        CHECK_RESULT(pm_stream_destroy(made), PM_SUCCESS);
     CUcontext popped;
     CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
 }
@@ -138,6 +178,7 @@ int main(void)
 {
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     static const context_case cases[] = {per_thread_stream_in_their_context,
+                                         their_streams_into_our_memory,
                                          copies_after_a_context_is_gone};
     return their_context_main("copy_contexts", cases, sizeof cases / sizeof cases[0]);
 #else

@@ -268,6 +268,10 @@ typedef struct pm__backend {
     /* Whether p lasts as long as the process, so that what is made there may
      * be kept (cuda: a context pinmem holds; posix: always). */
     bool (*place_lasts)(const pm__place *p);
+    /* The place of the context that owns device memory at a where pinmem
+     * holds that context, else out->context NULL (cuda: the pointer's
+     * CONTEXT attribute). NULL where places hold no memory (posix). */
+    void (*memory_place)(pm_deviceptr a, pm__place *out);
 
     /* Block copies for pm_memcpy_batch_async: many small copies in one unit
      * of work, where one DMA each would pay the DMA engine's cost per copy

@@ -888,6 +888,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->copy_place = pm__cuda_copy_place;
     out->place_enter = pm__cuda_place_enter;
     out->place_lasts = pm__cuda_place_lasts;
+    out->memory_place = pm__cuda_memory_place;
     out->place_leave = pm__cuda_place_leave;
     pm__cuda_devices_open(cu, out->device_in_use);
     pm__cuda_events_open(cu);

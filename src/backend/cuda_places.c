@@ -65,6 +65,17 @@ bool pm__cuda_context_held(CUcontext ctx)
 
 bool pm__cuda_place_lasts(const pm__place *p) { return pm__cuda_context_held(p->context); }
 
+void pm__cuda_memory_place(pm_deviceptr a, pm__place *out)
+{
+    CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_CONTEXT;
+    CUcontext owner = NULL;
+    void *data = &owner;
+    out->context = NULL;
+    if (cu->pointer_get_attributes(1, &attr, &data, (CUdeviceptr)a) == CUDA_SUCCESS && owner &&
+        pm__cuda_context_held(owner))
+        out->context = owner;
+}
+
 /* The primary context of device ordinal, retained once. */
 static pm_result primary_of(int ordinal, CUcontext *out)
 {

@@ -22,6 +22,8 @@ bool pm__cuda_context_held(CUcontext ctx);
 bool pm__cuda_legacy_is_home(void);
 /* backend.h's place_lasts: a context pinmem holds. */
 bool pm__cuda_place_lasts(const pm__place *p);
+/* backend.h's memory_place: the owning context where pinmem holds it. */
+void pm__cuda_memory_place(pm_deviceptr a, pm__place *out);
 /* backend.h's copy_place, place_enter and place_leave. */
 pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out);
 pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope);

@@ -56,6 +56,20 @@
 #include "../instance.h"
 #include "staging_engine.h"
 
+/* Where a copy in place (a context pinmem does not hold) moves device memory
+ * of a context pinmem holds, that context's place: DMAs queued from another
+ * context into its memory cost 8-9 µs more each (docs/performance.md), so
+ * the copy runs on a lane there. Else place. */
+static pm__place lane_place_for(const pm__place *place, const pm__segment *segs,
+                                size_t n_segs)
+{
+    const pm__backend *be = pm__instance_backend();
+    pm__place memory = {0};
+    if (be->memory_place && n_segs == 1 && !be->place_lasts(place))
+        be->memory_place(segs[0].dev, &memory);
+    return memory.context && memory.context != place->context ? memory : *place;
+}
+
 static pm_result staged(const pm__copy_settings *set, pm__direction dir, const pm__segment *segs,
                         size_t n_segs, size_t bytes, pm_stream_t stream, bool sync, bool kernel,
                         bool *no_ring)
@@ -65,6 +79,8 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     pm_result placed = pm__instance_backend()->copy_place(stream, segs[0].dev, 0, &place);
     if (placed != PM_SUCCESS)
         return placed;
+    const pm__lane_places lane_at = {.own = place,
+                                     .lane = lane_place_for(&place, segs, n_segs)};
     pthread_mutex_lock(&eng.lock);
     pm_result started = pm__staging_ensure_started_locked(set);
     if (started != PM_SUCCESS) {
@@ -95,14 +111,18 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
                    (unsigned)(bytes >> 10 & 0x7fffffff) | (unsigned)(dir == PM__DTOH) << 31);
     pm__staging_count_running(dir, 1);
     /* A copy of several slices on the caller's own stream runs on a lane,
-     * where the workers' DMAs keep its order. */
+     * where the workers' DMAs keep its order; so does one whose DMAs would
+     * run slower from its stream's context (lane_place_for). */
     pm__lane *lane = NULL, spare_lane;
-    if (j.slices > 1 && pm__stream_is_threads_own(stream)) {
+    if (j.slices > 1 &&
+        (pm__stream_is_threads_own(stream) || lane_at.lane.context != place.context)) {
         pthread_mutex_unlock(&eng.lock);
-        lane = pm__staging_lane_enter(&place, stream, &spare_lane);
+        lane = pm__staging_lane_enter(&lane_at, stream, &spare_lane);
         pthread_mutex_lock(&eng.lock);
-        if (lane)
+        if (lane) {
             j.stream = lane->stream;
+            j.place = lane_at.lane;
+        }
     }
     /* From the device, the first piece's DMA is queued before the workers
      * are woken, which costs the caller 15-25 µs: the DMA runs meanwhile. */
@@ -169,7 +189,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     /* Failed or not, nothing the job queued may run past it on its stream. */
     pm_result joined = pm__staging_twin_join(pm__instance_backend(), &j);
     if (lane) {
-        const pm_result left = pm__staging_lane_leave(&place, stream, lane);
+        const pm_result left = pm__staging_lane_leave(&lane_at, stream, lane);
         if (joined == PM_SUCCESS)
             joined = left;
     }

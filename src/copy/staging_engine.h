@@ -211,17 +211,22 @@ static inline void note_event(void) { atomic_fetch_add(&eng.events, 1); }
  * that the list of a buffer of blocks of 400 bytes or more fits. */
 static inline size_t list_reserve(void) { return eng.chunk / 16; }
 
-/* staging_lanes.c: copies on their caller's own stream, on a lane. */
+/* staging_lanes.c: copies on a lane instead of their caller's stream. */
 /* Work queued on waiter from now on follows the work queued on s so far. */
 pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s);
-/* Lock not held: a lane of place that follows the caller's own stream own,
- * for a job whose workers queue its work there (a kept one, or one made for
- * this job in spare, which must outlive the job); NULL where none could be
- * had (the caller then stages the job alone). */
-pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own, pm__lane *spare);
+/* Where a job runs on a lane: its caller's stream own, named in the caller's
+ * place (where the legacy and per-thread handles are the caller's), and the
+ * lane's place, the same or the context of the job's device memory. */
+typedef struct pm__lane_places {
+    pm__place own, lane;
+} pm__lane_places;
+/* Lock not held: a lane of at->lane that follows own, for a job whose
+ * workers queue its work there (a kept one, or one made for this job in
+ * spare, which must outlive the job); NULL where none could be had. */
+pm__lane *pm__staging_lane_enter(const pm__lane_places *at, pm_stream_t own, pm__lane *spare);
 /* Lock not held, at the job's end: own follows the lane (or, where that
  * cannot be queued, the lane's work is done), and the lane is free again. */
-pm_result pm__staging_lane_leave(const pm__place *place, pm_stream_t own, pm__lane *lane);
+pm_result pm__staging_lane_leave(const pm__lane_places *at, pm_stream_t own, pm__lane *lane);
 /* As the ring is freed (no job running): every lane's work waited for and
  * its stream destroyed. */
 void pm__staging_release_lanes(void);

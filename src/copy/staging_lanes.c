@@ -4,24 +4,44 @@
  * it on the worker's own stream, out of the copy's order; on a lane, the
  * lane first waits for the caller's stream, and the caller's stream waits
  * for the lane at the end, so the copy keeps its place in the caller's
- * order (docs/design.md, "The staging engine"). Lanes are kept only in
- * places that last as long as the process; a copy elsewhere, or one that
- * finds every lane busy, makes a one-off lane and releases it at its end,
- * and one that cannot is staged by its caller alone. */
+ * order (docs/design.md, "The staging engine"). A copy in a context the
+ * user made, of device memory of a context pinmem holds, runs on a lane in
+ * the memory's context the same way, as DMAs into it cost more from another
+ * context. Lanes are kept only in places that last as long as the process;
+ * a copy elsewhere, or one that finds every lane busy, makes a one-off lane
+ * and releases it at its end, and one that cannot is staged by its caller
+ * alone. */
 #include "../errors.h"
 #include "../instance.h"
 #include "../test_hooks.h"
 #include "staging_engine.h"
 
-pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s)
+/* Work queued on waiter (named in waiter_at) from now on follows the work
+ * queued on s (named in s_at) so far; each side's handle is read in its own
+ * place, where the legacy and per-thread handles mean that place's. */
+static pm_result follow_across(const pm__backend *be, const pm__place *waiter_at,
+                               pm_stream_t waiter, const pm__place *s_at, pm_stream_t s)
 {
     pm__marker m = {0};
-    pm_result r = be->marker_record(s, &m);
-    if (r == PM_SUCCESS)
+    pm__place_scope scope;
+    pm_result r = be->place_enter(s_at, &scope);
+    if (r == PM_SUCCESS) {
+        r = be->marker_record(s, &m);
+        be->place_leave(&scope);
+    }
+    if (r == PM_SUCCESS && (r = be->place_enter(waiter_at, &scope)) == PM_SUCCESS) {
         r = be->marker_wait(waiter, &m);
+        be->place_leave(&scope);
+    }
     if (m.handle)
         be->marker_release(&m);
     return r;
+}
+
+pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s)
+{
+    static const pm__place current = {0}; /* entering it changes nothing */
+    return follow_across(be, &current, waiter, &current, s);
 }
 
 /* lock held: a lane of place that no copy uses, now marked used; NULL where
@@ -95,11 +115,12 @@ static void give_back(const pm__backend *be, pm__lane *lane)
     pthread_mutex_unlock(&eng.lock);
 }
 
-pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own, pm__lane *spare)
+pm__lane *pm__staging_lane_enter(const pm__lane_places *at, pm_stream_t own, pm__lane *spare)
 {
     const pm__backend *be = pm__instance_backend();
     if (PM__TEST_FAULT(pm__fault_lane))
         return NULL;
+    const pm__place *place = &at->lane;
     const bool kept = be->place_lasts(place);
     pm__lane *lane = NULL;
     if (kept) {
@@ -119,7 +140,8 @@ pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own, pm__la
         lane = make_one_off(be, place, spare);
     pm__detail_saved saved;
     pm__detail_save(&saved);
-    const bool following = lane && pm__staging_follow(be, lane->stream, own) == PM_SUCCESS;
+    const bool following =
+        lane && follow_across(be, place, lane->stream, &at->own, own) == PM_SUCCESS;
     pm__detail_restore(&saved);
     if (lane && !following)
         give_back(be, lane);
@@ -127,18 +149,18 @@ pm__lane *pm__staging_lane_enter(const pm__place *place, pm_stream_t own, pm__la
     return following ? lane : NULL;
 }
 
-pm_result pm__staging_lane_leave(const pm__place *place, pm_stream_t own, pm__lane *lane)
+pm_result pm__staging_lane_leave(const pm__lane_places *at, pm_stream_t own, pm__lane *lane)
 {
     const pm__backend *be = pm__instance_backend();
     pm__detail_saved saved;
     pm__detail_save(&saved);
     pm__place_scope scope;
-    pm_result r = be->place_enter(place, &scope);
+    pm_result r = be->place_enter(&at->lane, &scope);
     const bool entered = r == PM_SUCCESS;
     if (entered)
         r = PM__TEST_FAULT(pm__fault_lane)
                 ? pm__fail(PM_ERROR_UNKNOWN, "a lane's exit failed (injected fault)")
-                : pm__staging_follow(be, own, lane->stream);
+                : follow_across(be, &at->own, own, &at->lane, lane->stream);
     /* Unordered, the caller's stream could run ahead of the copy: it is
      * done before the copy returns instead. */
     if (r != PM_SUCCESS && be->stream_synchronize(lane->stream) == PM_SUCCESS) {
