@@ -60,13 +60,10 @@
  * of a context pinmem holds, that context's place: DMAs queued from another
  * context into its memory cost 8-9 µs more each (docs/performance.md), so
  * the copy runs on a lane there. Else place. */
-static pm__place lane_place_for(const pm__place *place, const pm__segment *segs,
-                                size_t n_segs)
+static pm__place lane_place_for(const pm__place *place, const pm__segment *segs)
 {
-    const pm__backend *be = pm__instance_backend();
     pm__place memory = {0};
-    if (be->memory_place && n_segs == 1 && !be->place_lasts(place))
-        be->memory_place(segs[0].dev, &memory);
+    pm__instance_backend()->memory_place(segs[0].dev, &memory);
     return memory.context && memory.context != place->context ? memory : *place;
 }
 
@@ -75,12 +72,14 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
                         bool *no_ring)
 {
     *no_ring = false;
+    const pm__backend *be = pm__instance_backend();
     pm__place place;
-    pm_result placed = pm__instance_backend()->copy_place(stream, segs[0].dev, 0, &place);
+    pm_result placed = be->copy_place(stream, segs[0].dev, 0, &place);
     if (placed != PM_SUCCESS)
         return placed;
-    const pm__lane_places lane_at = {.own = place,
-                                     .lane = lane_place_for(&place, segs, n_segs)};
+    /* Only a copy of one range in a context pinmem does not hold may run
+     * elsewhere (lane_place_for); asked before the engine's lock. */
+    const bool may_run_elsewhere = be->memory_place && n_segs == 1 && !be->place_lasts(&place);
     pthread_mutex_lock(&eng.lock);
     pm_result started = pm__staging_ensure_started_locked(set);
     if (started != PM_SUCCESS) {
@@ -97,7 +96,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     if (kernel)
         pm__staging_ensure_twin_locked();
     if (kernel && dir == PM__DTOH)
-        j.kernel = pm__staging_twin_start(pm__instance_backend(), &j);
+        j.kernel = pm__staging_twin_start(be, &j);
     j.plan = pm__plan_pieces(set, dir, kernel ? eng.chunk - list_reserve() : eng.chunk, bytes,
                              n_segs == 1);
     j.slice = j.plan.slice;
@@ -111,13 +110,19 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
                    (unsigned)(bytes >> 10 & 0x7fffffff) | (unsigned)(dir == PM__DTOH) << 31);
     pm__staging_count_running(dir, 1);
     /* A copy of several slices on the caller's own stream runs on a lane,
-     * where the workers' DMAs keep its order; so does one whose DMAs would
-     * run slower from its stream's context (lane_place_for). */
+     * where the workers' DMAs keep its order; so does one of several pieces
+     * whose DMAs would queue slower from its stream's context (one DMA costs
+     * the same from either, and the lane's two markers would not pay). */
+    const bool own_stream = pm__stream_is_threads_own(stream);
+    const bool several_dmas = may_run_elsewhere && pm__plan_piece(&j.plan, 0, 0) < bytes;
     pm__lane *lane = NULL, spare_lane;
-    if (j.slices > 1 &&
-        (pm__stream_is_threads_own(stream) || lane_at.lane.context != place.context)) {
+    pm__lane_places lane_at = {.own = place, .lane = place};
+    if (j.slices > 1 && (own_stream || several_dmas)) {
         pthread_mutex_unlock(&eng.lock);
-        lane = pm__staging_lane_enter(&lane_at, stream, &spare_lane);
+        if (several_dmas)
+            lane_at.lane = lane_place_for(&place, segs);
+        if (own_stream || lane_at.lane.context != place.context)
+            lane = pm__staging_lane_enter(&lane_at, stream, &spare_lane);
         pthread_mutex_lock(&eng.lock);
         if (lane) {
             j.stream = lane->stream;
@@ -187,7 +192,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
         pm__staging_steer_fillers(&j);
     pthread_mutex_unlock(&eng.lock);
     /* Failed or not, nothing the job queued may run past it on its stream. */
-    pm_result joined = pm__staging_twin_join(pm__instance_backend(), &j);
+    pm_result joined = pm__staging_twin_join(be, &j);
     if (lane) {
         const pm_result left = pm__staging_lane_leave(&lane_at, stream, lane);
         if (joined == PM_SUCCESS)
