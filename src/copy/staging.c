@@ -197,6 +197,9 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
         const pm_result left = pm__staging_lane_leave(&lane_at, stream, lane);
         if (joined == PM_SUCCESS)
             joined = left;
+        /* The lane may now serve another copy, or be released: the timing
+         * below waits on the caller's stream, which follows the lane. */
+        j.stream = stream;
     }
     if (j.error != PM_SUCCESS)
         return pm__fail(j.error, "%s", j.detail);
