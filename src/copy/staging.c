@@ -60,10 +60,11 @@
  * of a context pinmem holds, that context's place: DMAs queued from another
  * context into its memory cost 8-9 µs more each (docs/performance.md), so
  * the copy runs on a lane there. Else place. */
-static pm__place lane_place_for(const pm__place *place, const pm__segment *segs)
+static pm__place lane_place_for(const pm__backend *be, const pm__place *place,
+                                const pm__segment *segs)
 {
     pm__place memory = {0};
-    pm__instance_backend()->memory_place(segs[0].dev, &memory);
+    be->memory_place(segs[0].dev, &memory);
     return memory.context && memory.context != place->context ? memory : *place;
 }
 
@@ -120,7 +121,7 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     if (j.slices > 1 && (own_stream || several_dmas)) {
         pthread_mutex_unlock(&eng.lock);
         if (several_dmas)
-            lane_at.lane = lane_place_for(&place, segs);
+            lane_at.lane = lane_place_for(be, &place, segs);
         if (own_stream || lane_at.lane.context != place.context)
             lane = pm__staging_lane_enter(&lane_at, stream, &spare_lane);
         pthread_mutex_lock(&eng.lock);
