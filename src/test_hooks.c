@@ -11,6 +11,7 @@ pm__countdown pm__fault_lane;
 void *_Atomic pm__fault_capturing_stream;
 atomic_bool pm__fault_global_capture;
 atomic_bool pm__fault_places_pass;
+atomic_bool pm__fault_lanes_taken;
 _Thread_local int pm__test_thread_relaxed;
 
 int pm__test_relax_thread(void)

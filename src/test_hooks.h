@@ -39,6 +39,10 @@ extern _Thread_local int pm__test_thread_relaxed;
  * context the user made on cuda, so that what is made there is not kept. */
 extern atomic_bool pm__fault_places_pass;
 #define PM__TEST_PLACES_PASS() atomic_load(&pm__fault_places_pass)
+/* While set, the staging engine finds every lane it keeps taken, as beside
+ * 16 copies on lanes: a copy that wants one makes a one-off lane. */
+extern atomic_bool pm__fault_lanes_taken;
+#define PM__TEST_LANES_TAKEN() atomic_load(&pm__fault_lanes_taken)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -50,6 +54,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_CAPTURING(s) false
 #define PM__TEST_WAIT_REFUSED() false
 #define PM__TEST_PLACES_PASS() false
+#define PM__TEST_LANES_TAKEN() false
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

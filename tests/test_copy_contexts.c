@@ -4,8 +4,9 @@
  * runs on a lane made for it and released at its end, keeping its place in
  * the thread's stream; a copy of pinmem's device memory runs on a lane in
  * pinmem's context, keeping its place in whichever stream it was queued on;
- * and the staging ring's buffers wait behind flags rather than the context's
- * events, which die with it. */
+ * a copy that finds every lane taken makes one for itself; and the staging
+ * ring's buffers wait behind flags rather than the context's events, which
+ * die with it. */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -15,6 +16,7 @@
 
 #include "context_util.h"
 #include "copy_util.h"
+#include "test_hooks.h"
 
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 static atomic_int gate_open;
@@ -117,6 +119,65 @@ static void their_streams_into_our_memory(void)
     CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
 }
 
+static unsigned long long demoted_bytes(void)
+{
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    return st.demoted_bytes;
+}
+
+/* Two synchronous copies of n bytes to dev and back, byte for byte; whether
+ * either used demoting stores. */
+static bool two_timed_copies(pm_deviceptr dev, uint8_t *src, uint8_t *back, size_t n,
+                             unsigned seed)
+{
+    const unsigned long long before = demoted_bytes();
+    for (unsigned k = 0; k < 2; k++) {
+        fill(src, n, seed + k);
+        memset(back, 0, n);
+        CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(back, dev, n), PM_SUCCESS);
+        CHECK(first_mismatch(back, n, seed + k) == n);
+    }
+    return demoted_bytes() > before;
+}
+
+/* With every kept lane taken, copies from the user's context into pinmem's
+ * memory run on a one-off lane in pinmem's context, released at their end:
+ * each stream keeps its order, and a synchronous copy from 64 MiB still
+ * times itself for the store choice (on the caller's stream, as the lane is
+ * gone). Where the engine demotes, the choice's first trials take the two
+ * kinds in turn only if each timing is reported, so a lost timing shows as
+ * a second copy without demoting stores. */
+static void our_memory_with_every_lane_taken(void)
+{
+    const size_t n = eight_slices(), timed = (size_t)64 << 20;
+    REQUIRE(n);
+    SCOPED_DEVICE pm_deviceptr ours = device_alloc(timed);
+    SCOPED_MALLOC uint8_t *src = malloc(timed);
+    SCOPED_MALLOC uint8_t *back = malloc(timed);
+    REQUIRE(ours && src && back);
+    /* In pinmem's context: the first two timed copies of their size class. */
+    const bool demotes = two_timed_copies(ours, src, back, timed, 90);
+    if (!demotes)
+        printf("  (demoting stores not used here: the timing is not seen)\n");
+    REQUIRE(api.push(theirs) == CUDA_SUCCESS);
+    atomic_store(&pm__fault_lanes_taken, true);
+    pm_stream_t made = NULL;
+    CHECK_RESULT(pm_stream_create(&made), PM_SUCCESS);
+    if (made)
+        gated_rounds(ours, n, made, "every lane taken, a stream made in their context");
+    gated_rounds(ours, n, PM_STREAM_PER_THREAD, "every lane taken, the thread's own stream");
+    gated_rounds(ours, n, PM_STREAM_LEGACY, "every lane taken, the legacy stream");
+    const bool demoted = two_timed_copies(ours, src, back, timed, 95);
+    CHECK(demoted || !demotes);
+    atomic_store(&pm__fault_lanes_taken, false);
+    if (made)
+        CHECK_RESULT(pm_stream_destroy(made), PM_SUCCESS);
+    CUcontext popped;
+    CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
+}
+
 /* One copy each way of n bytes through the staging ring in a context made
  * for it, which is then destroyed, its stream's work done. */
 static void copy_in_a_brief_context(CUdevice device, uint8_t *src, uint8_t *back, size_t n,
@@ -179,6 +240,7 @@ int main(void)
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     static const context_case cases[] = {per_thread_stream_in_their_context,
                                          their_streams_into_our_memory,
+                                         our_memory_with_every_lane_taken,
                                          copies_after_a_context_is_gone};
     return their_context_main("copy_contexts", cases, sizeof cases / sizeof cases[0]);
 #else

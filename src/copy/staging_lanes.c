@@ -121,7 +121,7 @@ pm__lane *pm__staging_lane_enter(const pm__lane_places *at, pm_stream_t own, pm_
     if (PM__TEST_FAULT(pm__fault_lane))
         return NULL;
     const pm__place *place = &at->lane;
-    const bool kept = be->place_lasts(place);
+    const bool kept = be->place_lasts(place) && !PM__TEST_LANES_TAKEN();
     pm__lane *lane = NULL;
     if (kept) {
         pthread_mutex_lock(&eng.lock);
