@@ -11,7 +11,8 @@
  * sizes (4 KiB to the largest), mid (256 KiB to 16 MiB only), small (4 KiB
  * to 512 KiB by doubling, where the driver's own path may win), cache, both,
  * batch, streams (pageable copies on the thread's own stream against a
- * stream of their own), and summary (a last line of key=value figures for
+ * stream of their own), own-both (both at once, each thread on its own
+ * stream), and summary (a last line of key=value figures for
  * scripts that compare settings, bench/gpu-copy.sh). */
 #include <stdint.h>
 #include <stdio.h>
@@ -122,10 +123,10 @@ void summary_add(copy_summary *s, const char *key, double value)
     snprintf(s->text + used, sizeof s->text - used, " %s=%.3g", key, value);
 }
 
-/* Which sections PINMEM_BENCH_COPY names (all but mid, small, streams and
- * summary when unset). */
+/* Which sections PINMEM_BENCH_COPY names (all but mid, small, streams,
+ * own-both and summary when unset). */
 typedef struct sections {
-    bool sizes, mid, small, cache, both, batch, streams, summary;
+    bool sizes, mid, small, cache, both, own_both, batch, streams, summary;
 } sections;
 
 static bool names(const char *list, const char *word)
@@ -144,6 +145,7 @@ static sections sections_asked(void)
         return (sections){.sizes = true, .cache = true, .both = true, .batch = true};
     return (sections){.sizes = names(v, "sizes"), .mid = names(v, "mid"), .small = names(v, "small"),
                       .cache = names(v, "cache"), .both = names(v, "both"),
+                      .own_both = names(v, "own-both"),
                       .batch = names(v, "batch"), .streams = names(v, "streams"),
                       .summary = names(v, "summary")};
 }
@@ -419,7 +421,9 @@ int bench_copy(bool quick, const char *plot_file)
     if (sec.cache)
         cache_section(&cb, &cfg, &failed);
     if (sec.both)
-        failed |= bench_copy_both(&cb, quick, &sum);
+        failed |= bench_copy_both(&cb, quick, false, &sum);
+    if (sec.own_both)
+        failed |= bench_copy_both(&cb, quick, true, &sum);
     if (sec.streams)
         failed |= bench_copy_streams(&cb, quick, &sum);
     char batch_rows[2048] = "";

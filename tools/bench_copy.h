@@ -22,7 +22,7 @@ void summary_add(copy_summary *s, const char *key, double value);
 const char *short_size(size_t bytes, char *buf, size_t cap);
 
 /* Each returns whether a copy failed. */
-bool bench_copy_both(const copy_buffers *cb, bool quick, copy_summary *sum);
+bool bench_copy_both(const copy_buffers *cb, bool quick, bool own_streams, copy_summary *sum);
 /* Pageable copies on PM_STREAM_PER_THREAD against a stream of its own
  * (bench_copy_streams.c). */
 bool bench_copy_streams(const copy_buffers *cb, bool quick, copy_summary *sum);

@@ -4,7 +4,9 @@
  * (the legacy stream would serialize them), against two copies of
  * page-locked memory running the same way (the driver's cuMemcpyAsync), the
  * ceiling. The sum is all bytes over the time until both threads are done,
- * so a direction that starves the other shows as a lower sum. */
+ * so a direction that starves the other shows as a lower sum. With
+ * own_streams, pinmem's copies run on each thread's own stream
+ * (PM_STREAM_PER_THREAD, which the engine runs on lanes) instead. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,7 +18,7 @@
 typedef struct one_way {
     const baseline *bl;
     pthread_barrier_t *start;
-    bool to_device, pinned;
+    bool to_device, pinned, own_stream;
     uint8_t *host;
     pm_deviceptr dev;
     size_t n;
@@ -28,8 +30,8 @@ typedef struct one_way {
 static void *run_one_way(void *arg)
 {
     one_way *w = arg;
-    pm_stream_t s = NULL;
-    w->failed = pm_stream_create(&s) != PM_SUCCESS;
+    pm_stream_t s = w->own_stream ? PM_STREAM_PER_THREAD : NULL;
+    w->failed = !s && pm_stream_create(&s) != PM_SUCCESS;
     pthread_barrier_wait(w->start);
     double t0 = now_ns();
     const pm_deviceptr host = (pm_deviceptr)(uintptr_t)w->host;
@@ -46,21 +48,22 @@ static void *run_one_way(void *arg)
         w->failed |= r != PM_SUCCESS;
     }
     w->ns = now_ns() - t0;
-    if (s)
+    if (s && !w->own_stream)
         pm_stream_destroy(s);
     return NULL;
 }
 
 /* One round both ways at once: each direction's GB/s and the sum. */
-static bool both_at_once(const baseline *bl, bool pinned, uint8_t *host_to, uint8_t *host_from,
-                         pm_deviceptr dev_to, pm_deviceptr dev_from, size_t n, int reps,
-                         double *to, double *from, double *sum)
+static bool both_at_once(const baseline *bl, bool pinned, bool own_streams, uint8_t *host_to,
+                         uint8_t *host_from, pm_deviceptr dev_to, pm_deviceptr dev_from, size_t n,
+                         int reps, double *to, double *from, double *sum)
 {
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, 2);
+    const bool own = own_streams && !pinned;
     one_way w[2] = {
-        {bl, &start, true, pinned, host_to, dev_to, n, reps, 0, false},
-        {bl, &start, false, pinned, host_from, dev_from, n, reps, 0, false},
+        {bl, &start, true, pinned, own, host_to, dev_to, n, reps, 0, false},
+        {bl, &start, false, pinned, own, host_from, dev_from, n, reps, 0, false},
     };
     pthread_t t;
     bool failed = pthread_create(&t, NULL, run_one_way, &w[1]) != 0;
@@ -76,7 +79,7 @@ static bool both_at_once(const baseline *bl, bool pinned, uint8_t *host_to, uint
     return failed || w[0].failed || w[1].failed;
 }
 
-bool bench_copy_both(const copy_buffers *cb, bool quick, copy_summary *sum)
+bool bench_copy_both(const copy_buffers *cb, bool quick, bool own_streams, copy_summary *sum)
 {
     const size_t max = cb->max;
     uint8_t *pageable = malloc(max), *pinned = NULL;
@@ -93,9 +96,10 @@ bool bench_copy_both(const copy_buffers *cb, bool quick, copy_summary *sum)
     memset(pageable, 3, max);
     memset(pinned, 4, max);
     const int rounds = quick ? 3 : 5;
-    printf("\nboth ways at once: one thread to the device, one from it, each on a stream of its "
-           "own, median of %d rounds (pageable: pm_memcpy_htod_async / pm_memcpy_dtoh_async; "
-           "pinned: %s)\n",
+    printf("\nboth ways at once: one thread to the device, one from it, each on %s, median of "
+           "%d rounds (pageable: pm_memcpy_htod_async / pm_memcpy_dtoh_async; pinned: %s)\n",
+           own_streams ? "its own stream (PM_STREAM_PER_THREAD; pinned: a made stream)"
+                       : "a stream of its own",
            rounds, cb->bl->async_name);
     printf("%-9s | %-26s | %-26s | %s\n", "", "pageable (pinmem), GB/s", "pinned (the ceiling), GB/s",
            "sum, % of pinned");
@@ -108,8 +112,9 @@ bool bench_copy_both(const copy_buffers *cb, bool quick, copy_summary *sum)
         for (int k = 0; k < rounds && k < 8; k++)
             for (int i = 0; i < 2; i++) {
                 int p = (k + i) % 2; /* each kind first in every other round */
-                failed |= both_at_once(cb->bl, p, p ? cb->pinned : cb->pageable, p ? pinned : pageable,
-                                       cb->dev, dev, n, reps, &v[p][0][k], &v[p][1][k], &v[p][2][k]);
+                failed |= both_at_once(cb->bl, p, own_streams, p ? cb->pinned : cb->pageable,
+                                       p ? pinned : pageable, cb->dev, dev, n, reps, &v[p][0][k],
+                                       &v[p][1][k], &v[p][2][k]);
             }
         double m[2][3];
         for (int p = 0; p < 2; p++)
@@ -119,7 +124,8 @@ bool bench_copy_both(const copy_buffers *cb, bool quick, copy_summary *sum)
         char sz[32], key[48];
         printf("%-9s | %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %.1f%%\n", human_size(n, sz, sizeof sz),
                m[0][0], m[0][1], m[0][2], m[1][0], m[1][1], m[1][2], share);
-        snprintf(key, sizeof key, "both.%s", short_size(n, sz, sizeof sz));
+        snprintf(key, sizeof key, "%s.%s", own_streams ? "own-both" : "both",
+                 short_size(n, sz, sizeof sz));
         summary_add(sum, key, share);
     }
     printf("(to dev, from dev: each thread's bytes over its own time; sum: both threads' bytes "
