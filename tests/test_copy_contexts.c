@@ -96,6 +96,24 @@ static void per_thread_stream_in_their_context(void)
     CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
 }
 
+/* gated_rounds into ours on a stream made in the user's context (current),
+ * on its per-thread stream and on its legacy stream; what names the case. */
+static void rounds_on_their_streams(pm_deviceptr ours, size_t n, const char *what)
+{
+    char name[128];
+    pm_stream_t made = NULL;
+    CHECK_RESULT(pm_stream_create(&made), PM_SUCCESS);
+    if (made) {
+        snprintf(name, sizeof name, "%s, a stream made in their context", what);
+        gated_rounds(ours, n, made, name);
+        CHECK_RESULT(pm_stream_destroy(made), PM_SUCCESS);
+    }
+    snprintf(name, sizeof name, "%s, the thread's own stream", what);
+    gated_rounds(ours, n, PM_STREAM_PER_THREAD, name);
+    snprintf(name, sizeof name, "%s, the legacy stream", what);
+    gated_rounds(ours, n, PM_STREAM_LEGACY, name);
+}
+
 /* Streams of the user's context, into memory of pinmem's context: such
  * copies run on a lane in pinmem's context (DMAs queued from the user's into
  * it cost more each) that follows the caller's stream and that the caller's
@@ -107,14 +125,7 @@ static void their_streams_into_our_memory(void)
     SCOPED_DEVICE pm_deviceptr ours = device_alloc(n);
     REQUIRE(ours);
     REQUIRE(api.push(theirs) == CUDA_SUCCESS);
-    pm_stream_t made = NULL;
-    CHECK_RESULT(pm_stream_create(&made), PM_SUCCESS);
-    if (made)
-        gated_rounds(ours, n, made, "our memory, a stream made in their context");
-    gated_rounds(ours, n, PM_STREAM_PER_THREAD, "our memory, the thread's own stream");
-    gated_rounds(ours, n, PM_STREAM_LEGACY, "our memory, the legacy stream");
-    if (made)
-        CHECK_RESULT(pm_stream_destroy(made), PM_SUCCESS);
+    rounds_on_their_streams(ours, n, "our memory");
     CUcontext popped;
     CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
 }
@@ -163,17 +174,10 @@ static void our_memory_with_every_lane_taken(void)
         printf("  (demoting stores not used here: the timing is not seen)\n");
     REQUIRE(api.push(theirs) == CUDA_SUCCESS);
     atomic_store(&pm__fault_lanes_taken, true);
-    pm_stream_t made = NULL;
-    CHECK_RESULT(pm_stream_create(&made), PM_SUCCESS);
-    if (made)
-        gated_rounds(ours, n, made, "every lane taken, a stream made in their context");
-    gated_rounds(ours, n, PM_STREAM_PER_THREAD, "every lane taken, the thread's own stream");
-    gated_rounds(ours, n, PM_STREAM_LEGACY, "every lane taken, the legacy stream");
+    rounds_on_their_streams(ours, n, "every lane taken");
     const bool demoted = two_timed_copies(ours, src, back, timed, 95);
     CHECK(demoted || !demotes);
     atomic_store(&pm__fault_lanes_taken, false);
-    if (made)
-        CHECK_RESULT(pm_stream_destroy(made), PM_SUCCESS);
     CUcontext popped;
     CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
 }
