@@ -78,11 +78,12 @@ _after = bisect.bisect_right
 
 def mapped(address, nbytes):
     """Whether every page of [address, address + nbytes) is mapped in this
-    process: a stray int address then fails cleanly instead of faulting in a
-    copy. Inside a live pinmem object it is; otherwise msync(MS_ASYNC), which
-    on Linux flushes nothing and answers ENOMEM when any page of the range is
-    unmapped, checks the whole range in one call. Device pointers lie in
-    address space the driver reserves, so they pass."""
+    process: an unmapped int address then fails cleanly instead of faulting
+    in a copy. Inside a live pinmem object it is; otherwise msync(MS_ASYNC),
+    which on Linux flushes nothing and answers ENOMEM when any page of the
+    range is unmapped, checks the whole range in one call. Device pointers lie
+    in address space the driver reserves, so they pass; so does a mapping the
+    process may not access (docs/design.md says why that is not checked)."""
     n = owned.get(address)
     if n is not None and n >= nbytes:
         return True
