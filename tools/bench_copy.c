@@ -51,8 +51,8 @@ static pm_result pinmem_dtoh(const baseline *bl, pm_deviceptr d, uint8_t *h, siz
 static int reps_for(size_t n) { return n <= (1u << 20) ? 200 : n <= (64u << 20) ? 20 : 5; }
 
 /* pinmem's synchronous copies to the device of 64 MiB and up try both kinds
- * of stores in turn over their first seven in each size class (its
- * docs/design.md, "Demoting stores, learnt"); warmed past those, a median
+ * of stores in turn over their first seven in each size class
+ * (docs/design.md, "Demoting stores, learnt"); warmed past those, a median
  * is what a program that copies such sizes again and again gets. */
 static int warm_ups_for(size_t n) { return n >= (64u << 20) ? 7 : 1; }
 
