@@ -7,7 +7,7 @@ from operator import add
 
 from . import _lib
 from ._errors import error
-from ._resolve import mapped
+from ._resolve import access_problem
 from ._stream import stream_handle
 
 _WHAT = "pinmem.copy_batch"
@@ -78,18 +78,22 @@ def _span(addresses, sizes):
     return int(starts.min()), None if (ends < starts).any() else int(ends.max())
 
 
-def _check_mapped(addresses, sizes, role):
-    """Raises ValueError for the first element whose range of addresses is not
-    mapped in this process: a stray address must fail here, not fault in a
-    copy. One look covers the whole batch where its elements lie in one
-    mapping (blocks of one buffer or one device allocation)."""
+def _check_access(addresses, sizes, role, write):
+    """Raises ValueError for the first element whose range the copy may not
+    touch (_resolve.access_problem): a stray address must fail here, not
+    fault in a copy. One look covers the whole batch where its elements lie
+    in one mapping or device allocation, and each one found good is kept
+    for the elements after it."""
     lo, hi = _span(addresses, sizes)
-    if hi is not None and mapped(lo, hi - lo):
+    good = []
+    if hi is not None and access_problem(lo, hi - lo, write, good) is None:
         return
     for i, (a, n) in enumerate(zip(addresses, sizes)):
-        if n and (a + n > _TOP or not mapped(a, n)):
-            raise ValueError(f"{_WHAT}: element {i}'s {role} {a:#x} (+{n} bytes) is not mapped "
-                             f"in this process")
+        if not n:
+            continue
+        problem = access_problem(a, n, write, good)
+        if problem is not None:
+            raise ValueError(f"{_WHAT}: element {i}'s {role} {a:#x} (+{n} bytes) {problem}")
 
 
 def copy_batch(dsts, srcs, sizes, *, stream=None):
@@ -104,8 +108,8 @@ def copy_batch(dsts, srcs, sizes, *, stream=None):
     Each element is copied as pinmem.copy would copy it, and the elements in
     any order among themselves: no destination may overlap another element's
     range. Every element is checked before anything moves, and a bad one
-    raises PinmemError naming its index (or ValueError for an address not
-    mapped in this process). stream None: done when the call returns.
+    raises PinmemError naming its index (or ValueError for an address the
+    copy may not touch). stream None: done when the call returns.
     Otherwise (as pinmem.copy takes) ordered on that stream: pageable
     sources may be reused when the call returns, and page-locked and device
     memory are copied in stream order. An empty batch does nothing."""
@@ -120,8 +124,8 @@ def copy_batch(dsts, srcs, sizes, *, stream=None):
                          f"({len(dst_array)}, {len(src_array)}, {n})")
     if n == 0:
         return
-    _check_mapped(dst_seq, size_seq, "destination")
-    _check_mapped(src_seq, size_seq, "source")
+    _check_access(dst_seq, size_seq, "destination", True)
+    _check_access(src_seq, size_seq, "source", False)
     submit(dst_array, src_array, ctypes.cast(size_array, ctypes.POINTER(ctypes.c_size_t)), n,
            handle, _WHAT)
 

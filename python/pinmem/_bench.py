@@ -288,12 +288,19 @@ def bench_overhead(reps):
             ("pinmem.copy(int, int, 64)", per_call(lambda: pinmem.copy(d_ptr, s_ptr, n))),
             ("pinmem.copy(DeviceBuffer, Buffer, 64)", per_call(lambda: pinmem.copy(dst, src, n)))]
     # an int address inside a pinmem buffer needs no system call; one that
-    # pinmem does not know is checked as mapped (msync)
+    # pinmem holds no object for is asked about (_access.py): a host page's
+    # mapping, and for device memory the library too
     rows.append(("pinmem.copy(int, int inside a Buffer)", per_call(lambda: pinmem.copy(d_ptr, s_ptr + 64, n))))
     page = bytearray(4096)
     held = (ctypes.c_char * len(page)).from_buffer(page)
     p_ptr = ctypes.addressof(held)
     rows.append(("pinmem.copy(int, foreign int, 64)", per_call(lambda: pinmem.copy(d_ptr, p_ptr, n))))
+    foreign = ctypes.c_uint64()
+    if lib.pm_device_alloc(ctypes.byref(foreign), 4096) == 0:
+        f_ptr = foreign.value
+        rows.append(("pinmem.copy(foreign device int, int)",
+                     per_call(lambda: pinmem.copy(f_ptr, s_ptr, n))))
+        lib.pm_device_free(f_ptr)
     rows.append(("pinmem.copy(DeviceBuffer, bytearray)", per_call(lambda: pinmem.copy(dst, page, n))))
     try:
         import numpy

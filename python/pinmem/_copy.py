@@ -2,7 +2,7 @@
 
 from . import _lib
 from ._errors import error
-from ._resolve import DEVICE, UNKNOWN, handler, handlers, mapped
+from ._resolve import DEVICE, UNKNOWN, access_problem, handler, handlers
 from ._stream import stream_handle, wait_for
 
 # The CUDA array interface's stream numbers 1 and 2 are the legacy and the
@@ -48,9 +48,10 @@ def _size(nbytes, dst_n, src_n):
     return dst_n
 
 
-def _unmapped(role, address, n):
-    return ValueError(f"pinmem.copy: the {role} address {address:#x} (+{n} bytes) is not mapped "
-                      f"in this process")
+def _check_access(role, address, n, write):
+    problem = access_problem(address, n, write)
+    if problem is not None:
+        raise ValueError(f"pinmem.copy: the {role} address {address:#x} (+{n} bytes) {problem}")
 
 
 def copy(dst, src, nbytes=None, *, stream=None):
@@ -89,10 +90,10 @@ def copy(dst, src, nbytes=None, *, stream=None):
             else:
                 n = _size(nbytes, d_n, s_n)
             if n:
-                if d_where is UNKNOWN and d_addr and not mapped(d_addr, n):
-                    raise _unmapped("destination", d_addr, n)
-                if s_where is UNKNOWN and s_addr and not mapped(s_addr, n):
-                    raise _unmapped("source", s_addr, n)
+                if d_where is UNKNOWN and d_addr:
+                    _check_access("destination", d_addr, n, True)
+                if s_where is UNKNOWN and s_addr:
+                    _check_access("source", s_addr, n, False)
                 lib = _lib._lib or _lib.load()
                 if d_stream is not None and d_where is DEVICE:
                     order_after(d_stream, handle)

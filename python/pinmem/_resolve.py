@@ -5,7 +5,7 @@ import ctypes
 import sys
 import threading
 
-from . import _dlpack
+from . import _access, _dlpack
 
 PyBUF_SIMPLE = 0
 
@@ -37,18 +37,13 @@ DEVICE = "device"
 UNKNOWN = "unknown"  # an int address: the library tells
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_msync = _libc.msync
-_msync.restype = ctypes.c_int
-_msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_MS_ASYNC = 1
 _PAGE = __import__("mmap").PAGESIZE
 
 # The memory behind live pinmem objects (Buffer, DeviceBuffer, Registration),
 # base address -> bytes, and the same bases sorted: each object adds its
 # range when made and removes it before the memory goes, so an int address
 # inside one needs no system call. Reads take no lock (copy() reads on every
-# call); a read that races an update can only miss, and a miss asks msync.
+# call); a read that races an update can only miss, and a miss asks the system.
 owned = {}
 _bases = []
 _owned_lock = threading.Lock()
@@ -76,14 +71,8 @@ def disown(base):
 _after = bisect.bisect_right
 
 
-def mapped(address, nbytes):
-    """Whether every page of [address, address + nbytes) is mapped in this
-    process: an unmapped int address then fails cleanly instead of faulting
-    in a copy. Inside a live pinmem object it is; otherwise msync(MS_ASYNC),
-    which on Linux flushes nothing and answers ENOMEM when any page of the
-    range is unmapped, checks the whole range in one call. Device pointers lie
-    in address space the driver reserves, so they pass; so does a mapping the
-    process may not access (docs/design.md says why that is not checked)."""
+def _owned_holds(address, nbytes):
+    """Whether [address, address + nbytes) lies in a live pinmem object."""
     n = owned.get(address)
     if n is not None and n >= nbytes:
         return True
@@ -92,16 +81,45 @@ def mapped(address, nbytes):
         try:
             base = _bases[i - 1]
         except IndexError:  # shrunk meanwhile (free-threaded Python)
-            base = None
-        if base is not None:
-            n = owned.get(base)
-            if n is not None and address + nbytes <= base + n:
-                return True
-    page = address - address % _PAGE
+            return False
+        n = owned.get(base)
+        if n is not None and address + nbytes <= base + n:
+            return True
+    return False
+
+
+_REMEMBERED = 16
+
+
+def access_problem(address, nbytes, write, good=None):
+    """None when a copy may read (or, with write, write) [address, address +
+    nbytes); else why not, as words to follow the address in an error.
+    Inside a live pinmem object it may; otherwise the system is asked
+    (_access). good: a list that keeps the mappings and device allocations
+    found good between calls (a batch's), newest first."""
+    if _owned_holds(address, nbytes):
+        return None
     end = address + max(nbytes, 1)
     if end > 1 << 64:
-        return False
-    return _msync(page, end - page, _MS_ASYNC) == 0
+        return "runs past the end of the address space"
+    if good:
+        for lo, hi in good:
+            if lo <= address and end <= hi:
+                return None
+    found = []
+    verdict = _access.query(address - address % _PAGE, end, write, found)
+    if verdict is _access.UNMAPPED:
+        return "is not mapped in this process"
+    if verdict is _access.NO_ACCESS:
+        device = _access.device_allocation(address, nbytes)
+        if device is None:
+            return (f"is neither {'writable' if write else 'readable'} host memory nor inside one "
+                    f"device allocation")
+        found = [device]
+    if good is not None and len(found) == 1:
+        good.insert(0, found[0])
+        del good[_REMEMBERED:]
+    return None
 
 
 class Side:

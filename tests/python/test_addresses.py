@@ -1,6 +1,7 @@
 """pinmem.copy with int addresses: inside pinmem's own memory no system call
-is needed; any other address is checked as mapped over its whole range, so
-a stray one raises instead of crashing the interpreter."""
+is needed; any other address is checked over its whole range (mapped, and
+readable or writable as the copy needs, or inside one device allocation),
+so a stray one raises instead of crashing the interpreter."""
 
 import ctypes
 import mmap
@@ -8,7 +9,7 @@ import mmap
 import pytest
 
 import pinmem
-from pinmem import _resolve
+from pinmem import _access, _resolve
 
 PAGE = mmap.PAGESIZE
 
@@ -18,21 +19,35 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
                        ctypes.c_long]
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mprotect.restype = ctypes.c_int
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_PROT_NONE = 0
 
 
 @pytest.fixture
 def msync_calls(monkeypatch):
-    """Counts the mapped checks that reach the system."""
+    """Counts the checks that reach the system, as (start, end)."""
     calls = []
-    real = _resolve._msync
+    real = _access.query
 
-    def counting(address, length, flags):
-        calls.append((address, length))
-        return real(address, length, flags)
+    def counting(start, end, write, found=None):
+        calls.append((start, end))
+        return real(start, end, write, found)
 
-    monkeypatch.setattr(_resolve, "_msync", counting)
+    monkeypatch.setattr(_access, "query", counting)
     return calls
+
+
+@pytest.fixture
+def permissions_known():
+    """Skips where the kernel cannot tell a mapping's permissions."""
+    if _access._open_maps() < 0:
+        pytest.skip("the kernel does not say what a mapping permits (PROCMAP_QUERY, Linux 6.11)")
+
+
+def _protect(address, nbytes, prot):
+    assert _libc.mprotect(address, nbytes, prot) == 0, f"mprotect: errno {ctypes.get_errno()}"
 
 
 @pytest.fixture
@@ -91,10 +106,10 @@ def test_foreign_address_is_checked_once(msync_calls):
     pinmem.copy(address, b"x" * 1000, 1000)
     assert mem == b"x" * 1000
     assert len(msync_calls) == 1
-    checked_at, length = msync_calls[0]
+    start, end = msync_calls[0]
     # the whole range, from its first page on
-    assert checked_at == address - address % PAGE
-    assert checked_at + length >= address + 1000
+    assert start == address - address % PAGE
+    assert end >= address + 1000
 
 
 def test_just_freed_buffer_is_checked_and_refused():
@@ -104,7 +119,7 @@ def test_just_freed_buffer_is_checked_and_refused():
     address = b.ptr
     b.close()
     assert address not in _resolve.owned
-    assert not _resolve.mapped(address, 1 << 16)
+    assert "not mapped" in _resolve.access_problem(address, 1 << 16, True)
     with pytest.raises(ValueError, match="not mapped"):
         pinmem.copy(address, b"x" * 64, 64)
     with pytest.raises(ValueError, match="not mapped"):
@@ -155,8 +170,96 @@ def test_range_past_a_live_buffer_is_checked(msync_calls):
         assert msync_calls == []
         # 32 bytes from 16 before the end run past the buffer: the system
         # is asked (only asked: the next page is none of this test's)
-        _resolve.mapped(b.ptr + PAGE - 16, 32)
+        _resolve.access_problem(b.ptr + PAGE - 16, 32, False)
         assert len(msync_calls) == 1
+
+
+def test_unmapped_address_without_permissions_from_the_kernel(pages, monkeypatch):
+    monkeypatch.setattr(_access, "_maps", -1)  # as before Linux 6.11: msync only
+    _libc.munmap(pages + PAGE, PAGE)
+    pinmem.copy(pages, b"w" * PAGE, PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(pages, b"w" * (2 * PAGE), 2 * PAGE)
+
+
+def test_page_the_process_may_not_touch(pages, permissions_known):
+    _protect(pages + PAGE, PAGE, _PROT_NONE)
+    with pytest.raises(ValueError, match="neither readable host memory"):
+        pinmem.copy(bytearray(64), pages + PAGE + 8, 64)
+    with pytest.raises(ValueError, match="neither writable host memory"):
+        pinmem.copy(pages + PAGE, b"x" * 64, 64)
+    # a range that only passes through it
+    with pytest.raises(ValueError, match="neither readable"):
+        pinmem.copy(bytearray(3 * PAGE), pages, 3 * PAGE)
+    with pytest.raises(ValueError, match="neither writable"):
+        pinmem.copy(pages + PAGE - 8, b"x" * 16, 16)
+    # the pages around it are still fine
+    pinmem.copy(pages + 2 * PAGE, b"v" * PAGE, PAGE)
+    out = bytearray(PAGE)
+    pinmem.copy(out, pages + 2 * PAGE, PAGE)
+    assert out == b"v" * PAGE
+
+
+def test_read_only_page(pages, permissions_known):
+    pinmem.copy(pages, b"r" * PAGE, PAGE)
+    _protect(pages, PAGE, mmap.PROT_READ)
+    out = bytearray(PAGE)
+    pinmem.copy(out, pages, PAGE)  # reading it is fine
+    assert out == b"r" * PAGE
+    with pytest.raises(ValueError, match="neither writable host memory"):
+        pinmem.copy(pages + 16, b"x" * 16, 16)
+
+
+def test_batch_element_the_process_may_not_touch(pages, permissions_known):
+    _protect(pages + PAGE, PAGE, _PROT_NONE)
+    out = bytearray(2 * PAGE)
+    dst = _address_of(out)
+    with pytest.raises(ValueError, match="element 1's source .* neither readable"):
+        pinmem.copy_batch([dst, dst + PAGE], [pages, pages + PAGE], [PAGE, PAGE])
+    with pytest.raises(ValueError, match="element 0's destination .* neither writable"):
+        pinmem.copy_batch([pages + PAGE + 64], [dst], [64])
+
+
+def _foreign_device_memory(nbytes):
+    """Device memory that no pinmem object holds (as another library's):
+    pm_device_alloc called directly."""
+    from pinmem import _lib
+
+    lib = _lib.load()
+    d = ctypes.c_uint64()
+    rc = lib.pm_device_alloc(ctypes.byref(d), nbytes)
+    if rc:
+        pytest.skip(f"pm_device_alloc failed ({rc})")
+    return lib, d.value
+
+
+def test_foreign_device_addresses(msync_calls):
+    n = 1 << 16
+    lib, first = _foreign_device_memory(n)
+    _, second = _foreign_device_memory(n)
+    try:
+        data = bytes(range(256)) * (n // 256)
+        pinmem.copy(first, data, n)
+        pinmem.copy(second + 64, first + 64, n - 64)
+        out = bytearray(n)
+        pinmem.copy(out, second, n)
+        assert out[64:] == data[64:]
+        # a batch over both allocations: each is asked about once, not each block
+        blocks = 64
+        step = n // blocks
+        dsts = [a + i * step for a in (first, second) for i in range(blocks)]
+        back = bytearray(2 * n)
+        host = _address_of(back)
+        msync_calls.clear()
+        pinmem.copy_batch([host + i * step for i in range(2 * blocks)], dsts, [step] * 2 * blocks)
+        assert back[:n] == data
+        assert len(msync_calls) <= 4
+        # past the allocation's end: refused before anything moves
+        with pytest.raises((ValueError, pinmem.PinmemError)):
+            pinmem.copy(bytearray(128), first + n - 64, 128)
+    finally:
+        lib.pm_device_free(first)
+        lib.pm_device_free(second)
 
 
 def test_addresses_beyond_the_address_space():
