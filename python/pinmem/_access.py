@@ -4,9 +4,9 @@ address given to copy() must fail cleanly, not fault in the copy.
 
 Linux 6.11 and later answer from the process's list of mappings, with each
 mapping's permissions (the PROCMAP_QUERY ioctl of /proc/self/maps). Device
-memory lies in mappings the process may not touch; there the library says
-whether the range is one device allocation, which a copy never touches with
-the CPU. Older kernels only say whether every page is mapped (msync)."""
+memory lies in mappings that permit nothing; there the library says whether
+the range is one allocation it or the driver knows, which a copy moves by
+DMA. Older kernels only say whether every page is mapped (msync)."""
 
 import ctypes
 import os
@@ -17,13 +17,15 @@ from . import _lib
 _PROCMAP_QUERY = 0xC0686611  # _IOWR('f', 17, struct procmap_query)
 _VMA_READABLE = 0x1
 _VMA_WRITABLE = 0x2
+_READ_WRITE = _VMA_READABLE | _VMA_WRITABLE
 _ENOENT = 2
 _MS_ASYNC = 1
 
 # What the kernel answers for a range.
 GOOD = "good"
 UNMAPPED = "unmapped"
-NO_ACCESS = "no access"
+NO_ACCESS = "no access"  # a mapping that permits some access, not the one asked
+NOTHING_PERMITTED = "nothing permitted"  # a guard page, or device memory
 
 
 class _Query(ctypes.Structure):
@@ -84,8 +86,9 @@ def _open_maps():
 
 
 def query(start, end, write, found=None):
-    """GOOD, UNMAPPED or NO_ACCESS for [start, end), start a page's; with
-    found, a list, each mapping found good is appended as (lo, hi)."""
+    """GOOD, UNMAPPED, NO_ACCESS or NOTHING_PERMITTED for [start, end),
+    start a page's; with found, a list, each mapping found good is appended
+    as (lo, hi)."""
     fd = _maps if _maps is not None else _open_maps()
     if fd >= 0:
         want = _VMA_WRITABLE if write else _VMA_READABLE
@@ -99,7 +102,7 @@ def query(start, end, write, found=None):
                         return UNMAPPED
                     break  # the kernel did not answer after all: msync below
                 if not q.vma_flags & want:
-                    return NO_ACCESS
+                    return NO_ACCESS if q.vma_flags & _READ_WRITE else NOTHING_PERMITTED
                 at = q.vma_end
                 if found is not None:
                     found.append((q.vma_start, at))
@@ -110,17 +113,32 @@ def query(start, end, write, found=None):
     return GOOD if _msync(start, end - start, _MS_ASYNC) == 0 else UNMAPPED
 
 
+# Each thread's out-parameters for the library's address range, made once:
+# making them on every call cost about a third of the call.
+_outs = threading.local()
+
+
+def _range_outs():
+    try:
+        return _outs.v
+    except AttributeError:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        _outs.v = (base, size, ctypes.byref(base), ctypes.byref(size))
+        return _outs.v
+
+
 def device_allocation(address, nbytes):
-    """(lo, hi) of the device allocation that holds all of [address, address
-    + nbytes), or None: memory the driver knows (its address range) that is
-    not page-locked host memory (no device pointer for it)."""
+    """(lo, hi) of the allocation that holds all of [address, address +
+    nbytes) by the library's and the driver's address ranges, or None. Asked
+    only where the mapping permits nothing, where such an allocation is
+    device memory. (Memory the program itself made inaccessible after
+    pinning or allocating it, such as page-locked host memory or the posix
+    backend's simulated device memory, would pass too, as it does inside a
+    pinmem object.)"""
     lib = _lib._lib or _lib.load()
-    base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    if lib.pm_mem_get_address_range(ctypes.byref(base), ctypes.byref(size), address):
+    base, size, base_ref, size_ref = _range_outs()
+    if lib.pm_mem_get_address_range(base_ref, size_ref, address):
         return None
-    hi = base.value + size.value
-    if address + nbytes > hi:
-        return None
-    if lib.pm_mem_host_get_device_pointer(ctypes.byref(ctypes.c_uint64()), address, 0) == 0:
-        return None
-    return base.value, hi
+    lo = base.value
+    hi = lo + size.value
+    return (lo, hi) if address + nbytes <= hi else None

@@ -111,6 +111,8 @@ def access_problem(address, nbytes, write, good=None):
     if verdict is _access.UNMAPPED:
         return "is not mapped in this process"
     if verdict is _access.NO_ACCESS:
+        return f"is not {'writable' if write else 'readable'} in this process"
+    if verdict is _access.NOTHING_PERMITTED:
         device = _access.device_allocation(address, nbytes)
         if device is None:
             return (f"is neither {'writable' if write else 'readable'} host memory nor inside one "
