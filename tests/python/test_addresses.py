@@ -297,3 +297,53 @@ def test_threads_make_and_free_while_others_copy():
     # every buffer the threads made is forgotten again, the index with it
     assert sorted(_resolve.owned) == _resolve._bases
     assert len(_resolve.owned) == before
+
+
+def test_threads_check_foreign_addresses_at_once(pages, permissions_known):
+    import threading
+
+    _protect(pages + PAGE, PAGE, _PROT_NONE)
+    errors = []
+
+    def worker(seed):
+        try:
+            mem = bytearray(PAGE)
+            address = _address_of(mem)
+            for i in range(300):
+                data = bytes([(seed + i) & 0xFF]) * 64
+                pinmem.copy(address + 64 * (i % 16), data, 64)
+                assert mem[64 * (i % 16):64 * (i % 16) + 64] == data
+                with pytest.raises(ValueError, match="neither readable"):
+                    pinmem.copy(bytearray(64), pages + PAGE, 64)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_forked_child_asks_about_its_own_mappings(pages, permissions_known):
+    import os
+
+    pinmem.copy(pages, b"p" * 64, 64)  # the parent has asked (and opened its file) before
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            # a page the child alone makes inaccessible: the parent's file
+            # would still call it readable
+            _protect(pages + 2 * PAGE, PAGE, _PROT_NONE)
+            try:
+                pinmem.copy(bytearray(64), pages + 2 * PAGE, 64)
+            except ValueError:
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    out = bytearray(64)
+    pinmem.copy(out, pages + 2 * PAGE, 64)  # still readable here
