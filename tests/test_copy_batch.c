@@ -696,6 +696,75 @@ static void overlaps_random(void)
         CHECK(refused > TRIALS / 5 && refused < TRIALS - TRIALS / 5);
 }
 
+/* Batches of equal power-of-two blocks on one grid, each way (a cache's
+ * blocks, which the check proves apart without sorting), some with two
+ * blocks in one slot and some with one block off the grid: refused exactly
+ * when two destinations meet, naming one of them, and moved byte for byte
+ * otherwise. */
+static void overlaps_on_a_grid(void)
+{
+    enum { BLOCK = 4096, SLOTS = 256, AREA = BLOCK * SLOTS, MAX = 64, TRIALS = 300 };
+    SCOPED_MALLOC uint8_t *host = malloc(AREA), *back = malloc(AREA);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(AREA);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(host && back && dev);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    for (size_t i = 0; i < AREA; i++)
+        host[i] = (uint8_t)(i * 7 + i / BLOCK);
+    REQUIRE_RESULT(pm_memcpy_htod(dev, host, AREA), PM_SUCCESS);
+    pm_deviceptr dsts[MAX], srcs[MAX];
+    size_t sizes[MAX];
+    unsigned refused = 0;
+    const int failed_before = check_failures;
+    for (unsigned t = 0; t < TRIALS && check_failures == failed_before; t++) {
+        const bool to_device = t % 2 == 0;
+        const unsigned kind = t / 2 % 4; /* apart, one slot twice, one off the grid, any */
+        const size_t n = 2 + rnd(MAX - 1);
+        const pm_deviceptr base = to_device ? dev : (pm_deviceptr)(uintptr_t)back;
+        size_t slots[SLOTS];
+        for (size_t k = 0; k < SLOTS; k++)
+            slots[k] = k;
+        for (size_t k = 0; k < n; k++) { /* the first n of a shuffle: distinct */
+            const size_t j = k + rnd(SLOTS - k), swap = slots[k];
+            slots[k] = slots[j];
+            slots[j] = swap;
+        }
+        for (size_t i = 0; i < n; i++) {
+            sizes[i] = BLOCK;
+            dsts[i] = base + (kind == 3 ? rnd(SLOTS) : slots[i]) * BLOCK;
+            srcs[i] = (to_device ? (pm_deviceptr)(uintptr_t)host : dev) + rnd(SLOTS) * BLOCK;
+        }
+        if (kind == 1)
+            dsts[rnd(n - 1)] = dsts[n - 1];
+        if (kind == 2) /* still inside the area */
+            dsts[n - 1] += dsts[n - 1] - base + BLOCK < AREA ? 256 : -(pm_deviceptr)256;
+        bool meet[MAX] = {false}, any = false;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++)
+                if (i != j && ranges_meet(dsts[i], sizes[i], dsts[j], sizes[j]))
+                    any = meet[i] = meet[j] = true;
+        const pm_result r = pm_memcpy_batch_async(dsts, srcs, sizes, n, s);
+        CHECK_RESULT(r, any ? PM_ERROR_INVALID_VALUE : PM_SUCCESS);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        if (r != PM_SUCCESS) {
+            size_t named = SIZE_MAX;
+            const char *at = strstr(pm_last_error_detail(), "element ");
+            CHECK(at && sscanf(at, "element %zu", &named) == 1 && named < n && meet[named]);
+            refused++;
+            continue;
+        }
+        for (size_t i = 0; i < n && check_failures == failed_before; i++) {
+            uint8_t got[BLOCK], want[BLOCK];
+            CHECK_RESULT(pm_memcpy((pm_deviceptr)(uintptr_t)got, dsts[i], BLOCK), PM_SUCCESS);
+            CHECK_RESULT(pm_memcpy((pm_deviceptr)(uintptr_t)want, srcs[i], BLOCK), PM_SUCCESS);
+            CHECK(memcmp(got, want, BLOCK) == 0);
+        }
+    }
+    printf("overlaps on a grid: %u of %u batches refused\n", refused, TRIALS);
+    if (check_failures == failed_before)
+        CHECK(refused > TRIALS / 10 && refused < TRIALS - TRIALS / 10);
+}
+
 static void *batch_thread(void *arg)
 {
     batcher *w = arg;
@@ -920,6 +989,7 @@ int main(void)
     small_copy_config(0);
     bad_elements();
     overlaps_random();
+    overlaps_on_a_grid();
     many_allocations();
     host_inside_device();
     registration_pieces();

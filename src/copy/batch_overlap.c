@@ -1,7 +1,10 @@
 /* The check that no copy of a batch depends on another: sorted by start, a
  * range overlaps an earlier one exactly when it starts before the furthest
  * end seen so far; a destination may overlap nothing, a source no
- * destination. (An element's own two ranges are checked with the element.) */
+ * destination. (An element's own two ranges are checked with the element.)
+ * Equal blocks on one grid, the common batch, are told apart by a bitmap
+ * first, which spares them the sort. */
+#include <stdint.h>
 #include <string.h>
 
 #include "../errors.h"
@@ -52,10 +55,44 @@ static void sort_by_start(pm__span *v, pm__span *tmp, size_t n, pm_deviceptr dif
 
 static bool is_dst(const pm__span *s) { return s->tag & 1; }
 
+/* The slots a grid's bitmap covers: 8 KiB on the stack. */
+enum { GRID_SLOTS = 1 << 16 };
+
+/* Destinations only, all of one power-of-two size and on one grid (a cache's
+ * blocks): two overlap exactly when they take the same slot, so one pass
+ * over a bitmap of slots proves them apart without sorting. False where s is
+ * not such a set, its grid is too wide, or two share a slot: the sort then
+ * answers, and names the elements. */
+static bool grid_proves_apart(const pm__spans *s)
+{
+    const pm__span *v = s->v;
+    const pm_deviceptr len = v[0].hi - v[0].lo, phase = v[0].lo & (len - 1);
+    if (len & (len - 1))
+        return false;
+    pm_deviceptr lo = v[0].lo;
+    for (size_t k = 0; k < s->n; k++) {
+        if (!is_dst(&v[k]) || v[k].hi - v[k].lo != len || (v[k].lo & (len - 1)) != phase)
+            return false;
+        if (v[k].lo < lo)
+            lo = v[k].lo;
+    }
+    const unsigned shift = (unsigned)__builtin_ctzll(len);
+    uint64_t taken[GRID_SLOTS / 64] = {0};
+    for (size_t k = 0; k < s->n; k++) {
+        const pm_deviceptr slot = (v[k].lo - lo) >> shift;
+        if (slot >= GRID_SLOTS || taken[slot / 64] >> (slot % 64) & 1)
+            return false;
+        taken[slot / 64] |= (uint64_t)1 << (slot % 64);
+    }
+    return true;
+}
+
 pm_result pm__batch_check_overlaps(pm__spans *s, pm__span *tmp)
 {
     if (!s->has_dst)
         return PM_SUCCESS; /* sources may share bytes */
+    if (grid_proves_apart(s))
+        return PM_SUCCESS;
     sort_by_start(s->v, tmp, s->n, s->differ);
     const pm__span *far_any = NULL, *far_dst = NULL;
     for (size_t k = 0; k < s->n; k++) {
