@@ -106,7 +106,7 @@ def access_problem(address, nbytes, write, good=None):
         for lo, hi in good:
             if lo <= address and end <= hi:
                 return None
-    found = []
+    found = None if good is None else []
     verdict = _access.query(address - address % _PAGE, end, write, found)
     if verdict is _access.UNMAPPED:
         return "is not mapped in this process"
@@ -117,8 +117,8 @@ def access_problem(address, nbytes, write, good=None):
         if device is None:
             return (f"is neither {'writable' if write else 'readable'} host memory nor inside one "
                     f"device allocation")
-        found = [device]
-    if good is not None and len(found) == 1:
+        found = None if good is None else [device]
+    if found is not None and len(found) == 1:
         good.insert(0, found[0])
         del good[_REMEMBERED:]
     return None
