@@ -269,61 +269,60 @@ def test_addresses_beyond_the_address_space():
         pinmem.copy(1 << 64, b"x", 1)
 
 
-def test_threads_make_and_free_while_others_copy():
+def _in_threads(worker, count):
+    """Runs worker(k) for k in range(count), each on a thread of its own, all
+    at once; returns what they raised."""
     import threading
 
     errors = []
-    n = 4096
-    before = len(_resolve.owned)
 
-    def worker(seed):
+    def run(k):
         try:
-            for i in range(200):
-                with pinmem.empty(n) as b:
-                    data = bytes([(seed + i) & 0xFF]) * 64
-                    pinmem.copy(b.ptr + 64 * (i % 32), data, 64)
-                    out = bytearray(64)
-                    pinmem.copy(out, b.ptr + 64 * (i % 32), 64)
-                    assert out == data
-        except Exception as e:  # reported by the main thread
+            worker(k)
+        except Exception as e:  # reported by the caller
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    return errors
+
+
+def test_threads_make_and_free_while_others_copy():
+    n = 4096
+    before = len(_resolve.owned)
+
+    def worker(seed):
+        for i in range(200):
+            with pinmem.empty(n) as b:
+                data = bytes([(seed + i) & 0xFF]) * 64
+                pinmem.copy(b.ptr + 64 * (i % 32), data, 64)
+                out = bytearray(64)
+                pinmem.copy(out, b.ptr + 64 * (i % 32), 64)
+                assert out == data
+
+    assert _in_threads(worker, 4) == []
     # every buffer the threads made is forgotten again, the index with it
     assert sorted(_resolve.owned) == _resolve._bases
     assert len(_resolve.owned) == before
 
 
 def test_threads_check_foreign_addresses_at_once(pages, permissions_known):
-    import threading
-
     _protect(pages + PAGE, PAGE, _PROT_NONE)
-    errors = []
 
     def worker(seed):
-        try:
-            mem = bytearray(PAGE)
-            address = _address_of(mem)
-            for i in range(300):
-                data = bytes([(seed + i) & 0xFF]) * 64
-                pinmem.copy(address + 64 * (i % 16), data, 64)
-                assert mem[64 * (i % 16):64 * (i % 16) + 64] == data
-                with pytest.raises(ValueError, match="neither readable"):
-                    pinmem.copy(bytearray(64), pages + PAGE, 64)
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
+        mem = bytearray(PAGE)
+        address = _address_of(mem)
+        for i in range(300):
+            data = bytes([(seed + i) & 0xFF]) * 64
+            pinmem.copy(address + 64 * (i % 16), data, 64)
+            assert mem[64 * (i % 16):64 * (i % 16) + 64] == data
+            with pytest.raises(ValueError, match="neither readable"):
+                pinmem.copy(bytearray(64), pages + PAGE, 64)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert _in_threads(worker, 8) == []
 
 
 def test_a_forked_child_asks_about_its_own_mappings(pages, permissions_known):
