@@ -88,6 +88,7 @@ def _owned_holds(address, nbytes):
     return False
 
 
+# The most ranges a batch remembers as good: each element looks through them.
 _REMEMBERED = 16
 
 
