@@ -182,6 +182,59 @@ def test_unmapped_address_without_permissions_from_the_kernel(pages, monkeypatch
         pinmem.copy(pages, b"w" * (2 * PAGE), 2 * PAGE)
 
 
+def test_a_kernel_without_the_query_leaves_msync(pages, monkeypatch):
+    """Where the ioctl is refused (a kernel before 6.11 answers ENOTTY), the
+    file is given up and every check asks msync."""
+    import errno
+    import os
+
+    def refused(fd, request, arg):
+        ctypes.set_errno(errno.ENOTTY)
+        return -1
+
+    opened = []
+    real_open = os.open
+
+    def recording_open(*args):
+        fd = real_open(*args)
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(_access, "_maps", None)  # restored afterwards, as each patch here
+    monkeypatch.setattr(_access, "_ioctl", refused)
+    monkeypatch.setattr(os, "open", recording_open)
+    assert _access._open_maps() == -1
+    assert opened and all(_fd_closed(fd) for fd in opened)
+    _libc.munmap(pages + PAGE, PAGE)
+    pinmem.copy(pages, b"m" * PAGE, PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(pages, b"m" * (2 * PAGE), 2 * PAGE)
+
+
+def test_a_query_refused_midway_asks_msync(pages, permissions_known, monkeypatch):
+    import errno
+
+    def refused(fd, request, arg):
+        ctypes.set_errno(errno.EINVAL)
+        return -1
+
+    monkeypatch.setattr(_access, "_ioctl", refused)  # the file stays open: a refusal now
+    _libc.munmap(pages + PAGE, PAGE)
+    pinmem.copy(pages, b"q" * PAGE, PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(pages, b"q" * (2 * PAGE), 2 * PAGE)
+
+
+def _fd_closed(fd):
+    import os
+
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False
+
+
 def test_page_the_process_may_not_touch(pages, permissions_known):
     _protect(pages + PAGE, PAGE, _PROT_NONE)
     with pytest.raises(ValueError, match="neither readable host memory"):
