@@ -49,9 +49,8 @@ _msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 # /proc/self/maps, opened on first use: None not yet, -1 where the kernel
 # cannot answer (then msync is asked). A child of fork opens its own. One
-# query structure serves every call, under the lock, which also keeps
-# kernels whose early per-mapping locking shared state between concurrent
-# queries of one file safe.
+# query structure, which the kernel fills in, serves every call under the
+# lock, so no call allocates one.
 _maps = None
 _lock = threading.Lock()
 _query = _Query(size=ctypes.sizeof(_Query))
