@@ -712,6 +712,28 @@ PM_API pm_result pm_device_free(pm_deviceptr dptr);
 PM_API pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes);
 PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t stream);
 
+/* What a copy may do to a range, for pm_mem_check_access. */
+#define PM_ACCESS_READ 0x1
+#define PM_ACCESS_WRITE 0x2
+
+/* Whether a copy may read (PM_ACCESS_READ) or write (PM_ACCESS_WRITE; both
+ * bits: both) the bytes [p, p + bytes), asked of the system without touching
+ * them. The copies above, as the driver's, fault on a host page the process
+ * may not read or write; an address that comes from outside the program can
+ * be checked here first. PM_SUCCESS where every page of the range lies in
+ * host mappings that permit that access, or where the range lies inside one
+ * allocation the library or the driver knows (device memory, which the
+ * process's mappings leave the CPU no access to); *span_base and *span_size
+ * (either pointer may be NULL) then receive a range that holds [p, p + bytes)
+ * and passes as well, the one mapping or allocation that holds it, else the
+ * range itself. Otherwise PM_ERROR_INVALID_VALUE, the detail saying why.
+ * Linux 6.11 and later say what a mapping permits (PROCMAP_QUERY); an older
+ * kernel says only whether each page is mapped, and that is all this call
+ * then checks. bytes 0 succeeds; a range that wraps around and an access of
+ * other bits or none are PM_ERROR_INVALID_VALUE. */
+PM_API pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
+                                     pm_deviceptr *span_base, size_t *span_size);
+
 /* cuMemcpyBatchAsync without attributes: count copies, each direction from its pointers,
  * in stream order with respect to other work on stream, in any order among themselves.
  *

@@ -87,6 +87,7 @@ static void initialise(void)
     init_result = pm__options_load(); /* a bad PINMEM_* value fails here */
     if (init_result == PM_SUCCESS)
         init_result = open_backend(&instance.backend);
+    atomic_init(&instance.maps_fd, PM__MAPS_UNOPENED);
     if (init_result == PM_SUCCESS) {
         instance.ranges = pm__ranges_create();
         if (!instance.ranges)

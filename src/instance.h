@@ -4,12 +4,20 @@
 #ifndef PINMEM_INSTANCE_H
 #define PINMEM_INSTANCE_H
 
+#include <stdatomic.h>
+
 #include "backend/backend.h"
 #include "ranges.h"
+
+/* maps_fd before pm_mem_check_access first opens /proc/self/maps. */
+#define PM__MAPS_UNOPENED (-2)
 
 typedef struct pm__instance {
     pm__backend backend;
     pm__ranges *ranges;
+    /* /proc/self/maps, which says what each mapping permits: opened on first
+     * use; -1 where the kernel cannot say (pm_mem_check_access). */
+    _Atomic int maps_fd;
 } pm__instance;
 
 /* The instance, or NULL with *r set (and the thread's detail recorded) when

@@ -22,6 +22,7 @@ extern pm__countdown pm__fault_marker_wait;  /* the staging engine's wait for a 
 extern pm__countdown pm__fault_block_copy;   /* a launch of block copies (the batch kernel) */
 extern pm__countdown pm__fault_flag_write;   /* the staging engine's flag behind a buffer's work */
 extern pm__countdown pm__fault_lane;         /* a lane's entry or its exit's wait */
+extern pm__countdown pm__fault_maps_query;   /* a mapping query (answered as before Linux 6.11) */
 /* Counts countdown down; true on the pass that takes it from 1 to 0. */
 bool pm__countdown_fires(pm__countdown *countdown);
 #define PM__TEST_FAULT(countdown) pm__countdown_fires(&(countdown))

@@ -1,0 +1,301 @@
+/* pm_mem_check_access: readable, writable, read-only, inaccessible and
+ * unmapped pages, ranges across mappings, device and page-locked memory, the
+ * span it answers, bad arguments, eight threads at once, and the kernel that
+ * cannot say what a mapping permits (before Linux 6.11), from the start
+ * (section "no_query", a process of its own) or midway. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "test_hooks.h"
+#include "threads.h"
+
+static size_t page;
+
+/* Whether the kernel says what a mapping permits, asked here as the library
+ * does (struct procmap_query is 104 bytes: its size, flags, address first). */
+static int kernel_tells_permissions(void)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    uint64_t q[13] = {sizeof q, 0, (uint64_t)(uintptr_t)q};
+    int ok = ioctl(fd, _IOWR('f', 17, uint64_t[13]), q) == 0;
+    close(fd);
+    return ok;
+}
+
+static int detail_has(const char *words)
+{
+    return strstr(pm_last_error_detail(), words) != NULL;
+}
+
+static pm_deviceptr at(const uint8_t *p) { return (pm_deviceptr)(uintptr_t)p; }
+
+/* Three fresh read-write pages, or NULL. */
+static uint8_t *three_pages(void)
+{
+    void *p = mmap(NULL, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void bad_arguments(void)
+{
+    uint8_t byte = 0;
+    pm_deviceptr base = 1;
+    size_t size = 1;
+    CHECK_RESULT(pm_mem_check_access(at(&byte), 1, 0, NULL, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_check_access(at(&byte), 1, 4, NULL, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("access must be"));
+    CHECK_RESULT(pm_mem_check_access(0, 1, PM_ACCESS_READ, NULL, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("address 0x0 (+1 bytes) is not mapped"));
+    CHECK_RESULT(pm_mem_check_access(UINT64_MAX - 7, 16, PM_ACCESS_READ, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("runs past the end"));
+    /* nothing to touch: fine anywhere, and the span is the empty range */
+    CHECK_RESULT(pm_mem_check_access(0, 0, PM_ACCESS_WRITE, &base, &size), PM_SUCCESS);
+    CHECK(base == 0 && size == 0);
+}
+
+static void plain_pages(void)
+{
+    uint8_t *p = three_pages();
+    REQUIRE(p);
+    pm_deviceptr base = 0;
+    size_t size = 0;
+    unsigned all[] = {PM_ACCESS_READ, PM_ACCESS_WRITE, PM_ACCESS_READ | PM_ACCESS_WRITE};
+    for (int i = 0; i < 3; i++) {
+        CHECK_RESULT(pm_mem_check_access(at(p + 100), 2 * page, all[i], &base, &size),
+                     PM_SUCCESS);
+        /* the mapping that holds it */
+        CHECK(base <= at(p) && at(p + 3 * page) <= base + size);
+    }
+    CHECK_RESULT(pm_mem_check_access(at(p), 3 * page, PM_ACCESS_READ, NULL, &size), PM_SUCCESS);
+    /* a stack variable and a heap block */
+    int local = 0;
+    CHECK_RESULT(pm_mem_check_access(at((uint8_t *)&local), sizeof local, PM_ACCESS_WRITE, NULL,
+                                     NULL), PM_SUCCESS);
+    uint8_t *heap = malloc(1 << 20);
+    if (heap)
+        CHECK_RESULT(pm_mem_check_access(at(heap), 1 << 20, PM_ACCESS_READ, NULL, NULL),
+                     PM_SUCCESS);
+    free(heap);
+    munmap(p, 3 * page);
+}
+
+static void unmapped_pages(void)
+{
+    uint8_t *p = three_pages();
+    REQUIRE(p);
+    REQUIRE(munmap(p + page, page) == 0);
+    CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_WRITE, NULL, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_check_access(at(p + page + 8), 8, PM_ACCESS_READ, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("is not mapped in this process"));
+    /* a range that passes through the hole */
+    CHECK_RESULT(pm_mem_check_access(at(p), 3 * page, PM_ACCESS_READ, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("is not mapped"));
+    munmap(p, 3 * page);
+}
+
+static void pages_the_process_may_not_touch(void)
+{
+    if (!kernel_tells_permissions())
+        SKIP_CASE("the kernel does not say what a mapping permits (PROCMAP_QUERY, Linux 6.11)");
+    uint8_t *p = three_pages();
+    REQUIRE(p);
+    REQUIRE(mprotect(p + page, page, PROT_NONE) == 0);
+    CHECK_RESULT(pm_mem_check_access(at(p + page), 64, PM_ACCESS_READ, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("is neither readable host memory nor inside one device allocation"));
+    CHECK_RESULT(pm_mem_check_access(at(p + page), 64, PM_ACCESS_WRITE, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("neither writable"));
+    CHECK_RESULT(pm_mem_check_access(at(p + page - 8), 16, PM_ACCESS_READ | PM_ACCESS_WRITE,
+                                     NULL, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("neither readable and writable"));
+    CHECK_RESULT(pm_mem_check_access(at(p), 3 * page, PM_ACCESS_READ, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    /* the pages around it are fine */
+    CHECK_RESULT(pm_mem_check_access(at(p + 2 * page), page, PM_ACCESS_WRITE, NULL, NULL),
+                 PM_SUCCESS);
+
+    /* read-only: read, not written */
+    REQUIRE(mprotect(p + page, page, PROT_READ) == 0);
+    CHECK_RESULT(pm_mem_check_access(at(p + page), page, PM_ACCESS_READ, NULL, NULL),
+                 PM_SUCCESS);
+    CHECK_RESULT(pm_mem_check_access(at(p + page), page, PM_ACCESS_WRITE, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("is not writable in this process"));
+    /* a range over three mappings, all readable: good, and the span is the range */
+    pm_deviceptr base = 0;
+    size_t size = 0;
+    CHECK_RESULT(pm_mem_check_access(at(p + 10), 3 * page - 20, PM_ACCESS_READ, &base, &size),
+                 PM_SUCCESS);
+    CHECK(base == at(p + 10) && size == 3 * page - 20);
+    CHECK_RESULT(pm_mem_check_access(at(p + 10), 3 * page - 20, PM_ACCESS_WRITE, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    munmap(p, 3 * page);
+}
+
+static void device_memory(void)
+{
+    pm_deviceptr d = 0;
+    size_t n = 1 << 20;
+    REQUIRE_RESULT(pm_device_alloc(&d, n), PM_SUCCESS);
+    pm_deviceptr base = 0;
+    size_t size = 0;
+    CHECK_RESULT(pm_mem_check_access(d + 4096, n - 4096, PM_ACCESS_READ | PM_ACCESS_WRITE, &base,
+                                     &size), PM_SUCCESS);
+    CHECK(base <= d && d + n <= base + size);
+    if (on_backend("cuda") && kernel_tells_permissions()) {
+        /* past its end: the CPU may touch none of it, and no allocation holds it all */
+        CHECK_RESULT(pm_mem_check_access(d + n - 8, 16, PM_ACCESS_READ, NULL, NULL),
+                     PM_ERROR_INVALID_VALUE);
+        CHECK(detail_has("neither readable host memory"));
+    }
+    CHECK_RESULT(pm_device_free(d), PM_SUCCESS);
+}
+
+/* Page-locked memory the program made inaccessible still passes: the library
+ * knows it as one allocation, which copies move by DMA (pinmem.h). */
+static void page_locked_memory(void)
+{
+    void *h = NULL;
+    pm_result r = pm_mem_host_alloc(&h, page, 0);
+    if (r == PM_ERROR_OUT_OF_MEMORY)
+        SKIP_CASE("no page-locked memory to be had here");
+    REQUIRE_RESULT(r, PM_SUCCESS);
+    CHECK_RESULT(pm_mem_check_access(at(h), page, PM_ACCESS_WRITE, NULL, NULL), PM_SUCCESS);
+    if (kernel_tells_permissions() && mprotect(h, page, PROT_NONE) == 0) {
+        pm_deviceptr base = 0;
+        size_t size = 0;
+        CHECK_RESULT(pm_mem_check_access(at(h), page, PM_ACCESS_WRITE, &base, &size), PM_SUCCESS);
+        CHECK(base == at(h) && size == page);
+        /* more than the allocation holds */
+        CHECK_RESULT(pm_mem_check_access(at(h), 2 * page, PM_ACCESS_WRITE, NULL, NULL),
+                     PM_ERROR_INVALID_VALUE);
+        CHECK(detail_has("neither writable host memory"));
+        CHECK_RESULT(pm_mem_check_access(at(h) + 8, page, PM_ACCESS_READ, NULL, NULL),
+                     PM_ERROR_INVALID_VALUE);
+        CHECK(mprotect(h, page, PROT_READ | PROT_WRITE) == 0);
+    }
+    CHECK_RESULT(pm_mem_free_host(h), PM_SUCCESS);
+}
+
+/* A refused query (the kernel stops answering) falls back to msync for that
+ * call: mapped pages pass whatever they permit, unmapped ones do not. */
+static void query_refused_midway(void)
+{
+    uint8_t *p = three_pages();
+    REQUIRE(p);
+    REQUIRE(mprotect(p, page, PROT_NONE) == 0);
+    REQUIRE(munmap(p + 2 * page, page) == 0);
+    CHECK_RESULT(pm_mem_check_access(at(p + page), page, PM_ACCESS_READ, NULL, NULL), PM_SUCCESS);
+    atomic_store(&pm__fault_maps_query, 1);
+    CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_READ, NULL, NULL), PM_SUCCESS);
+    atomic_store(&pm__fault_maps_query, 1);
+    CHECK_RESULT(pm_mem_check_access(at(p + page), 2 * page, PM_ACCESS_READ, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("is not mapped"));
+    /* the next call asks the kernel again */
+    if (kernel_tells_permissions())
+        CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_READ, NULL, NULL),
+                     PM_ERROR_INVALID_VALUE);
+    munmap(p, 2 * page);
+}
+
+typedef struct {
+    uint8_t *pages; /* page 0 read-write, page 1 inaccessible, page 2 unmapped */
+    int tells;      /* the kernel says what a mapping permits */
+    int rounds;
+} threads_arg;
+
+static void *check_in_a_thread(void *v)
+{
+    const threads_arg *a = v;
+    for (int i = 0; i < a->rounds; i++) {
+        CHECK_RESULT(pm_mem_check_access(at(a->pages + i % 64), 64, PM_ACCESS_WRITE, NULL, NULL),
+                     PM_SUCCESS);
+        CHECK_RESULT(pm_mem_check_access(at(a->pages + 2 * page), 1, PM_ACCESS_READ, NULL, NULL),
+                     PM_ERROR_INVALID_VALUE);
+        if (a->tells)
+            CHECK_RESULT(pm_mem_check_access(at(a->pages + page), 1, PM_ACCESS_READ, NULL, NULL),
+                         PM_ERROR_INVALID_VALUE);
+    }
+    return NULL;
+}
+
+static void eight_threads(void)
+{
+    uint8_t *p = three_pages();
+    REQUIRE(p);
+    REQUIRE(mprotect(p + page, page, PROT_NONE) == 0);
+    REQUIRE(munmap(p + 2 * page, page) == 0);
+    threads_arg a = {p, kernel_tells_permissions(), 2000};
+    threads_arg args[8];
+    for (int i = 0; i < 8; i++)
+        args[i] = a;
+    pthread_t t[8];
+    unsigned started = start_threads(t, 8, check_in_a_thread, args, sizeof args[0]);
+    CHECK(started == 8);
+    join_threads(t, started);
+    munmap(p, 2 * page);
+}
+
+static int open_files(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* A kernel before 6.11 refuses the first query: the file is closed and every
+ * check asks msync (a process of its own, since the file is opened once). */
+static void kernel_without_the_query(void)
+{
+    uint8_t *p = three_pages();
+    REQUIRE(p);
+    REQUIRE(mprotect(p, page, PROT_NONE) == 0);
+    REQUIRE(munmap(p + 2 * page, page) == 0);
+    int files = open_files();
+    atomic_store(&pm__fault_maps_query, 1); /* the query that tries the file */
+    CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_READ, NULL, NULL), PM_SUCCESS);
+    CHECK(atomic_load(&pm__fault_maps_query) == 0);
+    CHECK(open_files() == files);
+    CHECK_RESULT(pm_mem_check_access(at(p + page), 2 * page, PM_ACCESS_WRITE, NULL, NULL),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK(detail_has("is not mapped"));
+    CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_WRITE, NULL, NULL), PM_SUCCESS);
+    munmap(p, 2 * page);
+}
+
+int main(int argc, char **argv)
+{
+    page = (size_t)sysconf(_SC_PAGESIZE);
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    printf("backend: %s\n", pm_backend_name());
+    if (argc > 1 && strcmp(argv[1], "no_query") == 0) {
+        kernel_without_the_query();
+    } else {
+        bad_arguments();
+        plain_pages();
+        unmapped_pages();
+        pages_the_process_may_not_touch();
+        device_memory();
+        page_locked_memory();
+        query_refused_midway();
+        eight_threads();
+    }
+    return check_finish("access");
+}
