@@ -86,14 +86,14 @@ def _check_access(addresses, sizes, role, write):
     for the elements after it."""
     lo, hi = _span(addresses, sizes)
     good = []
-    if hi is not None and access_problem(lo, hi - lo, write, good) is None:
+    if hi is not None and access_problem(lo, hi - lo, write, good, _WHAT) is None:
         return
     for i, (a, n) in enumerate(zip(addresses, sizes)):
         if not n:
             continue
-        problem = access_problem(a, n, write, good)
+        problem = access_problem(a, n, write, good, _WHAT)
         if problem is not None:
-            raise ValueError(f"{_WHAT}: element {i}'s {role} {a:#x} (+{n} bytes) {problem}")
+            raise ValueError(f"{_WHAT}: element {i}'s {role} {problem}")
 
 
 def copy_batch(dsts, srcs, sizes, *, stream=None):

@@ -51,7 +51,7 @@ def _size(nbytes, dst_n, src_n):
 def _check_access(role, address, n, write):
     problem = access_problem(address, n, write)
     if problem is not None:
-        raise ValueError(f"pinmem.copy: the {role} address {address:#x} (+{n} bytes) {problem}")
+        raise ValueError(f"pinmem.copy: the {role} {problem}")
 
 
 def copy(dst, src, nbytes=None, *, stream=None):

@@ -110,6 +110,8 @@ _FUNCTIONS = {
     "pm_mem_host_get_flags": (c_result, [ctypes.POINTER(ctypes.c_uint), c_ptr]),
     "pm_mem_get_address_range": (c_result, [ctypes.POINTER(c_devptr), ctypes.POINTER(c_size),
                                             c_devptr]),
+    "pm_mem_check_access": (c_result, [c_devptr, c_size, ctypes.c_uint, ctypes.POINTER(c_devptr),
+                                       ctypes.POINTER(c_size)]),
     "pm_stream_create": (c_result, [ctypes.POINTER(c_ptr)]),
     "pm_stream_destroy": (c_result, [c_ptr]),
     "pm_stream_synchronize": (c_result, [c_ptr]),

@@ -37,8 +37,6 @@ DEVICE = "device"
 UNKNOWN = "unknown"  # an int address: the library tells
 
 
-_PAGE = __import__("mmap").PAGESIZE
-
 # The memory behind live pinmem objects (Buffer, DeviceBuffer, Registration),
 # base address -> bytes, and the same bases sorted: each object adds its
 # range when made and removes it before the memory goes, so an int address
@@ -92,37 +90,26 @@ def _owned_holds(address, nbytes):
 _REMEMBERED = 16
 
 
-def access_problem(address, nbytes, write, good=None):
+def access_problem(address, nbytes, write, good=None, what="pinmem.copy"):
     """None when a copy may read (or, with write, write) [address, address +
-    nbytes); else why not, as words to follow the address in an error.
-    Inside a live pinmem object it may; otherwise the system is asked
-    (_access). good: a list that keeps the mappings and device allocations
-    found good between calls (a batch's), newest first."""
+    nbytes); else why not, as words to follow "the source" or "the
+    destination" in an error. Inside a live pinmem object it may; otherwise
+    the library asks the system (_access). good: a list that keeps the
+    mappings and device allocations found good between calls (a batch's),
+    newest first."""
     if _owned_holds(address, nbytes):
         return None
-    end = address + max(nbytes, 1)
-    if end > 1 << 64:
-        return "runs past the end of the address space"
     if good:
+        end = address + nbytes
         for lo, hi in good:
             if lo <= address and end <= hi:
                 return None
-    found = None if good is None else []
-    verdict = _access.query(address - address % _PAGE, end, write, found)
-    if verdict is _access.UNMAPPED:
-        return "is not mapped in this process"
-    if verdict is _access.NO_ACCESS:
-        return f"is not {'writable' if write else 'readable'} in this process"
-    if verdict is _access.NOTHING_PERMITTED:
-        device = _access.device_allocation(address, nbytes)
-        if device is None:
-            return (f"is neither {'writable' if write else 'readable'} host memory nor inside one "
-                    f"device allocation")
-        found = None if good is None else [device]
-    if found is not None and len(found) == 1:
-        good.insert(0, found[0])
+    spans = None if good is None else []
+    problem = _access.problem(address, nbytes, write, spans, what)
+    if spans:
+        good.insert(0, spans[0])
         del good[_REMEMBERED:]
-    return None
+    return problem
 
 
 class Side:
