@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
-#include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,9 +46,7 @@ struct pm__procmap_query {
  * where none does, or another errno where the kernel does not answer. */
 static int query_mapping(int fd, uintptr_t address, struct pm__procmap_query *q)
 {
-    memset(q, 0, sizeof *q);
-    q->size = sizeof *q;
-    q->query_addr = address;
+    *q = (struct pm__procmap_query){.size = sizeof *q, .query_addr = address};
     if (PM__TEST_FAULT(pm__fault_maps_query)) {
         errno = ENOTTY; /* as a kernel before 6.11 answers */
         return -1;
