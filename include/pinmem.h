@@ -135,6 +135,9 @@ typedef struct pm_capabilities {
     size_t page_size;
     size_t huge_page_size;                /* 0 when transparent huge pages are unavailable */
     char huge_page_mode[16];              /* "always", "madvise", "never" or "unavailable" */
+    int access_checks_permissions;        /* 1: pm_mem_check_access learns what each mapping
+                                             permits (Linux 6.11 and later); 0: only whether
+                                             each page is mapped */
 } pm_capabilities;
 
 /* Fills *caps as far as caps->struct_size goes (caps and its struct_size are

@@ -7,83 +7,20 @@
  * say whether the range is one allocation they know. Older kernels leave
  * msync, which says only whether every page is mapped. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "errors.h"
 #include "instance.h"
-#include "test_hooks.h"
-
-/* struct procmap_query of include/uapi/linux/fs.h, declared here so that the
- * library builds with older kernel headers; names and build ids are not asked
- * for (their sizes stay 0). */
-struct pm__procmap_query {
-    uint64_t size;
-    uint64_t query_flags;
-    uint64_t query_addr;
-    uint64_t vma_start;
-    uint64_t vma_end;
-    uint64_t vma_flags;
-    uint64_t vma_page_size;
-    uint64_t vma_offset;
-    uint64_t inode;
-    uint32_t dev_major;
-    uint32_t dev_minor;
-    uint32_t vma_name_size;
-    uint32_t build_id_size;
-    uint64_t vma_name_addr;
-    uint64_t build_id_addr;
-};
-
-#define PM__PROCMAP_QUERY _IOWR('f', 17, struct pm__procmap_query)
-#define PM__VMA_READABLE 0x1u
-#define PM__VMA_WRITABLE 0x2u
-
-/* The mapping that holds address (query_flags 0), or -1 with errno ENOENT
- * where none does, or another errno where the kernel does not answer. */
-static int query_mapping(int fd, uintptr_t address, struct pm__procmap_query *q)
-{
-    *q = (struct pm__procmap_query){.size = sizeof *q, .query_addr = address};
-    if (PM__TEST_FAULT(pm__fault_maps_query)) {
-        errno = ENOTTY; /* as a kernel before 6.11 answers */
-        return -1;
-    }
-    return ioctl(fd, PM__PROCMAP_QUERY, q);
-}
-
-/* /proc/self/maps, opened once; -1 where the kernel cannot say what a mapping
- * permits. A forked child never gets here with its parent's file: every call
- * of a child forked after initialisation refuses. */
-static int maps_file(pm__instance *inst)
-{
-    int fd = atomic_load_explicit(&inst->maps_fd, memory_order_acquire);
-    if (fd != PM__MAPS_UNOPENED)
-        return fd;
-    fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    struct pm__procmap_query q;
-    if (fd >= 0 && query_mapping(fd, (uintptr_t)&q, &q) != 0) {
-        close(fd); /* no PROCMAP_QUERY here */
-        fd = -1;
-    }
-    int expected = PM__MAPS_UNOPENED;
-    if (!atomic_compare_exchange_strong_explicit(&inst->maps_fd, &expected, fd,
-                                                 memory_order_acq_rel, memory_order_acquire)) {
-        if (fd >= 0)
-            close(fd); /* another thread opened it first */
-        fd = expected;
-    }
-    return fd;
-}
+#include "proc_maps.h"
 
 typedef enum {
     ACCESS_GOOD,
     ACCESS_UNMAPPED,
-    ACCESS_DENIED,       /* a mapping permits some access, not the one asked */
-    ACCESS_NOTHING,      /* a mapping permits nothing: a guard page, or device memory */
-    ACCESS_UNANSWERED    /* the kernel did not answer: ask msync */
+    ACCESS_DENIED,    /* a mapping permits some access, not the one asked */
+    ACCESS_NOTHING,   /* a mapping permits nothing: a guard page, or device memory */
+    ACCESS_UNANSWERED /* the kernel did not answer: ask msync */
 } access_verdict;
 
 /* The verdict for [start, end), walking its mappings; *one_lo and *one_hi get
@@ -91,18 +28,16 @@ typedef enum {
 static access_verdict ask_mappings(int fd, uintptr_t start, uintptr_t end, unsigned access,
                                    uintptr_t *one_lo, uintptr_t *one_hi)
 {
-    unsigned want = ((access & PM_ACCESS_READ) ? PM__VMA_READABLE : 0) |
-                    ((access & PM_ACCESS_WRITE) ? PM__VMA_WRITABLE : 0);
-    struct pm__procmap_query q;
-    for (uintptr_t at = start; at < end; at = (uintptr_t)q.vma_end) {
-        if (query_mapping(fd, at, &q) != 0)
+    bool read = access & PM_ACCESS_READ, write = access & PM_ACCESS_WRITE;
+    pm__mapping m;
+    for (uintptr_t at = start; at < end; at = m.end) {
+        if (pm__proc_maps_query(fd, at, &m) != 0)
             return errno == ENOENT ? ACCESS_UNMAPPED : ACCESS_UNANSWERED;
-        if ((q.vma_flags & want) != want)
-            return (q.vma_flags & (PM__VMA_READABLE | PM__VMA_WRITABLE)) ? ACCESS_DENIED
-                                                                          : ACCESS_NOTHING;
-        if (at == start && q.vma_end >= end) {
-            *one_lo = (uintptr_t)q.vma_start;
-            *one_hi = (uintptr_t)q.vma_end;
+        if ((read && !m.readable) || (write && !m.writable))
+            return m.readable || m.writable ? ACCESS_DENIED : ACCESS_NOTHING;
+        if (at == start && m.end >= end) {
+            *one_lo = m.start;
+            *one_hi = m.end;
         }
     }
     return ACCESS_GOOD;
@@ -138,7 +73,7 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     uintptr_t start = (uintptr_t)p & ~(page - 1);
     uintptr_t end = (uintptr_t)p + bytes;
     uintptr_t lo = 0, hi = 0;
-    int fd = maps_file(inst);
+    int fd = pm__instance_maps_file(inst);
     access_verdict verdict = fd >= 0 ? ask_mappings(fd, start, end, access, &lo, &hi)
                                      : ACCESS_UNANSWERED;
     if (verdict == ACCESS_UNANSWERED)

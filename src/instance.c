@@ -11,7 +11,11 @@
 #include "budget.h"
 #include "errors.h"
 #include "options.h"
+#include "proc_maps.h"
 #include "versioned.h"
+
+/* maps_fd until /proc/self/maps is first asked for. */
+#define MAPS_UNOPENED (-2)
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static atomic_bool ready; /* set once initialise succeeded: one load on the hot path */
@@ -87,7 +91,7 @@ static void initialise(void)
     init_result = pm__options_load(); /* a bad PINMEM_* value fails here */
     if (init_result == PM_SUCCESS)
         init_result = open_backend(&instance.backend);
-    atomic_init(&instance.maps_fd, PM__MAPS_UNOPENED);
+    atomic_init(&instance.maps_fd, MAPS_UNOPENED);
     if (init_result == PM_SUCCESS) {
         instance.ranges = pm__ranges_create();
         if (!instance.ranges)
@@ -141,6 +145,22 @@ const char *pm_backend_name(void)
     return inst ? inst->backend.name : NULL;
 }
 
+int pm__instance_maps_file(pm__instance *inst)
+{
+    int fd = atomic_load_explicit(&inst->maps_fd, memory_order_acquire);
+    if (fd != MAPS_UNOPENED)
+        return fd;
+    fd = pm__proc_maps_open();
+    int expected = MAPS_UNOPENED;
+    if (!atomic_compare_exchange_strong_explicit(&inst->maps_fd, &expected, fd,
+                                                 memory_order_acq_rel, memory_order_acquire)) {
+        if (fd >= 0)
+            close(fd); /* another thread opened it first */
+        fd = expected;
+    }
+    return fd;
+}
+
 pm_result pm_get_capabilities(pm_capabilities *caps)
 {
     PM__INSTANCE_OR_RETURN(inst);
@@ -152,6 +172,7 @@ pm_result pm_get_capabilities(pm_capabilities *caps)
     full.struct_size = n;
     /* Whether the limit binds can change (setrlimit, capabilities dropped). */
     full.pinning_limited_by_memlock_rlimit = inst->backend.pinnable_bytes() != SIZE_MAX;
+    full.access_checks_permissions = pm__instance_maps_file(inst) >= 0;
     memcpy(caps, &full, n);
     return PM_SUCCESS;
 }

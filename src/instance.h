@@ -9,21 +9,21 @@
 #include "backend/backend.h"
 #include "ranges.h"
 
-/* maps_fd before pm_mem_check_access first opens /proc/self/maps. */
-#define PM__MAPS_UNOPENED (-2)
-
 typedef struct pm__instance {
     pm__backend backend;
     pm__ranges *ranges;
-    /* /proc/self/maps, which says what each mapping permits: opened on first
-     * use; -1 where the kernel cannot say (pm_mem_check_access). */
-    _Atomic int maps_fd;
+    _Atomic int maps_fd; /* see pm__instance_maps_file */
 } pm__instance;
 
 /* The instance, or NULL with *r set (and the thread's detail recorded) when
  * no backend could be initialised, or in a child forked after the library
  * was initialised (pinmem.h, pm_init). The same answer on every call. */
 pm__instance *pm__instance_get(pm_result *r);
+
+/* /proc/self/maps, which says what each mapping permits (proc_maps.h):
+ * opened on first use and kept; -1 where the kernel cannot say. A forked
+ * child never reads its parent's: every call of such a child refuses. */
+int pm__instance_maps_file(pm__instance *inst);
 
 /* The backend. There are two ways to it, one for each kind of code: a
  * public call takes the instance its preamble (PM__INSTANCE_OR_RETURN)

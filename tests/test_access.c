@@ -43,6 +43,13 @@ static uint8_t *three_pages(void)
     return p == MAP_FAILED ? NULL : p;
 }
 
+static void capabilities(int tells)
+{
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    REQUIRE_RESULT(pm_get_capabilities(&caps), PM_SUCCESS);
+    CHECK(caps.access_checks_permissions == tells);
+}
+
 static void bad_arguments(void)
 {
     uint8_t byte = 0;
@@ -277,6 +284,7 @@ static void kernel_without_the_query(void)
                  PM_ERROR_INVALID_VALUE);
     CHECK(detail_has("is not mapped"));
     CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_WRITE, NULL, NULL), PM_SUCCESS);
+    capabilities(0);
     munmap(p, 2 * page);
 }
 
@@ -288,6 +296,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "no_query") == 0) {
         kernel_without_the_query();
     } else {
+        capabilities(kernel_tells_permissions());
         bad_arguments();
         plain_pages();
         unmapped_pages();

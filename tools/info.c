@@ -195,6 +195,9 @@ int cmd_info(void)
     printf("  huge page size:        %s\n",
            c.huge_page_size ? human_size(c.huge_page_size, huge, sizeof huge) : "none");
     printf("  transparent huge pages: %s\n", c.huge_page_mode);
+    printf("  address checks:        %s\n",
+           c.access_checks_permissions ? "each mapping's permissions (PROCMAP_QUERY)"
+                                       : "mapped or not (a kernel before 6.11)");
     print_memlock_limit();
     print_numa_nodes();
     print_ring();

@@ -91,6 +91,6 @@ def capabilities():
         out[name] = value.decode(errors="replace") if isinstance(value, bytes) else value
     for flag in ("can_map_host_memory", "unified_addressing", "can_use_host_pointer_for_registered_mem",
                  "read_only_host_register_supported", "pageable_memory_access_uses_host_page_tables",
-                 "pinning_limited_by_memlock_rlimit"):
+                 "pinning_limited_by_memlock_rlimit", "access_checks_permissions"):
         out[flag] = bool(out[flag])
     return out

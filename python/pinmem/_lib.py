@@ -49,6 +49,7 @@ class Capabilities(ctypes.Structure):
         ("page_size", c_size),
         ("huge_page_size", c_size),
         ("huge_page_mode", ctypes.c_char * 16),
+        ("access_checks_permissions", ctypes.c_int),
     ]
 
 

@@ -57,6 +57,10 @@ def _kernel_tells_permissions():
         os.close(fd)
 
 
+def test_capabilities_say_whether_permissions_are_checked():
+    assert pinmem.capabilities()["access_checks_permissions"] is _kernel_tells_permissions()
+
+
 @pytest.fixture
 def permissions_known():
     """Skips where the kernel cannot tell a mapping's permissions."""
