@@ -104,6 +104,8 @@ static int used_child(void *arg)
                    "pm_mem_host_get_device_pointer");
     expect_refusal(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)st->host),
                    "pm_mem_get_address_range");
+    expect_refusal(pm_mem_check_access((pm_deviceptr)(uintptr_t)st->host, 64, PM_ACCESS_READ, NULL,
+                                       NULL), "pm_mem_check_access");
     /* The pool fast paths: this thread's cache and memos came from the parent. */
     expect_refusal(pm_mem_alloc_from_pool(&p, 64, st->pool), "pm_mem_alloc_from_pool");
     expect_refusal(pm_mem_free(st->pool_block), "pm_mem_free");

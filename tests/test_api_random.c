@@ -580,6 +580,26 @@ static void op_unregister(void)
     }
 }
 
+/* pm_mem_check_access over the arena: every page read-write but the
+ * read-only one (refused to writes where the kernel says what a mapping
+ * permits) and the hole (refused, unless something was mapped there since). */
+static void check_access_of(const uint8_t *q, size_t n)
+{
+    const uintptr_t u = (uintptr_t)q;
+    const unsigned access = 1 + (unsigned)rnd(3);
+    pm_result r = pm_mem_check_access((pm_deviceptr)u, n, access, NULL, NULL);
+    if (!in_arena(u, n))
+        return;
+    const uintptr_t ro = (uintptr_t)arena + ro_page * page, hole = (uintptr_t)arena + hole_page * page;
+    const bool over_ro = u < ro + page && ro < u + n, over_hole = u < hole + page && hole < u + n;
+    if (over_hole && is_mapped(hole))
+        return;
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    const bool tells = pm_get_capabilities(&caps) == PM_SUCCESS && caps.access_checks_permissions;
+    const bool refused = over_hole || (over_ro && (access & PM_ACCESS_WRITE) && tells);
+    expect_result(r, refused ? PM_ERROR_INVALID_VALUE : PM_SUCCESS, "pm_mem_check_access", q);
+}
+
 static void op_query(void)
 {
     uint8_t *q = pick_pointer(false);
@@ -593,7 +613,10 @@ static void op_query(void)
     pm_deviceptr d = 0, base = 0;
     size_t size = 0;
     pm_result r;
-    switch (rnd(3)) {
+    switch (rnd(4)) {
+    case 3:
+        check_access_of(q, 1 + rnd(2 * page));
+        break;
     case 0:
         if (one_in(30)) {
             expect_result(pm_mem_host_get_flags(NULL, q), PM_ERROR_INVALID_VALUE,
