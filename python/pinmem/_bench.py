@@ -288,8 +288,8 @@ def bench_overhead(reps):
             ("pinmem.copy(int, int, 64)", per_call(lambda: pinmem.copy(d_ptr, s_ptr, n))),
             ("pinmem.copy(DeviceBuffer, Buffer, 64)", per_call(lambda: pinmem.copy(dst, src, n)))]
     # an int address inside a pinmem buffer needs no system call; one that
-    # pinmem holds no object for is asked about (_access.py): a host page's
-    # mapping, and for device memory the library too
+    # pinmem holds no object for is checked by the library
+    # (pm_mem_check_access): its mappings, and for device memory its allocation
     rows.append(("pinmem.copy(int, int inside a Buffer)", per_call(lambda: pinmem.copy(d_ptr, s_ptr + 64, n))))
     page = bytearray(4096)
     held = (ctypes.c_char * len(page)).from_buffer(page)

@@ -109,8 +109,6 @@ _FUNCTIONS = {
     "pm_mem_host_register": (c_result, [c_ptr, c_size, ctypes.c_uint]),
     "pm_mem_host_unregister": (c_result, [c_ptr]),
     "pm_mem_host_get_flags": (c_result, [ctypes.POINTER(ctypes.c_uint), c_ptr]),
-    "pm_mem_get_address_range": (c_result, [ctypes.POINTER(c_devptr), ctypes.POINTER(c_size),
-                                            c_devptr]),
     "pm_mem_check_access": (c_result, [c_devptr, c_size, ctypes.c_uint, ctypes.POINTER(c_devptr),
                                        ctypes.POINTER(c_size)]),
     "pm_stream_create": (c_result, [ctypes.POINTER(c_ptr)]),

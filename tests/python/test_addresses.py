@@ -26,7 +26,7 @@ _PROT_NONE = 0
 
 
 @pytest.fixture
-def msync_calls(monkeypatch):
+def system_checks(monkeypatch):
     """Counts the checks that reach the library, as (address, nbytes)."""
     calls = []
     real = _access.problem
@@ -84,7 +84,7 @@ def pages():
     _libc.munmap(base, 3 * PAGE)
 
 
-def test_inside_a_live_buffer_needs_no_system_call(msync_calls):
+def test_inside_a_live_buffer_needs_no_system_call(system_checks):
     src = bytes(range(256)) * 4
     with pinmem.empty(4096) as b, pinmem.device_empty(4096) as dev:
         pinmem.copy(b.ptr + 100, src, len(src))  # inside, not at the base
@@ -93,10 +93,10 @@ def test_inside_a_live_buffer_needs_no_system_call(msync_calls):
         out = bytearray(len(src))
         pinmem.copy(out, dev.ptr + 8, len(src))
         assert bytes(out) == src
-    assert msync_calls == []
+    assert system_checks == []
 
 
-def test_inside_a_registration_needs_no_system_call(msync_calls):
+def test_inside_a_registration_needs_no_system_call(system_checks):
     mem = bytearray(3 * PAGE)
     try:
         reg = pinmem.register(mem)
@@ -106,12 +106,12 @@ def test_inside_a_registration_needs_no_system_call(msync_calls):
         address = reg.ptr
         pinmem.copy(address + 10, b"abc", 3)
         assert mem[10:13] == b"abc"
-        assert msync_calls == []
+        assert system_checks == []
     # closed: the address is pinmem's no longer and is asked about
     out = bytearray(3)
     pinmem.copy(out, address + 10, 3)
     assert out == b"abc"
-    assert len(msync_calls) == 1
+    assert len(system_checks) == 1
 
 
 def _address_of(obj):
@@ -122,12 +122,12 @@ def _address_of(obj):
         del held
 
 
-def test_foreign_address_is_checked_once(msync_calls):
+def test_foreign_address_is_checked_once(system_checks):
     mem = bytearray(1000)
     address = _address_of(mem)
     pinmem.copy(address, b"x" * 1000, 1000)
     assert mem == b"x" * 1000
-    assert msync_calls == [(address, 1000)]  # the whole range, once
+    assert system_checks == [(address, 1000)]  # the whole range, once
 
 
 def test_just_freed_buffer_is_checked_and_refused():
@@ -182,14 +182,14 @@ def test_range_with_an_unmapped_page_inside(pages):
     pinmem.copy(pages + 2 * PAGE, b"z" * PAGE, PAGE)
 
 
-def test_range_past_a_live_buffer_is_checked(msync_calls):
+def test_range_past_a_live_buffer_is_checked(system_checks):
     with pinmem.empty(PAGE) as b:
         pinmem.copy(bytearray(16), b.ptr + PAGE - 16, 16)
-        assert msync_calls == []
+        assert system_checks == []
         # 32 bytes from 16 before the end run past the buffer: the system
         # is asked (only asked: the next page is none of this test's)
         _resolve.access_problem(b.ptr + PAGE - 16, 32, False)
-        assert len(msync_calls) == 1
+        assert len(system_checks) == 1
 
 
 def test_page_the_process_may_not_touch(pages, permissions_known):
@@ -243,7 +243,7 @@ def _foreign_device_memory(nbytes):
     return lib, d.value
 
 
-def test_foreign_device_addresses(msync_calls):
+def test_foreign_device_addresses(system_checks):
     n = 1 << 16
     lib, first = _foreign_device_memory(n)
     _, second = _foreign_device_memory(n)
@@ -260,10 +260,10 @@ def test_foreign_device_addresses(msync_calls):
         dsts = [a + i * step for a in (first, second) for i in range(blocks)]
         back = bytearray(2 * n)
         host = _address_of(back)
-        msync_calls.clear()
+        system_checks.clear()
         pinmem.copy_batch([host + i * step for i in range(2 * blocks)], dsts, [step] * 2 * blocks)
         assert back[:n] == data
-        assert len(msync_calls) <= 4
+        assert len(system_checks) <= 4
         # past the allocation's end: refused before anything moves
         with pytest.raises((ValueError, pinmem.PinmemError)):
             pinmem.copy(bytearray(128), first + n - 64, 128)
