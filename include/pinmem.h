@@ -565,9 +565,10 @@ typedef enum {
  * pm_init and every later call). */
 typedef struct pm_copy_config {
     size_t struct_size;          /* set by the caller */
-    unsigned workers;            /* staging threads (the caller helps as well) */
+    unsigned workers;            /* staging threads of each device's engine (the caller
+                                    helps as well) */
     size_t chunk_bytes;          /* size of one staging buffer, moved by one DMA */
-    unsigned buffers;            /* staging buffers in the ring */
+    unsigned buffers;            /* staging buffers in each engine's ring */
     size_t direct_max;           /* pageable copies to the device up to this size go
                                     through the driver's own path, which is cheaper for
                                     them (default 512 KiB); (size_t)-1: none do */
@@ -644,13 +645,16 @@ typedef struct pm_copy_stats {
     unsigned long long staging_wait_ns;  /* waiting for a free buffer or for a DMA */
     unsigned long long staging_queue_ns; /* queuing DMAs and markers with the backend */
     unsigned htod_fillers;               /* workers that fill buffers for host-to-device
-                                            copies now (steered between 1 and htod_workers) */
+                                            copies now (steered between 1 and htod_workers
+                                            in each device's engine), all engines' */
     unsigned long long demoted_bytes;    /* of staged_bytes, those of host-to-device copies
                                             that used demoting stores (see staging_stores) */
-    unsigned staging_threads;            /* staging workers running now (a worker that could
-                                            not be started is tried again by the next staged
-                                            copy) */
-    /* The staging ring: pinned now (ring_pinned 1), or the one the next
+    unsigned staging_threads;            /* staging workers running now, all engines' (a
+                                            worker that could not be started is tried again
+                                            by the next staged copy) */
+    /* The staging ring of the first device's engine (each device whose memory
+     * a staged copy moves has an engine of its own, with a ring planned the
+     * same way): pinned now (ring_pinned 1), or the one the next
      * staged copy would pin. It is as configured where the system's limit on
      * pinned memory (RLIMIT_MEMLOCK on POSIX) and the pinned budget leave
      * room for it, taking at most a quarter of that room, else smaller; where

@@ -13,6 +13,7 @@ void *_Atomic pm__fault_capturing_stream;
 atomic_bool pm__fault_global_capture;
 atomic_bool pm__fault_places_pass;
 atomic_bool pm__fault_lanes_taken;
+atomic_bool pm__fault_engines_split;
 _Thread_local int pm__test_thread_relaxed;
 
 int pm__test_relax_thread(void)

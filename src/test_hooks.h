@@ -44,6 +44,12 @@ extern atomic_bool pm__fault_places_pass;
  * 16 copies on lanes: a copy that wants one makes a one-off lane. */
 extern atomic_bool pm__fault_lanes_taken;
 #define PM__TEST_LANES_TAKEN() atomic_load(&pm__fault_lanes_taken)
+/* While set, the staging engine takes a copy's engine from its device
+ * memory's address (the parity of its 2 MiB unit), as if half the memory were
+ * a second device's, so that copies run on two engines at once where there
+ * is one device. */
+extern atomic_bool pm__fault_engines_split;
+#define PM__TEST_ENGINES_SPLIT() atomic_load(&pm__fault_engines_split)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -56,6 +62,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_WAIT_REFUSED() false
 #define PM__TEST_PLACES_PASS() false
 #define PM__TEST_LANES_TAKEN() false
+#define PM__TEST_ENGINES_SPLIT() false
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

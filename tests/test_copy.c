@@ -336,6 +336,66 @@ static void both_ways(void)
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }
 
+/* Copies on two engines at once, as on two devices (the hook takes a copy's
+ * engine by its device memory's 2 MiB unit): eight threads copying both ways
+ * with the two engines' workers, and four both ways at once, every byte
+ * arriving; each engine starts its own workers; a new shape of engine stops
+ * both, and copies on each start it again. */
+static unsigned staging_threads_now(void)
+{
+    pm_copy_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_copy_get_stats(&st), PM_SUCCESS);
+    return st.staging_threads;
+}
+
+/* A round trip through memory of each engine: at dev and in the next 2 MiB
+ * unit, whose parity differs. */
+static bool round_trips_on_both_engines(unsigned seed)
+{
+    const size_t n = (512 << 10) + 777, unit = (size_t)2 << 20;
+    uint8_t *src SCOPED_MALLOC = malloc(n), *dst SCOPED_MALLOC = malloc(n);
+    pm_deviceptr dev SCOPED_DEVICE = device_alloc(2 * unit + n);
+    REQUIRE_OR(src && dst && dev, false);
+    const pm_deviceptr at[2] = {dev, dev + (unit - (size_t)(dev & (unit - 1)))};
+    bool ok = true;
+    for (unsigned k = 0; k < 2; k++) {
+        fill(src, n, seed + k);
+        memset(dst, 0, n);
+        CHECK_RESULT(pm_memcpy_htod(at[k], src, n), PM_SUCCESS);
+        CHECK_RESULT(pm_memcpy_dtoh(dst, at[k], n), PM_SUCCESS);
+        ok &= first_mismatch(dst, n, seed + k) == n;
+    }
+    CHECK(ok);
+    return ok;
+}
+
+static void two_engines(void)
+{
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    atomic_store(&pm__fault_engines_split, true);
+    if (round_trips_on_both_engines(600))
+        CHECK(staging_threads_now() == 2 * saved.workers);
+    copy_threads(8, 610, false);
+    pthread_t t[4];
+    one_way w[4];
+    for (unsigned i = 0; i < 4; i++)
+        w[i] = (one_way){.to_device = i % 2 == 0, .seed = 620 + i};
+    unsigned started = start_threads(t, 4, one_way_thread, w, sizeof w[0]);
+    CHECK(started == 4);
+    join_threads(t, started);
+    for (unsigned i = 0; i < started; i++)
+        CHECK(w[i].failures == 0);
+    pm_copy_config fewer = saved;
+    fewer.workers = saved.workers > 1 ? saved.workers - 1 : 2;
+    CHECK_RESULT(pm_copy_set_config(&fewer), PM_SUCCESS);
+    CHECK(staging_threads_now() == 0);
+    if (round_trips_on_both_engines(630))
+        CHECK(staging_threads_now() == 2 * fewer.workers);
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+    atomic_store(&pm__fault_engines_split, false);
+}
+
 /* Whether one plan keeps its rules: the pieces follow one another from 0 to the
  * copy, the first is the first piece (or the whole copy), each is twice the
  * one before until the target, none is larger than a buffer, the slices
@@ -939,6 +999,7 @@ int main(void)
     eight_threads_on_their_own_streams();
     small_rings();
     both_ways();
+    two_engines();
     piece_plans();
     piece_settings();
     steered_fillers();

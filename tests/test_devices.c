@@ -532,10 +532,13 @@ static void *copy_on_device(void *arg)
 }
 
 /* Two threads, each copying pageable memory to its own device and back at
- * the same time: every byte arrives. */
+ * the same time: every byte arrives, and each device's copies ran on an
+ * engine of its own (two engines' workers run). */
 static void copies_to_two_devices_at_once(void)
 {
     NEED_TWO_DEVICES();
+    pm_copy_config config = {.struct_size = sizeof config};
+    CHECK_RESULT(pm_copy_get_config(&config), PM_SUCCESS);
     device_copy c[2] = {{.ordinal = 0, .bytes = 64 << 20}, {.ordinal = 1, .bytes = 64 << 20}};
     pthread_t t[2];
     bool started[2];
@@ -552,6 +555,9 @@ static void copies_to_two_devices_at_once(void)
         CHECK_RESULT(c[i].from, PM_SUCCESS);
         CHECK(c[i].same);
     }
+    pm_copy_stats stats = {.struct_size = sizeof stats};
+    CHECK_RESULT(pm_copy_get_stats(&stats), PM_SUCCESS);
+    CHECK(stats.staging_threads == 2 * config.workers);
 }
 
 typedef struct foreign_stream {

@@ -8,7 +8,7 @@
  * tests/check_layers.sh):
  *   memcopy, counters, backend_copy, store_choice   CPU copies, counters, the backend's copy calls
  *   settings                                        the settings in effect and their gate
- *   staging_*, staging, regcache                    the staging engine, the registration cache
+ *   staging_*, staging, regcache                    the staging engines, the registration cache
  *   copy                                            pm_memcpy_htod/dtoh[_async]: the front end
  *   memcpy                                          pm_memcpy[_async], pm_device_alloc/free
  *   batch_overlap, batch_run, batch                 pm_memcpy_batch_async (batch.h)

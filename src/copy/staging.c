@@ -42,11 +42,16 @@
  * leave the ring in the CPU's cache for the DMA engine at twice the CPU cost
  * (memcopy.c); whether they do is learnt from timed copies (store_choice.h).
  *
- * Its files, lowest first: staging_engine.c (the one instance; the types are
- * in staging_engine.h); staging_lanes.c (streams for copies on their caller's
- * own stream); staging_twin.c (pieces through the device twin);
- * staging_slices.c (claiming and running slices, the DMAs and the waits for
- * them); staging_steer.c (fillers, stores, spinners); staging_workers.c;
+ * Each device has an engine of its own (its ring, its workers), made on the
+ * first copy that moves that device's memory, so that copies to several
+ * devices at once do not share one engine's threads and buffers.
+ *
+ * Its files, lowest first: staging_engine.c (the engines, and which one a
+ * copy takes; the types are in staging_engine.h); staging_lanes.c (streams
+ * for copies on their caller's own stream); staging_twin.c (pieces through
+ * the device twin); staging_slices.c (claiming and running slices, the DMAs
+ * and the waits for them); staging_steer.c (fillers, stores, spinners);
+ * staging_workers.c;
  * staging_ring.c (the ring, the engine's start and stop); and this one, a
  * copy's job from its start to its end, and lists of blocks. */
 #include <pthread.h>
@@ -81,24 +86,26 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     /* Only a copy of one range in a context pinmem does not hold may run
      * elsewhere (lane_place_for); asked before the engine's lock. */
     const bool may_run_elsewhere = be->memory_place && n_segs == 1 && !be->place_lasts(&place);
-    pthread_mutex_lock(&eng.lock);
-    pm_result started = pm__staging_ensure_started_locked(set);
+    engine *eng = pm__staging_engine_for(be, segs[0].dev);
+    pthread_mutex_lock(&eng->lock);
+    pm_result started = pm__staging_ensure_started_locked(eng, set);
     if (started != PM_SUCCESS) {
-        pthread_mutex_unlock(&eng.lock);
+        pthread_mutex_unlock(&eng->lock);
         *no_ring = true;
         return started;
     }
     /* After the engine's start, which would weigh on the first copy's time. */
     const unsigned long long t0 = pm__now_ns();
-    eng.ring_split = set->ring_split;
-    atomic_store_explicit(&eng.spin_ns, set->spin_ns, memory_order_relaxed);
-    job j = {.dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
+    eng->ring_split = set->ring_split;
+    atomic_store_explicit(&eng->spin_ns, set->spin_ns, memory_order_relaxed);
+    job j = {.eng = eng,
+             .dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
              .place = place, .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
     if (kernel)
-        pm__staging_ensure_twin_locked();
+        pm__staging_ensure_twin_locked(eng);
     if (kernel && dir == PM__DTOH)
         j.kernel = pm__staging_twin_start(be, &j);
-    j.plan = pm__plan_pieces(set, dir, kernel ? eng.chunk - list_reserve() : eng.chunk, bytes,
+    j.plan = pm__plan_pieces(set, dir, kernel ? eng->chunk - list_reserve(eng) : eng->chunk, bytes,
                              n_segs == 1);
     j.slice = j.plan.slice;
     unsigned size_class = 0;
@@ -106,10 +113,10 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     pm__staging_choose_stores(set, &j, sync, &size_class, &timed);
     pm__staging_take_fillers_of(&j);
     j.slices = pm__plan_slices(&j.plan);
-    j.id = ++eng.jobs_started;
-    pm__trace_note(eng.trace, PM__TRACE_JOB_START, j.id,
+    j.id = (unsigned)(eng - pm__staging_engines) << 24 | (++eng->jobs_started & 0xffffff);
+    pm__trace_note(eng->trace, PM__TRACE_JOB_START, j.id,
                    (unsigned)(bytes >> 10 & 0x7fffffff) | (unsigned)(dir == PM__DTOH) << 31);
-    pm__staging_count_running(dir, 1);
+    pm__staging_count_running(eng, dir, 1);
     /* A copy of several slices on the caller's own stream runs on a lane,
      * where the workers' DMAs keep its order; so does one of several pieces
      * whose DMAs would queue slower from its stream's context (one DMA costs
@@ -119,12 +126,12 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     pm__lane *lane = NULL, spare_lane;
     pm__lane_places lane_at = {.own = place, .lane = place};
     if (j.slices > 1 && (own_stream || several_dmas)) {
-        pthread_mutex_unlock(&eng.lock);
+        pthread_mutex_unlock(&eng->lock);
         if (several_dmas)
             lane_at.lane = lane_place_for(be, &place, segs);
         if (own_stream || lane_at.lane.context != place.context)
-            lane = pm__staging_lane_enter(&lane_at, stream, &spare_lane);
-        pthread_mutex_lock(&eng.lock);
+            lane = pm__staging_lane_enter(eng, &lane_at, stream, &spare_lane);
+        pthread_mutex_lock(&eng->lock);
         if (lane) {
             j.stream = lane->stream;
             j.place = lane_at.lane;
@@ -134,68 +141,68 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
      * are woken, which costs the caller 15-25 µs: the DMA runs meanwhile. */
     const bool dma_first = dir == PM__DTOH && j.slices > 1;
     if (dma_first) {
-        pthread_mutex_unlock(&eng.lock);
+        pthread_mutex_unlock(&eng->lock);
         pm__staging_queue_ahead_up_to(&j, 1);
-        pthread_mutex_lock(&eng.lock);
+        pthread_mutex_lock(&eng->lock);
     }
     /* A single slice is the caller's alone: no hand-off. So is every slice of
      * a copy on the caller's own stream that found no lane: a worker's DMA
      * would land on the worker's own stream, out of the copy's order. */
     if (j.slices > 1 && !pm__stream_is_threads_own(j.stream)) {
-        eng.spin_want = pm__staging_spinners_for(&j);
+        eng->spin_want = pm__staging_spinners_for(&j);
         j.listed = true;
-        atomic_fetch_add(&eng.listed, 1); /* before the event that announces it */
-        j.following = eng.jobs;
-        if (eng.jobs)
-            eng.jobs->prev = &j;
-        eng.jobs = &j;
-        note_event();
+        atomic_fetch_add(&eng->listed, 1); /* before the event that announces it */
+        j.following = eng->jobs;
+        if (eng->jobs)
+            eng->jobs->prev = &j;
+        eng->jobs = &j;
+        note_event(eng);
         /* Every sleeper is woken unless enough workers spin: the first of
          * many to wake joins sooner than any one woken alone. */
-        unsigned awake = dir == PM__HTOD ? eng.spinning_fillers : eng.spinning;
+        unsigned awake = dir == PM__HTOD ? eng->spinning_fillers : eng->spinning;
         if (awake + 1 < j.slices) {
-            pthread_cond_broadcast(&eng.has_work);
+            pthread_cond_broadcast(&eng->has_work);
             if (dir == PM__DTOH)
-                pthread_cond_broadcast(&eng.dtoh_work);
+                pthread_cond_broadcast(&eng->dtoh_work);
         }
         /* Workers waiting for a buffer for another job may take this one's. */
-        pthread_cond_broadcast(&eng.buffer_freed);
+        pthread_cond_broadcast(&eng->buffer_freed);
     }
     if (dma_first) { /* and the next pieces' behind it */
-        pthread_mutex_unlock(&eng.lock);
+        pthread_mutex_unlock(&eng->lock);
         queue_ahead(&j);
-        pthread_mutex_lock(&eng.lock);
+        pthread_mutex_lock(&eng->lock);
     }
     claim c;
     claim_result got;
     bool woke_for_buffer = false;
-    while ((got = pm__staging_claim_slice(&j, &c, true)) != NOTHING) {
+    while ((got = pm__staging_claim_slice(eng, &j, &c, true)) != NOTHING) {
         if (woke_for_buffer)
-            pm__staging_pass_on_buffer_wake();
+            pm__staging_pass_on_buffer_wake(eng);
         woke_for_buffer = got == NEED_BUFFER;
         if (woke_for_buffer) {
-            pthread_cond_wait(&eng.buffer_freed, &eng.lock);
+            pthread_cond_wait(&eng->buffer_freed, &eng->lock);
             continue;
         }
-        pthread_mutex_unlock(&eng.lock);
+        pthread_mutex_unlock(&eng->lock);
         pm__staging_finish_slice(&c);
-        pthread_mutex_lock(&eng.lock);
+        pthread_mutex_lock(&eng->lock);
     }
     if (woke_for_buffer)
-        pm__staging_pass_on_buffer_wake();
+        pm__staging_pass_on_buffer_wake(eng);
     while (j.slices_done < j.slices)
-        pthread_cond_wait(&eng.progressed, &eng.lock);
+        pthread_cond_wait(&eng->progressed, &eng->lock);
     if (j.listed)
         pm__staging_unlist(&j);
-    pm__staging_count_running(dir, -1);
-    pm__trace_note(eng.trace, PM__TRACE_JOB_END, j.id, 0);
+    pm__staging_count_running(eng, dir, -1);
+    pm__trace_note(eng->trace, PM__TRACE_JOB_END, j.id, 0);
     if (j.error == PM_SUCCESS)
         pm__staging_steer_fillers(&j);
-    pthread_mutex_unlock(&eng.lock);
+    pthread_mutex_unlock(&eng->lock);
     /* Failed or not, nothing the job queued may run past it on its stream. */
     pm_result joined = pm__staging_twin_join(be, &j);
     if (lane) {
-        const pm_result left = pm__staging_lane_leave(&lane_at, stream, lane);
+        const pm_result left = pm__staging_lane_leave(eng, &lane_at, stream, lane);
         if (joined == PM_SUCCESS)
             joined = left;
         /* The lane may now serve another copy, or be released: the timing
@@ -231,13 +238,13 @@ pm_result pm__staged_segments(const pm__copy_settings *set, pm__direction dir,
 
 /* lock held: the oldest free buffer, for a list of blocks (there is one).
  * It counts as a host-to-device buffer while held (pm__staging_give_buffer). */
-static buffer *take_buffer(void)
+static buffer *take_buffer(engine *eng)
 {
-    buffer *b = &eng.ring[eng.queue[eng.queue_head]];
-    eng.queue_head = (eng.queue_head + 1) % eng.n_buffers;
-    eng.queue_count--;
+    buffer *b = &eng->ring[eng->queue[eng->queue_head]];
+    eng->queue_head = (eng->queue_head + 1) % eng->n_buffers;
+    eng->queue_count--;
     b->dir = PM__HTOD;
-    eng.held[PM__HTOD]++;
+    eng->held[PM__HTOD]++;
     return b;
 }
 
@@ -249,41 +256,43 @@ pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *
 {
     *no_ring = false;
     const pm__backend *be = pm__instance_backend();
-    pthread_mutex_lock(&eng.lock);
-    pm_result r = pm__staging_ensure_started_locked(set);
+    /* The lists feed launches in pinmem's own context, its device's. */
+    engine *eng = &pm__staging_engines[(unsigned)be->device_in_use % PM__ENGINES_MAX];
+    pthread_mutex_lock(&eng->lock);
+    pm_result r = pm__staging_ensure_started_locked(eng, set);
     if (r != PM_SUCCESS) {
-        pthread_mutex_unlock(&eng.lock);
+        pthread_mutex_unlock(&eng->lock);
         *no_ring = true;
         return r;
     }
-    const size_t per = eng.chunk / sizeof *blocks;
+    const size_t per = eng->chunk / sizeof *blocks;
     unsigned long long bytes = 0;
     for (size_t done = 0; done < n && r == PM_SUCCESS;) {
         bool woke = false;
-        while (eng.queue_count == 0) {
-            pthread_cond_wait(&eng.buffer_freed, &eng.lock);
+        while (eng->queue_count == 0) {
+            pthread_cond_wait(&eng->buffer_freed, &eng->lock);
             woke = true;
         }
-        buffer *b = take_buffer();
+        buffer *b = take_buffer(eng);
         if (woke)
-            pm__staging_pass_on_buffer_wake();
-        pthread_mutex_unlock(&eng.lock);
+            pm__staging_pass_on_buffer_wake(eng);
+        pthread_mutex_unlock(&eng->lock);
         const size_t k = min_size(per, n - done);
         unsigned long long t0 = pm__now_ns();
-        r = pm__staging_wait_previous_dma(NULL, b); /* failed: b is left as it is, pending */
+        r = pm__staging_wait_previous_dma(eng, NULL, b); /* failed: b is left as it is, pending */
         if (r == PM_SUCCESS) {
             memcpy(b->p, blocks + done, k * sizeof *blocks);
-            r = pm__staging_mark_behind(be, stream, b,
+            r = pm__staging_mark_behind(eng, be, stream, b,
                                         pm__copy_backend_blocks(be, b->p, k, NULL, stream), true);
         }
         count_ns(&pm__copy_count.staging_queue_ns, NULL, t0);
         for (size_t i = done; i < done + k; i++)
             bytes += blocks[i].bytes;
         done += k;
-        pthread_mutex_lock(&eng.lock);
-        pm__staging_give_buffer(b);
+        pthread_mutex_lock(&eng->lock);
+        pm__staging_give_buffer(eng, b);
     }
-    pthread_mutex_unlock(&eng.lock);
+    pthread_mutex_unlock(&eng->lock);
     if (r == PM_SUCCESS)
         atomic_fetch_add_explicit(&pm__copy_count.kernel_bytes, bytes, memory_order_relaxed);
     return r;

@@ -1,7 +1,7 @@
 /* The staging engine's shared parts, for its files alone (staging*.c): the
- * buffers of the ring, a job and the slices claimed from it, the engine's one
- * instance, the small helpers the hot paths inline, and what each file offers
- * the others. staging.c says how the engine works. */
+ * buffers of the ring, a job and the slices claimed from it, the engines (one
+ * a device), the small helpers the hot paths inline, and what each file
+ * offers the others. staging.c says how an engine works. */
 #ifndef PINMEM_STAGING_ENGINE_H
 #define PINMEM_STAGING_ENGINE_H
 
@@ -43,7 +43,10 @@ typedef struct buffer {
     size_t list_count;
 } buffer;
 
+struct engine;
+
 typedef struct job {
+    struct engine *eng; /* the engine that runs it */
     pm__direction dir;
     const pm__segment *segs; /* in order, none empty */
     size_t n_segs;
@@ -100,8 +103,8 @@ typedef struct claim {
 
 typedef enum { CLAIMED, NEED_BUFFER, NOTHING } claim_result;
 
-/* Process-wide (part of the instance), guarded by lock; the ring and thread
- * list change only with the copy gate held for writing. */
+/* One a device, process-wide (part of the instance), guarded by lock; the
+ * ring and thread list change only with the copy gate held for writing. */
 typedef struct engine {
     pthread_mutex_t lock;
     /* has_work: for the workers that take every kind of slice; dtoh_work:
@@ -131,6 +134,7 @@ typedef struct engine {
     bool ring_split;
     job *turn;       /* the job whose turn it is */
     pthread_t *threads;
+    struct worker_start *starts; /* each worker's engine and index */
     unsigned n_threads, want_threads; /* running; asked for (a start that failed is retried) */
     unsigned htod_workers; /* the most fillers */
     unsigned fillers;      /* workers 0 .. fillers - 1 take host-to-device slices */
@@ -177,10 +181,14 @@ typedef struct engine {
     unsigned fillers_of[PM__STORE_CHOICES];
 } engine;
 
-/* The one engine (staging_engine.c). Its files call it eng: a short name for
- * the lines that use it many times, as no other file includes this one. */
-extern engine pm__staging_engine;
-#define eng pm__staging_engine
+/* The engines (staging_engine.c), one a device: a copy runs on the engine of
+ * the device whose memory it moves, so that copies to several devices at once
+ * each have a ring and workers of their own (devices past PM__ENGINES_MAX
+ * share, by their ordinal's remainder). Its files call an engine eng. */
+enum { PM__ENGINES_MAX = 16 };
+extern engine pm__staging_engines[PM__ENGINES_MAX];
+/* The engine of a copy whose device memory is at dev. */
+engine *pm__staging_engine_for(const pm__backend *be, pm_deviceptr dev);
 
 /* Adds the time since `since` to the engine's counter and the job's (if any). */
 static inline void count_ns(_Atomic unsigned long long *counter,
@@ -204,12 +212,12 @@ static inline void cpu_relax(void)
 }
 
 /* lock held: something a worker may claim may have changed. */
-static inline void note_event(void) { atomic_fetch_add(&eng.events, 1); }
+static inline void note_event(engine *eng) { atomic_fetch_add(&eng->events, 1); }
 
 /* The bytes a kernel job leaves free in each buffer for the list of a
  * piece's blocks, which lies right after the piece's bytes: a sixteenth, so
  * that the list of a buffer of blocks of 400 bytes or more fits. */
-static inline size_t list_reserve(void) { return eng.chunk / 16; }
+static inline size_t list_reserve(const engine *eng) { return eng->chunk / 16; }
 
 /* staging_lanes.c: copies on a lane instead of their caller's stream. */
 /* Work queued on waiter from now on follows the work queued on s so far. */
@@ -223,21 +231,23 @@ typedef struct pm__lane_places {
 /* Lock not held: a lane of at->lane that follows own, for a job whose
  * workers queue its work there (a kept one, or one made for this job in
  * spare, which must outlive the job); NULL where none could be had. */
-pm__lane *pm__staging_lane_enter(const pm__lane_places *at, pm_stream_t own, pm__lane *spare);
+pm__lane *pm__staging_lane_enter(engine *eng, const pm__lane_places *at, pm_stream_t own,
+                                  pm__lane *spare);
 /* Lock not held, at the job's end: own follows the lane (or, where that
  * cannot be queued, the lane's work is done), and the lane is free again. */
-pm_result pm__staging_lane_leave(const pm__lane_places *at, pm_stream_t own, pm__lane *lane);
+pm_result pm__staging_lane_leave(engine *eng, const pm__lane_places *at, pm_stream_t own,
+                                 pm__lane *lane);
 /* As the ring is freed (no job running): every lane's work waited for and
  * its stream destroyed. */
-void pm__staging_release_lanes(void);
+void pm__staging_release_lanes(engine *eng);
 
 /* staging_twin.c: kernel jobs' pieces through the ring's device twin. */
 /* lock held, as a kernel job starts: the ring's device twin and the launch
  * stream, made once (a failure leaves kernel jobs a DMA a segment). */
-void pm__staging_ensure_twin_locked(void);
+void pm__staging_ensure_twin_locked(engine *eng);
 /* As the ring is freed (no job running): the launch stream waited for and
  * destroyed, the twin and its markers released. */
-void pm__staging_release_twin(void);
+void pm__staging_release_twin(engine *eng);
 /* A piece of kernel job j in b, which spans segments from the i-th on: where
  * every one of them may move by the kernel, their list fits and the ring has
  * its twin, it is queued through the twin (true, the result in *r), else
@@ -262,20 +272,20 @@ pm_result pm__staging_twin_join(const pm__backend *be, const job *j);
 void pm__staging_unlist(job *j);
 /* lock held: a slice of only, or (only NULL) of the first claimable job from
  * the one whose turn it is, skipping host-to-device jobs unless may_htod. */
-claim_result pm__staging_claim_slice(job *only, claim *c, bool may_htod);
+claim_result pm__staging_claim_slice(engine *eng, job *only, claim *c, bool may_htod);
 /* lock held: b goes back to the free queue. */
-void pm__staging_give_buffer(buffer *b);
+void pm__staging_give_buffer(engine *eng, buffer *b);
 /* lock held, after a wait for a free buffer and the claim that followed it:
  * a thread woken for a buffer it did not take passes the wake on, so that no
  * other thread waiting for one sleeps beside a free buffer. (A split ring
  * wakes every waiter instead: one that may not take the buffer would only
  * pass the wake to another like it.) */
-void pm__staging_pass_on_buffer_wake(void);
+void pm__staging_pass_on_buffer_wake(engine *eng);
 /* Before b is written again for j: its last DMA must be done. A failed wait
  * (a driver that refuses it on this thread while another captures a graph,
  * say) leaves that DMA possibly still running: b is then not written, stays
  * pending for its next user, and j fails. */
-pm_result pm__staging_wait_previous_dma(job *j, buffer *b);
+pm_result pm__staging_wait_previous_dma(engine *eng, job *j, buffer *b);
 /* After work from or into b was queued on s (r: how that went): b's flag
  * written behind it, and b's marker re-recorded behind that, so that a done
  * marker means a done flag write (the page may then be freed). Where the
@@ -283,8 +293,8 @@ pm_result pm__staging_wait_previous_dma(job *j, buffer *b);
  * re-recorded behind it for b's next user to wait for, else the stream
  * waited for, else the marker before stands, as nothing better can be
  * known; the flag is then not read. */
-pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *b, pm_result r,
-                                  bool flag);
+pm_result pm__staging_mark_behind(engine *eng, const pm__backend *be, pm_stream_t s, buffer *b,
+                                  pm_result r, bool flag);
 /* Device to host: queues the DMAs of j's next pieces into free buffers, up
  * to most of them, so that the DMA engine never waits for threads to come
  * back from copying out: a piece's threads wait for its DMA, and without
@@ -294,7 +304,7 @@ pm_result pm__staging_mark_behind(const pm__backend *be, pm_stream_t s, buffer *
  * lives. */
 void pm__staging_queue_ahead_up_to(job *j, unsigned most);
 /* The same, as far ahead as the ring lets a job run. */
-static inline void queue_ahead(job *j) { pm__staging_queue_ahead_up_to(j, eng.dtoh_ahead); }
+static inline void queue_ahead(job *j) { pm__staging_queue_ahead_up_to(j, j->eng->dtoh_ahead); }
 /* Runs a claimed slice and records its end (lock not held on entry). */
 void pm__staging_finish_slice(const claim *c);
 
@@ -327,17 +337,17 @@ unsigned pm__staging_spinners_for(const job *j);
 /* lock held: a job of direction dir starts (1) or ends (-1). As the last of
  * one direction ends beside the other's, the ring is whole again for the
  * other: its waiters may now take what they could not. */
-void pm__staging_count_running(pm__direction dir, int change);
+void pm__staging_count_running(engine *eng, pm__direction dir, int change);
 
 /* staging_workers.c: the worker threads. */
 /* lock held: starts the workers that are missing (all of them as the engine
  * starts; later, those whose start failed), up to the first failure, which
  * the next staged copy tries again. Meanwhile copies work with fewer, or
  * none: callers run their own slices. */
-void pm__staging_start_workers_locked(void);
+void pm__staging_start_workers_locked(engine *eng);
 
 /* staging_ring.c: the ring, and the engine's start and stop. */
 /* lock held: the engine started, or the reason it cannot be (no ring). */
-pm_result pm__staging_ensure_started_locked(const pm__copy_settings *set);
+pm_result pm__staging_ensure_started_locked(engine *eng, const pm__copy_settings *set);
 
 #endif

@@ -46,12 +46,12 @@ pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_strea
 
 /* lock held: a lane of place that no copy uses, now marked used; NULL where
  * there is none. */
-static pm__lane *take_idle_locked(const pm__place *place)
+static pm__lane *take_idle_locked(engine *eng, const pm__place *place)
 {
-    for (unsigned i = 0; i < eng.n_lanes; i++)
-        if (!eng.lanes[i].busy && eng.lanes[i].context == place->context) {
-            eng.lanes[i].busy = true;
-            return &eng.lanes[i];
+    for (unsigned i = 0; i < eng->n_lanes; i++)
+        if (!eng->lanes[i].busy && eng->lanes[i].context == place->context) {
+            eng->lanes[i].busy = true;
+            return &eng->lanes[i];
         }
     return NULL;
 }
@@ -71,24 +71,24 @@ static pm_stream_t make_stream(const pm__backend *be)
 
 /* A new lane of place, made and marked used, or NULL where there may be no
  * more or the stream could not be made (place entered). */
-static pm__lane *make_kept(const pm__backend *be, const pm__place *place)
+static pm__lane *make_kept(engine *eng, const pm__backend *be, const pm__place *place)
 {
-    pthread_mutex_lock(&eng.lock);
-    const bool room = eng.n_lanes + eng.lanes_making < PM__LANES_MAX;
+    pthread_mutex_lock(&eng->lock);
+    const bool room = eng->n_lanes + eng->lanes_making < PM__LANES_MAX;
     if (room)
-        eng.lanes_making++;
-    pthread_mutex_unlock(&eng.lock);
+        eng->lanes_making++;
+    pthread_mutex_unlock(&eng->lock);
     if (!room)
         return NULL;
     pm_stream_t stream = make_stream(be);
-    pthread_mutex_lock(&eng.lock);
-    eng.lanes_making--;
+    pthread_mutex_lock(&eng->lock);
+    eng->lanes_making--;
     pm__lane *lane = NULL;
     if (stream) {
-        lane = &eng.lanes[eng.n_lanes++];
+        lane = &eng->lanes[eng->n_lanes++];
         *lane = (pm__lane){.stream = stream, .context = place->context, .busy = true};
     }
-    pthread_mutex_unlock(&eng.lock);
+    pthread_mutex_unlock(&eng->lock);
     return lane;
 }
 
@@ -101,7 +101,7 @@ static pm__lane *make_one_off(const pm__backend *be, const pm__place *place, pm_
 }
 
 /* A one-off lane is released (place entered), its work left to finish. */
-static void give_back(const pm__backend *be, pm__lane *lane)
+static void give_back(engine *eng, const pm__backend *be, pm__lane *lane)
 {
     if (lane->one_off) {
         pm__detail_saved saved;
@@ -110,12 +110,13 @@ static void give_back(const pm__backend *be, pm__lane *lane)
         pm__detail_restore(&saved);
         return;
     }
-    pthread_mutex_lock(&eng.lock);
+    pthread_mutex_lock(&eng->lock);
     lane->busy = false;
-    pthread_mutex_unlock(&eng.lock);
+    pthread_mutex_unlock(&eng->lock);
 }
 
-pm__lane *pm__staging_lane_enter(const pm__lane_places *at, pm_stream_t own, pm__lane *spare)
+pm__lane *pm__staging_lane_enter(engine *eng, const pm__lane_places *at, pm_stream_t own,
+                                  pm__lane *spare)
 {
     const pm__backend *be = pm__instance_backend();
     if (PM__TEST_FAULT(pm__fault_lane))
@@ -124,18 +125,18 @@ pm__lane *pm__staging_lane_enter(const pm__lane_places *at, pm_stream_t own, pm_
     const bool kept = be->place_lasts(place) && !PM__TEST_LANES_TAKEN();
     pm__lane *lane = NULL;
     if (kept) {
-        pthread_mutex_lock(&eng.lock);
-        lane = take_idle_locked(place);
-        pthread_mutex_unlock(&eng.lock);
+        pthread_mutex_lock(&eng->lock);
+        lane = take_idle_locked(eng, place);
+        pthread_mutex_unlock(&eng->lock);
     }
     pm__place_scope scope;
     if (be->place_enter(place, &scope) != PM_SUCCESS) {
         if (lane)
-            give_back(be, lane);
+            give_back(eng, be, lane);
         return NULL;
     }
     if (!lane && kept)
-        lane = make_kept(be, place);
+        lane = make_kept(eng, be, place);
     if (!lane)
         lane = make_one_off(be, place, spare);
     pm__detail_saved saved;
@@ -144,12 +145,13 @@ pm__lane *pm__staging_lane_enter(const pm__lane_places *at, pm_stream_t own, pm_
         lane && follow_across(be, place, lane->stream, &at->own, own) == PM_SUCCESS;
     pm__detail_restore(&saved);
     if (lane && !following)
-        give_back(be, lane);
+        give_back(eng, be, lane);
     be->place_leave(&scope);
     return following ? lane : NULL;
 }
 
-pm_result pm__staging_lane_leave(const pm__lane_places *at, pm_stream_t own, pm__lane *lane)
+pm_result pm__staging_lane_leave(engine *eng, const pm__lane_places *at, pm_stream_t own,
+                                 pm__lane *lane)
 {
     const pm__backend *be = pm__instance_backend();
     pm__detail_saved saved;
@@ -167,22 +169,22 @@ pm_result pm__staging_lane_leave(const pm__lane_places *at, pm_stream_t own, pm_
         pm__detail_restore(&saved);
         r = PM_SUCCESS;
     }
-    give_back(be, lane);
+    give_back(eng, be, lane);
     if (entered)
         be->place_leave(&scope);
     return r;
 }
 
-void pm__staging_release_lanes(void)
+void pm__staging_release_lanes(engine *eng)
 {
     const pm__backend *be = pm__instance_backend();
-    for (unsigned i = 0; i < eng.n_lanes; i++) {
-        pm__place place = {.context = eng.lanes[i].context};
+    for (unsigned i = 0; i < eng->n_lanes; i++) {
+        pm__place place = {.context = eng->lanes[i].context};
         pm__place_scope scope;
         const bool entered = be->place_enter(&place, &scope) == PM_SUCCESS;
-        be->stream_destroy(eng.lanes[i].stream); /* waits for its last work */
+        be->stream_destroy(eng->lanes[i].stream); /* waits for its last work */
         if (entered)
             be->place_leave(&scope);
     }
-    eng.n_lanes = 0;
+    eng->n_lanes = 0;
 }

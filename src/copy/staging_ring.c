@@ -1,4 +1,4 @@
-/* The staging engine's ring: planned to fit what may still be pinned, pinned
+/* A staging engine's ring: planned to fit what may still be pinned, pinned
  * in one range with its page of flags, its device twin for kernel jobs, and
  * the engine's start (the ring and the workers) and stop. */
 #include <stdio.h>
@@ -19,53 +19,53 @@
 static size_t flags_bytes(unsigned n)
 {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    return pm__instance_backend()->stream_write_flag && n * FLAG_STRIDE * sizeof *eng.flags <= page
+    return pm__instance_backend()->stream_write_flag && n * FLAG_STRIDE * sizeof(uint32_t) <= page
                ? page
                : 0;
 }
 
 /* lock held, the ring just pinned: its flags, where it has them. */
-static void start_flags(void)
+static void start_flags(engine *eng)
 {
     const pm__backend *be = pm__instance_backend();
-    const size_t bytes = flags_bytes(eng.n_buffers);
-    uint8_t *p = (uint8_t *)eng.ring_base + (size_t)eng.n_buffers * eng.chunk;
+    const size_t bytes = flags_bytes(eng->n_buffers);
+    uint8_t *p = (uint8_t *)eng->ring_base + (size_t)eng->n_buffers * eng->chunk;
     pm_deviceptr dev = 0;
     pm__detail_saved before; /* no flags is no failure */
     pm__detail_save(&before);
     if (bytes && be->device_pointer(&dev, p, NULL) == PM_SUCCESS) {
         memset(p, 0, bytes);
-        eng.flags = (_Atomic uint32_t *)(void *)p;
-        eng.flags_dev = dev;
+        eng->flags = (_Atomic uint32_t *)(void *)p;
+        eng->flags_dev = dev;
     }
     pm__detail_restore(&before);
 }
 
 /* Frees whatever the ring holds (gate held for writing, or during start). */
-static void free_ring(void)
+static void free_ring(engine *eng)
 {
     const pm__backend *be = pm__instance_backend();
-    for (unsigned i = 0; i < eng.n_buffers; i++) {
-        if (eng.ring[i].pending)
-            be->marker_synchronize(&eng.ring[i].mark);
-        if (eng.ring[i].mark.handle)
-            be->marker_release(&eng.ring[i].mark);
+    for (unsigned i = 0; i < eng->n_buffers; i++) {
+        if (eng->ring[i].pending)
+            be->marker_synchronize(&eng->ring[i].mark);
+        if (eng->ring[i].mark.handle)
+            be->marker_release(&eng->ring[i].mark);
     }
-    if (eng.ring_base) {
-        be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
-        pm__budget_give(eng.ring_pin_len);
+    if (eng->ring_base) {
+        be->host_free(eng->ring_base, eng->ring_pin_len, eng->ring_tag);
+        pm__budget_give(eng->ring_pin_len);
     }
     /* Freed with the ring: its last writes lie behind the markers waited for above. */
-    eng.flags = NULL;
-    pm__staging_release_twin();
-    pm__staging_release_lanes();
-    free(eng.ring);
-    free(eng.queue);
-    eng.ring = NULL;
-    eng.queue = NULL;
-    eng.ring_base = NULL;
-    eng.ring_pin_len = 0;
-    eng.n_buffers = eng.queue_count = eng.queue_head = 0;
+    eng->flags = NULL;
+    pm__staging_release_twin(eng);
+    pm__staging_release_lanes(eng);
+    free(eng->ring);
+    free(eng->queue);
+    eng->ring = NULL;
+    eng->queue = NULL;
+    eng->ring_base = NULL;
+    eng->ring_pin_len = 0;
+    eng->n_buffers = eng->queue_count = eng->queue_head = 0;
 }
 
 /* The largest ring, whatever the settings ask (buffers of up to 256 MiB, up
@@ -151,40 +151,41 @@ static pm__ring_plan plan_ring(const pm__copy_settings *set)
 
 pm__ring_plan pm__staging_ring(const pm__copy_settings *set)
 {
-    pthread_mutex_lock(&eng.lock);
+    engine *eng = &pm__staging_engines[0];
+    pthread_mutex_lock(&eng->lock);
     /* The ring pinned, or the last refusal until a copy tries again, or
      * what a copy would pin now. */
-    pm__ring_plan p = eng.started || eng.retry_after_ns ? eng.plan : plan_ring(set);
-    p.pinned = eng.started;
-    pthread_mutex_unlock(&eng.lock);
+    pm__ring_plan p = eng->started || eng->retry_after_ns ? eng->plan : plan_ring(set);
+    p.pinned = eng->started;
+    pthread_mutex_unlock(&eng->lock);
     return p;
 }
 
 /* lock held: pins the ring planned, or fails (nothing pinned, nothing
  * touched where the plan says it cannot fit). */
-static pm_result pin_ring(const pm__copy_settings *set)
+static pm_result pin_ring(engine *eng, const pm__copy_settings *set)
 {
     unsigned long long now = pm__now_ns();
-    if (now < eng.retry_after_ns && pm__budget_pinned() >= eng.pinned_at_refusal)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
-    eng.plan = plan_ring(set);
+    if (now < eng->retry_after_ns && pm__budget_pinned() >= eng->pinned_at_refusal)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng->plan.note);
+    eng->plan = plan_ring(set);
     pm_result r = PM_SUCCESS;
-    size_t bytes = (size_t)eng.plan.buffers * eng.plan.chunk + flags_bytes(eng.plan.buffers);
-    if (!eng.plan.fits)
-        r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng.plan.note);
+    size_t bytes = (size_t)eng->plan.buffers * eng->plan.chunk + flags_bytes(eng->plan.buffers);
+    if (!eng->plan.fits)
+        r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s", eng->plan.note);
     else if (PM__TEST_FAULT(pm__fault_stage_pin))
         r = pm__fail(PM_ERROR_OUT_OF_MEMORY, "pinning the staging ring failed (injected fault)");
     else
         r = pm__budget_take(bytes, "copy engine's staging ring");
     if (r == PM_SUCCESS) {
         const pm__backend *be = pm__instance_backend();
-        r = be->host_alloc(bytes, 0, &eng.ring_base, &eng.ring_pin_len, &eng.ring_tag);
-        if (r == PM_SUCCESS && eng.ring_pin_len != bytes) { /* the backend pinned more: count it */
+        r = be->host_alloc(bytes, 0, &eng->ring_base, &eng->ring_pin_len, &eng->ring_tag);
+        if (r == PM_SUCCESS && eng->ring_pin_len != bytes) { /* the backend pinned more: count it */
             pm_result more =
-                pm__budget_take(eng.ring_pin_len - bytes, "copy engine's staging ring");
+                pm__budget_take(eng->ring_pin_len - bytes, "copy engine's staging ring");
             if (more != PM_SUCCESS) {
-                be->host_free(eng.ring_base, eng.ring_pin_len, eng.ring_tag);
-                eng.ring_base = NULL;
+                be->host_free(eng->ring_base, eng->ring_pin_len, eng->ring_tag);
+                eng->ring_base = NULL;
                 r = more;
             }
         }
@@ -192,43 +193,51 @@ static pm_result pin_ring(const pm__copy_settings *set)
             pm__budget_give(bytes);
     }
     if (r != PM_SUCCESS) {
-        eng.ring_base = NULL;
-        eng.ring_pin_len = 0;
-        if (eng.plan.fits) /* the reason is the failure's */
-            snprintf(eng.plan.note, sizeof eng.plan.note,
+        eng->ring_base = NULL;
+        eng->ring_pin_len = 0;
+        if (eng->plan.fits) /* the reason is the failure's */
+            snprintf(eng->plan.note, sizeof eng->plan.note,
                      "no staging ring: %s; pageable copies take the backend's own path",
                      pm_last_error_detail());
-        eng.plan.fits = false;
-        eng.retry_after_ns = now + RING_RETRY_NS;
-        eng.pinned_at_refusal = pm__budget_pinned();
-        return pm__fail(r, "%s", eng.plan.note);
+        eng->plan.fits = false;
+        eng->retry_after_ns = now + RING_RETRY_NS;
+        eng->pinned_at_refusal = pm__budget_pinned();
+        return pm__fail(r, "%s", eng->plan.note);
     }
-    eng.retry_after_ns = 0;
+    eng->retry_after_ns = 0;
     return PM_SUCCESS;
+}
+
+static void stop(engine *eng)
+{
+    pthread_mutex_lock(&eng->lock);
+    eng->stopping = true;
+    atomic_store(&eng->stop_spinning, true);
+    note_event(eng); /* for the workers that spin */
+    pthread_cond_broadcast(&eng->has_work);
+    pthread_cond_broadcast(&eng->dtoh_work);
+    pthread_cond_broadcast(&eng->buffer_freed);
+    pthread_mutex_unlock(&eng->lock);
+    for (unsigned i = 0; i < eng->n_threads; i++)
+        pthread_join(eng->threads[i], NULL);
+    free(eng->threads);
+    free(eng->starts);
+    eng->threads = NULL;
+    eng->starts = NULL;
+    eng->n_threads = eng->want_threads = 0;
+    free_ring(eng);
+    pthread_mutex_lock(&eng->lock);
+    eng->stopping = false;
+    atomic_store(&eng->stop_spinning, false);
+    eng->started = false;
+    eng->retry_after_ns = 0; /* a new shape of ring may fit where the old did not */
+    pthread_mutex_unlock(&eng->lock);
 }
 
 void pm__staging_stop(void)
 {
-    pthread_mutex_lock(&eng.lock);
-    eng.stopping = true;
-    atomic_store(&eng.stop_spinning, true);
-    note_event(); /* for the workers that spin */
-    pthread_cond_broadcast(&eng.has_work);
-    pthread_cond_broadcast(&eng.dtoh_work);
-    pthread_cond_broadcast(&eng.buffer_freed);
-    pthread_mutex_unlock(&eng.lock);
-    for (unsigned i = 0; i < eng.n_threads; i++)
-        pthread_join(eng.threads[i], NULL);
-    free(eng.threads);
-    eng.threads = NULL;
-    eng.n_threads = eng.want_threads = 0;
-    free_ring();
-    pthread_mutex_lock(&eng.lock);
-    eng.stopping = false;
-    atomic_store(&eng.stop_spinning, false);
-    eng.started = false;
-    eng.retry_after_ns = 0; /* a new shape of ring may fit where the old did not */
-    pthread_mutex_unlock(&eng.lock);
+    for (unsigned e = 0; e < PM__ENGINES_MAX; e++)
+        stop(&pm__staging_engines[e]);
 }
 
 /* The ring and the workers, made on the first staged copy. The ring is
@@ -236,48 +245,48 @@ void pm__staging_stop(void)
  * the pinned budget leave room for it, else smaller (plan_ring); where none
  * fits, the staged copy fails and the caller falls back to the backend's
  * own path. lock held. */
-static pm_result start_locked(const pm__copy_settings *set)
+static pm_result start_locked(engine *eng, const pm__copy_settings *set)
 {
-    pm_result r = pin_ring(set);
+    pm_result r = pin_ring(eng, set);
     if (r != PM_SUCCESS)
         return r;
-    unsigned n = eng.plan.buffers;
-    eng.ring = calloc(n, sizeof *eng.ring);
-    eng.queue = calloc(n, sizeof *eng.queue);
-    if (!eng.ring || !eng.queue) {
-        free_ring();
+    unsigned n = eng->plan.buffers;
+    eng->ring = calloc(n, sizeof *eng->ring);
+    eng->queue = calloc(n, sizeof *eng->queue);
+    if (!eng->ring || !eng->queue) {
+        free_ring(eng);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "copy engine: out of memory");
     }
     for (unsigned i = 0; i < n; i++) {
-        eng.ring[i].p = (uint8_t *)eng.ring_base + (size_t)i * eng.plan.chunk;
-        eng.queue[i] = i;
+        eng->ring[i].p = (uint8_t *)eng->ring_base + (size_t)i * eng->plan.chunk;
+        eng->queue[i] = i;
     }
-    eng.n_buffers = eng.queue_count = n;
-    eng.chunk = eng.plan.chunk;
-    start_flags();
+    eng->n_buffers = eng->queue_count = n;
+    eng->chunk = eng->plan.chunk;
+    start_flags(eng);
     /* Half the ring: enough that the DMA engine never waits for a thread to
      * come back from copying out; the other half is left for other callers'
      * copies. */
-    eng.dtoh_ahead = eng.n_buffers / 2 < AHEAD_MAX ? eng.n_buffers / 2 : AHEAD_MAX;
-    eng.htod_workers = pm__copy_htod_workers(set);
-    eng.fillers = eng.htod_workers / 2 + 1; /* steered from the middle */
-    if (eng.fillers > eng.htod_workers)
-        eng.fillers = eng.htod_workers;
+    eng->dtoh_ahead = eng->n_buffers / 2 < AHEAD_MAX ? eng->n_buffers / 2 : AHEAD_MAX;
+    eng->htod_workers = pm__copy_htod_workers(set);
+    eng->fillers = eng->htod_workers / 2 + 1; /* steered from the middle */
+    if (eng->fillers > eng->htod_workers)
+        eng->fillers = eng->htod_workers;
     /* A new shape of engine learns afresh. */
-    memset(&eng.store_choice, 0, sizeof eng.store_choice);
-    memset(eng.fillers_of, 0, sizeof eng.fillers_of);
-    eng.want_threads = set->workers;
-    pm__staging_start_workers_locked();
-    eng.trace = pm__trace_get();
-    eng.started = true;
+    memset(&eng->store_choice, 0, sizeof eng->store_choice);
+    memset(eng->fillers_of, 0, sizeof eng->fillers_of);
+    eng->want_threads = set->workers;
+    pm__staging_start_workers_locked(eng);
+    eng->trace = pm__trace_get();
+    eng->started = true;
     return PM_SUCCESS;
 }
 
-pm_result pm__staging_ensure_started_locked(const pm__copy_settings *set)
+pm_result pm__staging_ensure_started_locked(engine *eng, const pm__copy_settings *set)
 {
-    if (!eng.started)
-        return start_locked(set);
-    if (eng.n_threads < eng.want_threads)
-        pm__staging_start_workers_locked();
+    if (!eng->started)
+        return start_locked(eng, set);
+    if (eng->n_threads < eng->want_threads)
+        pm__staging_start_workers_locked(eng);
     return PM_SUCCESS;
 }

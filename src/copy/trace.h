@@ -3,7 +3,8 @@
  * start and end, each slice claimed and done, each DMA queued, each wait for
  * a DMA, each worker woken) with a clock reading, and prints them to stderr
  * at exit ("trace NS JOB THREAD EVENT ARG"; thread 0 is a copy's caller,
- * k > 0 the engine's worker k - 1). bench/probe/trace_summary.py reads them.
+ * e * 1000 + k with k > 0 worker k - 1 of engine e, and a job's number holds
+ * its engine's in its top 8 bits). bench/probe/trace_summary.py reads them.
  * Off (the default), a note costs one predictable branch. */
 #ifndef PINMEM_COPY_TRACE_H
 #define PINMEM_COPY_TRACE_H
@@ -42,7 +43,7 @@ typedef struct pm__trace {
 pm__trace *pm__trace_get(void);
 
 /* The calling thread in the trace: 0 for a copy's caller (the default),
- * k for the engine's worker k - 1, which sets it as it starts. */
+ * e * 1000 + k for worker k - 1 of engine e, which sets it as it starts. */
 extern _Thread_local unsigned pm__trace_thread;
 
 void pm__trace_add(pm__trace *t, pm__trace_event e, unsigned job, unsigned arg);
