@@ -56,7 +56,7 @@ static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned f
     pm_result r;
     for (;;) {
         pm__range cand = {0};
-        r = inst->backend.host_alloc(bytesize, flags, (void **)&cand.base, &cand.pin_len,
+        r = inst->backend.host_alloc(bytesize, flags, -1, (void **)&cand.base, &cand.pin_len,
                                      &cand.backend_tag);
         if (r != PM_SUCCESS)
             break;

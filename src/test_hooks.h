@@ -50,6 +50,11 @@ extern atomic_bool pm__fault_lanes_taken;
  * is one device. */
 extern atomic_bool pm__fault_engines_split;
 #define PM__TEST_ENGINES_SPLIT() atomic_load(&pm__fault_engines_split)
+/* While set, a staging engine binds its ring to its device's nearest NUMA
+ * node even where the machine has one node, so that the binding is tested
+ * where there is nothing to choose. */
+extern atomic_bool pm__fault_ring_on_node;
+#define PM__TEST_RING_ON_NODE() atomic_load(&pm__fault_ring_on_node)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -63,6 +68,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_PLACES_PASS() false
 #define PM__TEST_LANES_TAKEN() false
 #define PM__TEST_ENGINES_SPLIT() false
+#define PM__TEST_RING_ON_NODE() false
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

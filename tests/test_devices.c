@@ -7,11 +7,14 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "copy/copy.h"
 #include "instance.h"
+#include "test_hooks.h"
 
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 #include "backend/cuda_loader.h"
@@ -344,9 +347,76 @@ static void ring_memory_is_portable(void)
     void *base = NULL;
     size_t pin_len = 0;
     unsigned tag = 0;
-    REQUIRE_RESULT(b->host_alloc(1 << 20, 0, &base, &pin_len, &tag), PM_SUCCESS);
+    REQUIRE_RESULT(b->host_alloc(1 << 20, 0, -1, &base, &pin_len, &tag), PM_SUCCESS);
     driver_says_portable(b, base, true);
     CHECK_RESULT(b->host_free(base, pin_len, tag), PM_SUCCESS);
+}
+
+/* The NUMA policy of the page at p: its mode, and in *node the lowest node of
+ * its mask (-1: none); false where the kernel does not say. */
+static bool page_policy(void *p, int *mode, int *node)
+{
+    enum { mpol_f_addr = 2 };
+    unsigned long mask[4096 / (8 * sizeof(unsigned long))] = {0};
+    if (syscall(SYS_get_mempolicy, mode, mask, (unsigned long)4096 + 1, p, mpol_f_addr) != 0)
+        return false;
+    const unsigned bits = 8 * sizeof(unsigned long);
+    *node = -1;
+    for (unsigned i = 0; i < 4096 && *node < 0; i++)
+        if (mask[i / bits] >> (i % bits) & 1)
+            *node = (int)i;
+    return true;
+}
+
+/* The first device's ring, pinned anew (a new shape of engine stops the
+ * engines, and a staged copy starts the first device's again). */
+static void *repin_ring(unsigned buffers)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT_OR(pm_copy_get_config(&c), PM_SUCCESS, NULL);
+    c.buffers = buffers;
+    REQUIRE_RESULT_OR(pm_copy_set_config(&c), PM_SUCCESS, NULL);
+    const size_t n = (size_t)2 << 20;
+    unsigned char *src = calloc(1, n);
+    pm_deviceptr d = 0;
+    CHECK_RESULT(pm_device_alloc(&d, n), PM_SUCCESS);
+    if (src && d)
+        CHECK_RESULT(pm_memcpy_htod(d, src, n), PM_SUCCESS);
+    if (d)
+        pm_device_free(d);
+    free(src);
+    pm__ring_plan ring = pm__staging_ring(pm__copy_enter());
+    pm__copy_leave();
+    return ring.pinned ? ring.base : NULL;
+}
+
+/* An engine's ring is bound to its device's nearest NUMA node where the
+ * machine has several, and left to the process's policy where it has one;
+ * the hook that binds it on one node shows the binding itself. */
+static void ring_on_its_device_node(void)
+{
+    pm_device_info info = {.struct_size = sizeof info};
+    REQUIRE_RESULT(pm_device_get_info(0, &info), PM_SUCCESS);
+    if (info.host_numa_node < 0)
+        SKIP_CASE("the first device's NUMA node is not known");
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    const bool one_node = pm__only_numa_node() >= 0;
+    for (int forced = 0; forced < 2; forced++) {
+        atomic_store(&pm__fault_ring_on_node, forced == 1);
+        void *ring = repin_ring(saved.buffers + 1 + (unsigned)forced);
+        int mode = -1, node = -1;
+        CHECK(ring && page_policy(ring, &mode, &node));
+        const bool bound = !one_node || forced;
+        if (bound) {
+            CHECK(mode == 2); /* MPOL_BIND */
+            CHECK(node == info.host_numa_node);
+        } else {
+            CHECK(mode != 2);
+        }
+    }
+    atomic_store(&pm__fault_ring_on_node, false);
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }
 
 /* ------------------------------------------------- cases for two devices */
@@ -690,6 +760,7 @@ int main(int argc, char **argv)
     alloc_on_every_device();
     pool_memory_is_portable();
     ring_memory_is_portable();
+    ring_on_its_device_node();
     devices_are_distinct();
     portable_memory_on_another_device();
     non_portable_memory_on_another_device();

@@ -10,7 +10,9 @@
  *    [*base, *base + *pin_len): whole pages for memory pinmem maps itself,
  *    exactly the bytes for memory the driver places (it packs small
  *    allocations tighter than pages). The memory is page-locked and mapped
- *    for every device before it returns.
+ *    for every device before it returns; where numa_node is not -1, memory
+ *    pinmem maps itself is bound to that node before it is faulted in (the
+ *    driver places its own wherever it does).
  *  - host_register pins the pages the byte range touches; the generic layer
  *    has already checked flags, NULL, size 0 and overlaps with pinmem's own
  *    ranges. Registrations never share a byte but may share a page, as the
@@ -95,8 +97,8 @@ typedef struct pm__backend {
     const char *name;
     pm_capabilities caps;
 
-    pm_result (*host_alloc)(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
-                            unsigned *tag);
+    pm_result (*host_alloc)(size_t bytesize, unsigned flags, int numa_node, void **base,
+                            size_t *pin_len, unsigned *tag);
     pm_result (*host_free)(void *base, size_t pin_len, unsigned tag);
     pm_result (*host_register)(void *p, size_t bytesize, unsigned flags);
     pm_result (*host_unregister)(void *p, size_t bytesize);

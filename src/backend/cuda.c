@@ -146,15 +146,15 @@ static pm_result map_and_register(size_t bytesize, size_t align, int numa_node, 
     return PM_SUCCESS;
 }
 
-static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
-                                 unsigned *tag)
+static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, int numa_node, void **base,
+                                 size_t *pin_len, unsigned *tag)
 {
     if (flags & PM_MEMHOSTALLOC_WRITECOMBINED)
         return driver_host_alloc(bytesize, flags, base, pin_len, tag);
     CUresult rc;
     pm__detail_saved before;
     pm__detail_save(&before);
-    pm_result r = map_and_register(bytesize, 0, -1, base, pin_len, &rc);
+    pm_result r = map_and_register(bytesize, 0, numa_node, base, pin_len, &rc);
     /* A stale registration the user never undid can sit at the address the
      * kernel just handed out; the driver picks its own address instead.
      * PORTABLE, as map_and_register pins: the staging ring comes from here,

@@ -79,8 +79,8 @@ static pm_result check_lockable(size_t len, const char *what)
     return PM_SUCCESS;
 }
 
-static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, size_t *pin_len,
-                                  unsigned *tag)
+static pm_result posix_host_alloc(size_t bytesize, unsigned flags, int numa_node, void **base,
+                                  size_t *pin_len, unsigned *tag)
 {
     (void)flags; /* write-combining has no meaning for the CPU's own memory */
     pm_result r = check_lockable(bytesize, "pm_mem_host_alloc");
@@ -91,6 +91,11 @@ static pm_result posix_host_alloc(size_t bytesize, unsigned flags, void **base, 
     if (!p)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of %zu bytes failed: %s", bytesize,
                         strerror(errno));
+    r = numa_node >= 0 ? pm__bind_to_node(p, len, numa_node) : PM_SUCCESS;
+    if (r != PM_SUCCESS) {
+        munmap(p, len);
+        return r;
+    }
     /* mlock faults pages in on one thread; for large ranges, several threads
      * fault them ahead of it. Small ones go straight to mlock. */
     if (len >= pm__prefault_parallel_min)

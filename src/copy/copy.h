@@ -190,15 +190,17 @@ pm_result pm__staged_segments(const pm__copy_settings *set, pm__direction dir,
 pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *blocks, size_t n,
                             pm_stream_t stream, bool *no_ring);
 /* The staging ring: its shape (as configured, or smaller to fit what may be
- * pinned), whether it fits at all, whether it is pinned now, and a note
- * saying why it is not as configured ("" when it is). */
+ * pinned), whether it fits at all, whether it is pinned now (and where), and
+ * a note saying why it is not as configured ("" when it is). */
 typedef struct pm__ring_plan {
     unsigned buffers;
     size_t chunk;
     bool fits, pinned;
+    void *base;
     char note[224];
 } pm__ring_plan;
-/* The ring pinned now, or the one the next staged copy would pin. */
+/* The first device's engine's ring pinned now, or the one the next staged
+ * copy would pin. */
 pm__ring_plan pm__staging_ring(const pm__copy_settings *set);
 /* The workers that take host-to-device slices now (0 before the engine starts). */
 unsigned pm__staging_fillers(void);

@@ -157,8 +157,26 @@ pm__ring_plan pm__staging_ring(const pm__copy_settings *set)
      * what a copy would pin now. */
     pm__ring_plan p = eng->started || eng->retry_after_ns ? eng->plan : plan_ring(set);
     p.pinned = eng->started;
+    p.base = eng->started ? eng->ring_base : NULL;
     pthread_mutex_unlock(&eng->lock);
     return p;
+}
+
+/* Where the machine has several NUMA nodes, the one nearest the engine's
+ * device, so that the device's DMAs and the workers' copies meet in that
+ * node's memory; else -1 (where the process's policy puts it). */
+static int ring_node(const engine *eng)
+{
+    const pm__backend *be = pm__instance_backend();
+    const int ordinal = (int)(eng - pm__staging_engines);
+    pm_device_info info = {.struct_size = sizeof info};
+    if ((pm__only_numa_node() >= 0 && !PM__TEST_RING_ON_NODE()) || ordinal >= be->device_count)
+        return -1;
+    pm__detail_saved before; /* an unknown node leaves the ring unbound: no failure */
+    pm__detail_save(&before);
+    const int node = be->device_info(ordinal, &info) == PM_SUCCESS ? info.host_numa_node : -1;
+    pm__detail_restore(&before);
+    return node;
 }
 
 /* lock held: pins the ring planned, or fails (nothing pinned, nothing
@@ -179,7 +197,15 @@ static pm_result pin_ring(engine *eng, const pm__copy_settings *set)
         r = pm__budget_take(bytes, "copy engine's staging ring");
     if (r == PM_SUCCESS) {
         const pm__backend *be = pm__instance_backend();
-        r = be->host_alloc(bytes, 0, &eng->ring_base, &eng->ring_pin_len, &eng->ring_tag);
+        const int node = ring_node(eng);
+        pm__detail_saved before;
+        pm__detail_save(&before);
+        r = be->host_alloc(bytes, 0, node, &eng->ring_base, &eng->ring_pin_len, &eng->ring_tag);
+        if (r != PM_SUCCESS && node >= 0) { /* a binding refused costs the placement alone */
+            r = be->host_alloc(bytes, 0, -1, &eng->ring_base, &eng->ring_pin_len, &eng->ring_tag);
+            if (r == PM_SUCCESS)
+                pm__detail_restore(&before);
+        }
         if (r == PM_SUCCESS && eng->ring_pin_len != bytes) { /* the backend pinned more: count it */
             pm_result more =
                 pm__budget_take(eng->ring_pin_len - bytes, "copy engine's staging ring");
