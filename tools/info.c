@@ -136,8 +136,9 @@ static void print_devices(void)
     }
 }
 
-/* The staging ring pageable copies go through, and why it is smaller than
- * configured, or why there is none. */
+/* The staging ring pageable copies go through (each device's engine has one
+ * of this shape), and why it is smaller than configured, or why there is
+ * none. */
 static void print_ring(void)
 {
     pm_copy_stats st = {.struct_size = sizeof st};
@@ -147,7 +148,7 @@ static void print_ring(void)
     if (st.ring_buffers)
         printf("  staging ring:          %u x %s%s%s%s\n", st.ring_buffers,
                human_size((size_t)st.ring_buffer_bytes, size, sizeof size),
-               st.ring_pinned ? "" : " (pinned at the first staged copy)",
+               st.ring_pinned ? " a device" : " a device (pinned at its first staged copy)",
                st.ring_note[0] ? "; " : "", st.ring_note);
     else
         printf("  staging ring:          none (%s)\n", st.ring_note);
