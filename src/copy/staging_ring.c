@@ -45,7 +45,7 @@ static void start_flags(engine *eng)
 static void free_ring(engine *eng)
 {
     const pm__backend *be = pm__instance_backend();
-    for (unsigned i = 0; i < eng->n_buffers; i++) {
+    for (unsigned i = 0; eng->ring && i < eng->n_buffers; i++) {
         if (eng->ring[i].pending)
             be->marker_synchronize(&eng->ring[i].mark);
         if (eng->ring[i].mark.handle)
