@@ -336,11 +336,7 @@ static void both_ways(void)
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
 }
 
-/* Copies on two engines at once, as on two devices (the hook takes a copy's
- * engine by its device memory's 2 MiB unit): eight threads copying both ways
- * with the two engines' workers, and four both ways at once, every byte
- * arriving; each engine starts its own workers; a new shape of engine stops
- * both, and copies on each start it again. */
+/* The staging workers of every engine running now. */
 static unsigned staging_threads_now(void)
 {
     pm_copy_stats st = {.struct_size = sizeof st};
@@ -369,6 +365,11 @@ static bool round_trips_on_both_engines(unsigned seed)
     return ok;
 }
 
+/* Copies on two engines at once, as on two devices (the hook takes a copy's
+ * engine by its device memory's 2 MiB unit): eight threads copying both ways
+ * with the two engines' workers, and four both ways at once, every byte
+ * arriving; each engine starts its own workers; a new shape of engine stops
+ * both, and copies on each start it again. */
 static void two_engines(void)
 {
     pm_copy_config saved = {.struct_size = sizeof saved};

@@ -98,9 +98,9 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     const unsigned long long t0 = pm__now_ns();
     eng->ring_split = set->ring_split;
     atomic_store_explicit(&eng->spin_ns, set->spin_ns, memory_order_relaxed);
-    job j = {.eng = eng,
-             .dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes, .stream = stream,
-             .place = place, .one_call = set->batch != PM_COPY_BATCH_EACH, .kernel = kernel};
+    job j = {.eng = eng, .dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes,
+             .stream = stream, .place = place, .one_call = set->batch != PM_COPY_BATCH_EACH,
+             .kernel = kernel};
     if (kernel)
         pm__staging_ensure_twin_locked(eng);
     if (kernel && dir == PM__DTOH)
