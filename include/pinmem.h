@@ -136,7 +136,7 @@ typedef struct pm_capabilities {
     size_t huge_page_size;                /* 0 when transparent huge pages are unavailable */
     char huge_page_mode[16];              /* "always", "madvise", "never" or "unavailable" */
     int access_checks_permissions;        /* 1: pm_mem_check_access learns what each mapping
-                                             permits (Linux 6.11 and later); 0: only whether
+                                             permits (/proc/self/maps); 0: only whether
                                              each page is mapped */
 } pm_capabilities;
 
@@ -734,10 +734,12 @@ PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t byte
  * (either pointer may be NULL) then receive a range that holds [p, p + bytes)
  * and passes as well, the one mapping or allocation that holds it, else the
  * range itself. Otherwise PM_ERROR_INVALID_VALUE, the detail saying why.
- * Linux 6.11 and later say what a mapping permits (PROCMAP_QUERY); an older
- * kernel says only whether each page is mapped, and that is all this call
- * then checks. bytes 0 succeeds; a range that wraps around and an access of
- * other bits or none are PM_ERROR_INVALID_VALUE. */
+ * The mappings' permissions come from /proc/self/maps: by its PROCMAP_QUERY
+ * ioctl on Linux 6.11 and later (about a microsecond), else by reading its
+ * text as far as the range (a time that grows with the mappings below it);
+ * where /proc cannot be read, only whether each page is mapped is checked.
+ * bytes 0 succeeds; a range that wraps around and an access of other bits or
+ * none are PM_ERROR_INVALID_VALUE. */
 PM_API pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
                                      pm_deviceptr *span_base, size_t *span_size);
 

@@ -2,10 +2,11 @@
  * kernel without touching the memory (docs/design.md, "Copies", after the batches).
  *
  * Linux 6.11 and later answer, for an address, the mapping that holds it with
- * its permissions (the PROCMAP_QUERY ioctl of /proc/self/maps). Device memory
- * lies in mappings that permit nothing, so there the library and the driver
- * say whether the range is one allocation they know. Older kernels leave
- * msync, which says only whether every page is mapped. */
+ * its permissions (the PROCMAP_QUERY ioctl of /proc/self/maps); older kernels
+ * give the same in that file's text, read up to the range on every check.
+ * Device memory lies in mappings that permit nothing, so there the library
+ * and the driver say whether the range is one allocation they know. Where
+ * /proc cannot be read, msync says only whether every page is mapped. */
 #include <errno.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -23,24 +24,88 @@ typedef enum {
     ACCESS_UNANSWERED /* the kernel did not answer: ask msync */
 } access_verdict;
 
-/* The verdict for [start, end), walking its mappings; *one_lo and *one_hi get
- * the mapping that holds all of it, or stay 0 where it takes several. */
-static access_verdict ask_mappings(int fd, uintptr_t start, uintptr_t end, unsigned access,
-                                   uintptr_t *one_lo, uintptr_t *one_hi)
+/* What one mapping says of an access to it. */
+static access_verdict judge(const pm__mapping *m, unsigned access)
 {
     bool read = access & PM_ACCESS_READ, write = access & PM_ACCESS_WRITE;
-    pm__mapping m;
-    for (uintptr_t at = start; at < end; at = m.end) {
-        if (pm__proc_maps_query(fd, at, &m) != 0)
-            return errno == ENOENT ? ACCESS_UNMAPPED : ACCESS_UNANSWERED;
-        if ((read && !m.readable) || (write && !m.writable))
-            return m.readable || m.writable ? ACCESS_DENIED : ACCESS_NOTHING;
-        if (at == start && m.end >= end) {
-            *one_lo = m.start;
-            *one_hi = m.end;
-        }
-    }
+    if ((read && !m->readable) || (write && !m->writable))
+        return m->readable || m->writable ? ACCESS_DENIED : ACCESS_NOTHING;
     return ACCESS_GOOD;
+}
+
+/* A walk over the mappings that hold [start, end), in order: at is where the
+ * next one must start; lo and hi get the mapping that holds all of it, or
+ * stay 0 where it takes several. */
+typedef struct walk {
+    uintptr_t start, end, at, lo, hi;
+    unsigned access;
+} walk;
+
+/* Takes the mapping that holds w->at: ACCESS_GOOD once the walk has reached
+ * the end, ACCESS_UNANSWERED while it goes on, else the verdict. */
+static access_verdict walk_step(walk *w, const pm__mapping *m)
+{
+    access_verdict v = judge(m, w->access);
+    if (v != ACCESS_GOOD)
+        return v;
+    if (w->at == w->start && m->end >= w->end) {
+        w->lo = m->start;
+        w->hi = m->end;
+    }
+    w->at = m->end;
+    return w->at >= w->end ? ACCESS_GOOD : ACCESS_UNANSWERED;
+}
+
+/* The verdict from the kernel's query, a call a mapping. */
+static access_verdict ask_query(int fd, walk *w)
+{
+    pm__mapping m;
+    for (;;) {
+        if (pm__proc_maps_query(fd, w->at, &m) != 0)
+            return errno == ENOENT ? ACCESS_UNMAPPED : ACCESS_UNANSWERED;
+        access_verdict v = walk_step(w, &m);
+        if (v != ACCESS_UNANSWERED)
+            return v;
+    }
+}
+
+/* The verdict from the file's text, read as far as the range. */
+static access_verdict ask_text(walk *w)
+{
+    pm__maps_text t;
+    if (pm__maps_text_open(&t) != 0)
+        return ACCESS_UNANSWERED;
+    access_verdict v = ACCESS_UNANSWERED;
+    pm__mapping m;
+    int got = -1;
+    while (v == ACCESS_UNANSWERED && (got = pm__maps_text_next(&t, &m)) == 1) {
+        if (m.end <= w->at)
+            continue;
+        v = m.start > w->at ? ACCESS_UNMAPPED : walk_step(w, &m);
+    }
+    if (v == ACCESS_UNANSWERED && got == 0)
+        v = ACCESS_UNMAPPED; /* past the last mapping */
+    pm__maps_text_close(&t);
+    return v;
+}
+
+/* Whether [p, p + bytes) lies inside one allocation the library or the
+ * driver knows (device memory, which no mapping lets the CPU touch, or
+ * pinmem's own); if so, w's span is that allocation. */
+static bool in_one_allocation(pm_deviceptr p, size_t bytes, walk *w)
+{
+    pm_deviceptr base;
+    size_t size;
+    pm__detail_saved before; /* an address outside every allocation is no failure here */
+    pm__detail_save(&before);
+    bool inside = pm_mem_get_address_range(&base, &size, p) == PM_SUCCESS && bytes <= size &&
+                  p - base <= size - bytes;
+    pm__detail_restore(&before);
+    if (inside) {
+        w->lo = (uintptr_t)base;
+        w->hi = (uintptr_t)base + size;
+    }
+    return inside;
 }
 
 /* msync(MS_ASYNC) flushes nothing on Linux and fails with ENOMEM where a page
@@ -72,22 +137,24 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t start = (uintptr_t)p & ~(page - 1);
     uintptr_t end = (uintptr_t)p + bytes;
-    uintptr_t lo = 0, hi = 0;
+    walk w = {.start = start, .end = end, .at = start, .access = access};
     int fd = pm__instance_maps_file(inst);
-    access_verdict verdict = fd >= 0 ? ask_mappings(fd, start, end, access, &lo, &hi)
-                                     : ACCESS_UNANSWERED;
+    access_verdict verdict = ACCESS_UNANSWERED;
+    bool allocation_asked = fd < 0;
+    if (fd >= 0)
+        verdict = ask_query(fd, &w);
+    else if (in_one_allocation(p, bytes, &w))
+        verdict = ACCESS_GOOD; /* the text costs tens of microseconds or more: this first */
+    if (verdict == ACCESS_UNANSWERED) {
+        w.at = start; /* a query refused midway: from the start again */
+        w.lo = w.hi = 0;
+        verdict = ask_text(&w);
+    }
     if (verdict == ACCESS_UNANSWERED)
         verdict = ask_msync(start, end);
-    if (verdict == ACCESS_NOTHING) {
-        pm_deviceptr base;
-        size_t size;
-        if (pm_mem_get_address_range(&base, &size, p) == PM_SUCCESS && bytes <= size &&
-            p - base <= size - bytes) {
-            lo = (uintptr_t)base;
-            hi = (uintptr_t)base + size;
-            verdict = ACCESS_GOOD;
-        }
-    }
+    if (verdict == ACCESS_NOTHING && !allocation_asked && in_one_allocation(p, bytes, &w))
+        verdict = ACCESS_GOOD;
+    const uintptr_t lo = w.lo, hi = w.hi;
     const char *how = access == PM_ACCESS_READ    ? "readable"
                       : access == PM_ACCESS_WRITE ? "writable"
                                                   : "readable and writable";

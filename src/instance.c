@@ -172,7 +172,8 @@ pm_result pm_get_capabilities(pm_capabilities *caps)
     full.struct_size = n;
     /* Whether the limit binds can change (setrlimit, capabilities dropped). */
     full.pinning_limited_by_memlock_rlimit = inst->backend.pinnable_bytes() != SIZE_MAX;
-    full.access_checks_permissions = pm__instance_maps_file(inst) >= 0;
+    full.access_checks_permissions =
+        pm__instance_maps_file(inst) >= 0 || pm__maps_text_readable();
     memcpy(caps, &full, n);
     return PM_SUCCESS;
 }

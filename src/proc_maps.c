@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -58,4 +59,115 @@ int pm__proc_maps_open(void)
         fd = -1;
     }
     return fd;
+}
+
+int pm__maps_text_open(pm__maps_text *t)
+{
+    if (PM__TEST_FAULT(pm__fault_maps_text)) {
+        errno = ENOENT; /* as where /proc is not mounted */
+        return -1;
+    }
+    t->fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    t->len = t->pos = 0;
+    t->read_size = 512;
+    t->read_all = false;
+    return t->fd >= 0 ? 0 : -1;
+}
+
+void pm__maps_text_close(pm__maps_text *t)
+{
+    if (t->fd >= 0)
+        close(t->fd);
+    t->fd = -1;
+}
+
+bool pm__maps_text_readable(void)
+{
+    pm__maps_text t;
+    if (pm__maps_text_open(&t) != 0)
+        return false;
+    pm__maps_text_close(&t);
+    return true;
+}
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Keeps the unparsed bytes and reads more after them, once: 0, or -1 on an
+ * error. */
+static int refill(pm__maps_text *t)
+{
+    memmove(t->buf, t->buf + t->pos, t->len - t->pos);
+    t->len -= t->pos;
+    t->pos = 0;
+    /* The kernel formats only the lines a read asks for: small reads first,
+     * as the mapping sought is often among the first. */
+    size_t want = min_size(sizeof t->buf - t->len, t->read_size);
+    if (t->read_size < sizeof t->buf)
+        t->read_size *= 2;
+    ssize_t got;
+    do
+        got = read(t->fd, t->buf + t->len, want);
+    while (got < 0 && errno == EINTR);
+    if (got < 0)
+        return -1;
+    t->read_all = got == 0;
+    t->len += (size_t)got;
+    return 0;
+}
+
+/* The hexadecimal number at t->buf[*at], ended by `end`; false if there is none. */
+static bool parse_hex(const pm__maps_text *t, size_t *at, char end, uintptr_t *value)
+{
+    uintptr_t v = 0;
+    size_t i = *at, digits = 0;
+    for (; i < t->len && t->buf[i] != end; i++, digits++) {
+        char c = t->buf[i];
+        unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0')
+                     : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
+                                            : 16u;
+        if (d == 16 || digits == 2 * sizeof v)
+            return false;
+        v = v << 4 | d;
+    }
+    if (i == t->len || digits == 0)
+        return false;
+    *at = i + 1;
+    *value = v;
+    return true;
+}
+
+int pm__maps_text_next(pm__maps_text *t, pm__mapping *m)
+{
+    /* A line starts "start-end perms ...": 38 bytes at most before its name. */
+    enum { HEAD_MAX = 64 };
+    while (t->len - t->pos < HEAD_MAX && !t->read_all)
+        if (refill(t) != 0)
+            return -1;
+    if (t->pos == t->len)
+        return 0;
+    size_t at = t->pos;
+    uintptr_t start, end;
+    if (!parse_hex(t, &at, '-', &start) || !parse_hex(t, &at, ' ', &end) || at + 2 > t->len ||
+        end < start) {
+        errno = EIO;
+        return -1;
+    }
+    *m = (pm__mapping){.start = start,
+                       .end = end,
+                       .readable = t->buf[at] == 'r',
+                       .writable = t->buf[at + 1] == 'w'};
+    /* The rest of the line (a file's name may outgrow the buffer). */
+    for (;;) {
+        const char *nl = memchr(t->buf + at, '\n', t->len - at);
+        if (nl) {
+            t->pos = (size_t)(nl - t->buf) + 1;
+            return 1;
+        }
+        t->pos = t->len;
+        if (t->read_all)
+            return 1;
+        if (refill(t) != 0)
+            return -1;
+        at = 0;
+    }
 }

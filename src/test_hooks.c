@@ -9,6 +9,7 @@ pm__countdown pm__fault_block_copy;
 pm__countdown pm__fault_flag_write;
 pm__countdown pm__fault_lane;
 pm__countdown pm__fault_maps_query;
+pm__countdown pm__fault_maps_text;
 void *_Atomic pm__fault_capturing_stream;
 atomic_bool pm__fault_global_capture;
 atomic_bool pm__fault_places_pass;

@@ -23,6 +23,7 @@ extern pm__countdown pm__fault_block_copy;   /* a launch of block copies (the ba
 extern pm__countdown pm__fault_flag_write;   /* the staging engine's flag behind a buffer's work */
 extern pm__countdown pm__fault_lane;         /* a lane's entry or its exit's wait */
 extern pm__countdown pm__fault_maps_query;   /* a mapping query (answered as before Linux 6.11) */
+extern pm__countdown pm__fault_maps_text;    /* opening /proc/self/maps to read its text */
 /* Counts countdown down; true on the pass that takes it from 1 to 0. */
 bool pm__countdown_fires(pm__countdown *countdown);
 #define PM__TEST_FAULT(countdown) pm__countdown_fires(&(countdown))

@@ -197,8 +197,8 @@ int cmd_info(void)
            c.huge_page_size ? human_size(c.huge_page_size, huge, sizeof huge) : "none");
     printf("  transparent huge pages: %s\n", c.huge_page_mode);
     printf("  address checks:        %s\n",
-           c.access_checks_permissions ? "each mapping's permissions (PROCMAP_QUERY)"
-                                       : "mapped or not (a kernel before 6.11)");
+           c.access_checks_permissions ? "each mapping's permissions (/proc/self/maps)"
+                                       : "mapped or not (/proc/self/maps unreadable)");
     print_memlock_limit();
     print_numa_nodes();
     print_ring();

@@ -2,8 +2,9 @@
 holds: an int address given to copy() must fail cleanly, not fault in the
 copy. The library asks the kernel without touching the memory
 (pm_mem_check_access): readable or writable mappings as the copy needs, or
-one device allocation; kernels before Linux 6.11 say only whether every page
-is mapped."""
+one device allocation. Before Linux 6.11 the library reads the text of
+/proc/self/maps for it, which takes longer the more mappings lie below the
+address."""
 
 import ctypes
 import threading
