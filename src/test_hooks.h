@@ -56,6 +56,11 @@ extern atomic_bool pm__fault_engines_split;
  * where there is nothing to choose. */
 extern atomic_bool pm__fault_ring_on_node;
 #define PM__TEST_RING_ON_NODE() atomic_load(&pm__fault_ring_on_node)
+/* While set, the kernel refuses memory policies (mbind answers EPERM, as
+ * under a container's default seccomp profile) and pages meant for a node
+ * are placed by its threads' touch even where the machine has one node. */
+extern atomic_bool pm__fault_policies_refused;
+#define PM__TEST_POLICIES_REFUSED() atomic_load(&pm__fault_policies_refused)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -70,6 +75,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_LANES_TAKEN() false
 #define PM__TEST_ENGINES_SPLIT() false
 #define PM__TEST_RING_ON_NODE() false
+#define PM__TEST_POLICIES_REFUSED() false
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

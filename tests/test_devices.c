@@ -399,6 +399,9 @@ static void ring_on_its_device_node(void)
     REQUIRE_RESULT(pm_device_get_info(0, &info), PM_SUCCESS);
     if (info.host_numa_node < 0)
         SKIP_CASE("the first device's NUMA node is not known");
+    int probe_mode, probe_node;
+    if (!page_policy(&info, &probe_mode, &probe_node))
+        SKIP_CASE("the kernel refuses memory policies here (get_mempolicy)");
     pm_copy_config saved = {.struct_size = sizeof saved};
     REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
     const bool one_node = pm__only_numa_node() >= 0;

@@ -1,11 +1,14 @@
 /* The pool rows of docs/driver-behavior.md, what pinmem's pools answer beyond
  * the driver's, and bad input. */
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "pool/pool_internal.h"
 #include "pool_util.h"
+#include "test_hooks.h"
 
 static const size_t MiB = 1u << 20;
 
@@ -261,15 +264,31 @@ static void rounding(void)
 }
 
 /* HOST_NUMA: the pages are on that node (move_pages with no target reports
- * where each page is). */
-static void numa_placement(void)
+ * where each page is). With policies_refused, the kernel refuses memory
+ * policies, as a container's default seccomp profile does to a process
+ * without CAP_SYS_NICE, and the machine counts as one of several nodes (a
+ * hook): the pool still gives memory, unbound, its pages placed by threads on
+ * the node's CPUs touching them first. */
+static void numa_placement(bool policies_refused)
 {
     NEED_PINNABLE(16 * MiB);
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST_NUMA, 0}};
     pm_mem_pool_t pool = NULL;
+    atomic_store(&pm__fault_policies_refused, policies_refused);
     REQUIRE_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
     uint8_t *p = NULL;
-    REQUIRE_RESULT(pm_mem_alloc_from_pool((void **)&p, 8 * MiB, pool), PM_SUCCESS);
+    pm_result r = pm_mem_alloc_from_pool((void **)&p, 8 * MiB, pool);
+    atomic_store(&pm__fault_policies_refused, false);
+    REQUIRE_RESULT(r, PM_SUCCESS);
+    if (policies_refused) {
+        enum { mpol_bind = 2, mpol_f_addr = 2 };
+        int mode = -1;
+        unsigned long nodes[16] = {0};
+        if (syscall(SYS_get_mempolicy, &mode, nodes, 1024ul, p, mpol_f_addr) == 0)
+            CHECK(mode != mpol_bind);
+        else
+            printf("get_mempolicy unavailable here; the binding not checked\n");
+    }
     void *pages[4] = {p, p + 2 * MiB, p + 4 * MiB, p + 8 * MiB - 1};
     int status[4] = {-1, -1, -1, -1};
     long rc = syscall(SYS_move_pages, 0, 4, pages, NULL, status, 0);
@@ -283,6 +302,27 @@ static void numa_placement(void)
     }
     CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+static void *run_on_node_zero(void *on_node)
+{
+    unsigned cpu = 0, node = 1;
+    *(bool *)on_node = pm__run_on_node(0) && syscall(SYS_getcpu, &cpu, &node, NULL) == 0 &&
+                            node == 0 && !pm__run_on_node(4095);
+    return NULL;
+}
+
+/* The threads that place pages by touch run on the node's CPUs; a node that
+ * does not exist leaves a thread where it was. */
+static void numa_threads(void)
+{
+    if (access("/sys/devices/system/node/node0/cpulist", R_OK) != 0)
+        SKIP_CASE("no NUMA nodes in sysfs here");
+    bool matched = false;
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, run_on_node_zero, &matched) == 0);
+    pthread_join(t, NULL);
+    CHECK(matched);
 }
 
 static void stats(void)
@@ -447,7 +487,9 @@ int main(void)
     bad_input();
     free_of_other_memory();
     rounding();
-    numa_placement();
+    numa_placement(false);
+    numa_placement(true);
+    numa_threads();
     stats();
     stale_run_memo();
     max_size_room();

@@ -323,8 +323,9 @@ pm_result pm__backend_cuda_open(pm__backend *out);
 /* System facts both backends report the same way. */
 void pm__system_fill_caps(pm_capabilities *caps);
 /* Touches every page of [p, p + len) with several threads, so the kernel
- * faults them in (as huge pages where advised) in parallel. */
-void pm__prefault(void *p, size_t len);
+ * faults them in (as huge pages where advised) in parallel; where
+ * pm__placed_by_touch(node), only threads on node's CPUs touch them. */
+void pm__prefault(void *p, size_t len, int node);
 /* Below this size pm__prefault uses one thread. */
 #define pm__prefault_parallel_min ((size_t)64 << 20)
 /* mmap for a host allocation: page-rounded, huge-page advised when large.
@@ -332,8 +333,17 @@ void pm__prefault(void *p, size_t len);
 void *pm__map_anonymous(size_t bytesize, size_t *map_len);
 /* The same, aligned to align (a power of two). */
 void *pm__map_anonymous_aligned(size_t bytesize, size_t align, size_t *map_len);
-/* Binds [p, p + len) to one NUMA node before it is faulted in. */
+/* Binds [p, p + len) to one NUMA node before it is faulted in; where the
+ * kernel refuses memory policies (a container's seccomp profile, a kernel
+ * without NUMA), succeeds unbound: pm__prefault then places the pages. */
 pm_result pm__bind_to_node(void *p, size_t len, int node);
+/* Whether pages meant for node (-1: none) are faulted in from its CPUs: on
+ * a machine of several nodes, where a binding the kernel refused leaves
+ * placement to the first touch (harmless where the range is bound). */
+bool pm__placed_by_touch(int node);
+/* Runs the calling thread on node's CPUs from now on; false where it cannot
+ * (no sysfs, or none of them in the process's cpuset). */
+bool pm__run_on_node(int node);
 bool pm__numa_node_exists(int node);
 /* The machine's NUMA node when it has exactly one, else -1. */
 int pm__only_numa_node(void);

@@ -135,7 +135,7 @@ static pm_result map_and_register(size_t bytesize, size_t align, int numa_node, 
         munmap(p, *len);
         return r;
     }
-    pm__prefault(p, *len);
+    pm__prefault(p, *len, numa_node);
     *rc = register_in_pieces(p, *len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     ctx_leave(&scope);
     if (*rc != CUDA_SUCCESS) {
@@ -416,12 +416,11 @@ static void vmm_chunk_unreserve(void *base, size_t len)
  * all device work). */
 static pm_result registered_chunk_commit(void *p, size_t len, int numa_node)
 {
-    (void)numa_node; /* bound when reserved */
     ctx_scope scope;
     pm_result r = ctx_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
-    pm__prefault(p, len);
+    pm__prefault(p, len, numa_node); /* bound when reserved, or placed by this touch */
     CUresult rc = register_in_pieces(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     ctx_leave(&scope);
     if (rc != CUDA_SUCCESS) {

@@ -97,9 +97,10 @@ static pm_result posix_host_alloc(size_t bytesize, unsigned flags, int numa_node
         return r;
     }
     /* mlock faults pages in on one thread; for large ranges, several threads
-     * fault them ahead of it. Small ones go straight to mlock. */
-    if (len >= pm__prefault_parallel_min)
-        pm__prefault(p, len);
+     * fault them ahead of it. Small ones go straight to mlock, unless their
+     * node's threads must touch them. */
+    if (len >= pm__prefault_parallel_min || pm__placed_by_touch(numa_node))
+        pm__prefault(p, len, numa_node);
     if (lock_pages(p, len) != 0) {
         int err = errno;
         munmap(p, len);
@@ -261,12 +262,12 @@ static pm_result posix_foreign_get_address_range(pm_deviceptr *pbase, size_t *ps
 
 static pm_result posix_chunk_commit(void *p, size_t len, int numa_node)
 {
-    (void)numa_node; /* bound when reserved */
     pm_result r = check_lockable(len, "pool memory");
     if (r != PM_SUCCESS)
         return r;
-    if (len >= pm__prefault_parallel_min)
-        pm__prefault(p, len);
+    /* bound when reserved, or placed by this touch */
+    if (len >= pm__prefault_parallel_min || pm__placed_by_touch(numa_node))
+        pm__prefault(p, len, numa_node);
     if (lock_pages(p, len) != 0) {
         int err = errno;
         madvise(p, len, MADV_DONTNEED);

@@ -52,22 +52,6 @@ static int current_numa_node(void)
     return (int)node;
 }
 
-int pm__only_numa_node(void)
-{
-    FILE *f = fopen("/sys/devices/system/node/online", "r");
-    char line[64] = "";
-    int node = -1, used = 0;
-    if (f) {
-        if (!fgets(line, sizeof line, f))
-            line[0] = '\0';
-        fclose(f);
-    }
-    /* "0" names one node; "0-1" or "0,2" several. */
-    if (sscanf(line, "%d%n", &node, &used) != 1 || node < 0 || (line[used] && line[used] != '\n'))
-        return -1;
-    return node;
-}
-
 void pm__system_fill_caps(pm_capabilities *caps)
 {
     caps->page_size = (size_t)sysconf(_SC_PAGESIZE);
@@ -119,41 +103,21 @@ void *pm__map_anonymous(size_t bytesize, size_t *map_len)
     return pm__map_anonymous_aligned(bytesize, 0, map_len);
 }
 
-bool pm__numa_node_exists(int node)
-{
-    if (node < 0 || node > 4095)
-        return false;
-    char path[64];
-    snprintf(path, sizeof path, "/sys/devices/system/node/node%d", node);
-    if (access(path, F_OK) == 0)
-        return true;
-    /* Without sysfs NUMA information the machine has exactly node 0. */
-    return node == 0 && access("/sys/devices/system/node", F_OK) != 0;
-}
-
-pm_result pm__bind_to_node(void *p, size_t len, int node)
-{
-    enum { mpol_bind = 2 };
-    unsigned long mask[4096 / (8 * sizeof(unsigned long))] = {0};
-    mask[(unsigned)node / (8 * sizeof(unsigned long))] |= 1ul << ((unsigned)node % (8 * sizeof(unsigned long)));
-    if (syscall(SYS_mbind, p, len, mpol_bind, mask, (unsigned long)4096 + 1, 0) != 0)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "mbind to NUMA node %d failed: %s", node,
-                        strerror(errno));
-    return PM_SUCCESS;
-}
-
 /* Workers take 2 MiB chunks from one counter, so a slow thread never leaves a
  * large slice for the others to wait on. (Starting to pin behind the faulted
  * front gained nothing: docs/design.md, "Tried and not adopted".) */
 typedef struct prefault_job {
     uint8_t *base;
     size_t len, chunk, n_chunks, step;
+    int node; /* the threads run on its CPUs, or -1 */
     atomic_size_t next_chunk;
 } prefault_job;
 
 static void *prefault_worker(void *arg)
 {
     prefault_job *j = arg;
+    if (j->node >= 0)
+        pm__run_on_node(j->node); /* where it cannot, the pages go where it runs */
     for (;;) {
         size_t i = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
         if (i >= j->n_chunks)
@@ -178,19 +142,28 @@ static size_t worker_count(size_t len)
     return threads;
 }
 
-void pm__prefault(void *p, size_t len)
+void pm__prefault(void *p, size_t len, int node)
 {
     enum { max_threads = 16 };
-    prefault_job job = {.base = p, .len = len, .chunk = 2u << 20, .step = page_size()};
+    const bool on_node = pm__placed_by_touch(node);
+    prefault_job job = {.base = p, .len = len, .chunk = 2u << 20, .step = page_size(),
+                        .node = on_node ? node : -1};
     job.n_chunks = (len + job.chunk - 1) / job.chunk;
     atomic_init(&job.next_chunk, 0);
     size_t threads = worker_count(len);
+    if (on_node && threads == 0)
+        threads = 1; /* the caller may run on another node */
     pthread_t tids[max_threads];
     size_t started = 0;
-    while (threads > 1 && started < threads &&
+    while ((threads > 1 || on_node) && started < threads &&
            pthread_create(&tids[started], NULL, prefault_worker, &job) == 0)
         started++;
-    prefault_worker(&job); /* this thread works too, and alone when none started */
+    /* This thread works too, but for pages meant for a node, unless no
+     * thread started: then it works alone, where it runs. */
+    if (started == 0)
+        job.node = -1;
+    if (!on_node || started == 0)
+        prefault_worker(&job);
     for (size_t i = 0; i < started; i++)
         pthread_join(tids[i], NULL);
 }
