@@ -32,6 +32,7 @@
 #include "../budget.h"
 #include "../errors.h"
 #include "../instance.h"
+#include "../proc_maps.h"
 #include "../thread_start.h"
 #include "copy.h"
 
@@ -81,21 +82,21 @@ static void wake_monitor(void)
     }
 }
 
-/* The mapping (one line of /proc/self/maps) that holds addr; false if none. */
+/* The mapping that holds addr; false if none. */
 static bool mapping_around(uintptr_t addr, uintptr_t *start, uintptr_t *end)
 {
-    FILE *f = fopen("/proc/self/maps", "re");
+    pm__maps_text t;
+    pm__mapping m;
     bool found = false;
-    unsigned long lo, hi;
-    char line[512];
-    while (f && !found && fgets(line, sizeof line, f))
-        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= addr && addr < hi) {
-            *start = lo;
-            *end = hi;
+    if (pm__maps_text_open(&t) != 0)
+        return false;
+    while (!found && pm__maps_text_next(&t, &m) == 1 && m.start <= addr)
+        if (addr < m.end) {
+            *start = m.start;
+            *end = m.end;
             found = true;
         }
-    if (f)
-        fclose(f);
+    pm__maps_text_close(&t);
     return found;
 }
 
@@ -110,17 +111,17 @@ static void uffd_unregister(uintptr_t lo, uintptr_t hi)
     struct uffdio_range range = {.start = lo, .len = hi - lo};
     if (ioctl(rc.uffd, UFFDIO_UNREGISTER, &range) == 0 || errno != EINVAL)
         return;
-    FILE *f = fopen("/proc/self/maps", "re");
-    unsigned long start, end;
-    char line[512];
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "%lx-%lx", &start, &end) == 2 && start < hi && lo < end) {
-            range.start = start > lo ? start : lo;
-            range.len = (end < hi ? end : hi) - range.start;
+    pm__maps_text t;
+    pm__mapping m;
+    if (pm__maps_text_open(&t) != 0)
+        return;
+    while (pm__maps_text_next(&t, &m) == 1 && m.start < hi)
+        if (lo < m.end) {
+            range.start = m.start > lo ? m.start : lo;
+            range.len = (m.end < hi ? m.end : hi) - range.start;
             ioctl(rc.uffd, UFFDIO_UNREGISTER, &range); /* fails for what it cannot watch */
         }
-    if (f)
-        fclose(f);
+    pm__maps_text_close(&t);
 }
 
 /* lock held: takes the parts of [lo, hi) that no live entry covers out of
@@ -206,11 +207,12 @@ static void read_events_locked(void)
              * or a page a mapping grew by in place, which carried the
              * registration along (drop that). Unregistering wakes the
              * fault, which proceeds as if we had never been there. */
-            uintptr_t page = (uintptr_t)msg.arg.pagefault.address & ~(uintptr_t)4095;
+            const uintptr_t page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
+            uintptr_t page = (uintptr_t)msg.arg.pagefault.address & ~(page_size - 1);
             doom_range_locked(page, page + 1);
             if (mapping_around(page, &start, &end))
                 unregister_outside_live(start, end);
-            uffd_unregister(page, page + 4096);
+            uffd_unregister(page, page + page_size); /* a whole page, as the kernel wants */
             break;
         }
         default:
