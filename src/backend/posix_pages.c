@@ -28,9 +28,11 @@ static struct {
     size_t cap, used; /* cap: 0 or a power of two */
 } shared = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
 
+/* The product's upper half, which every bit of the page number stirs (its
+ * low bits follow the number's low bits alone, all zero above 4 KiB pages). */
 static size_t home_of(uintptr_t page)
 {
-    return (size_t)((page >> 12) * 0x9E3779B97F4A7C15ull) & (shared.cap - 1);
+    return (size_t)(((uint64_t)(page >> 12) * 0x9E3779B97F4A7C15ull) >> 32) & (shared.cap - 1);
 }
 
 /* lock held, table made: the slot holding page, or the empty one where it would go. */
