@@ -21,7 +21,7 @@ typedef enum {
     ACCESS_UNMAPPED,
     ACCESS_DENIED,    /* a mapping permits some access, not the one asked */
     ACCESS_NOTHING,   /* a mapping permits nothing: a guard page, or device memory */
-    ACCESS_UNANSWERED /* the kernel did not answer: ask msync */
+    ACCESS_UNANSWERED /* not answered: ask the text, then msync */
 } access_verdict;
 
 /* What one mapping says of an access to it. */
@@ -91,15 +91,19 @@ static access_verdict ask_text(walk *w)
 
 /* Whether [p, p + bytes) lies inside one allocation the library or the
  * driver knows (device memory, which no mapping lets the CPU touch, or
- * pinmem's own); if so, w's span is that allocation. */
-static bool in_one_allocation(pm_deviceptr p, size_t bytes, walk *w)
+ * page-locked host memory unless device_only); if so, w's span is that
+ * allocation. */
+static bool in_one_allocation(pm_deviceptr p, size_t bytes, bool device_only, walk *w)
 {
     pm_deviceptr base;
     size_t size;
+    unsigned flags;
     pm__detail_saved before; /* an address outside every allocation is no failure here */
     pm__detail_save(&before);
     bool inside = pm_mem_get_address_range(&base, &size, p) == PM_SUCCESS && bytes <= size &&
                   p - base <= size - bytes;
+    if (inside && device_only) /* host memory answers for its flags, device memory does not */
+        inside = pm_mem_host_get_flags(&flags, (void *)(uintptr_t)p) != PM_SUCCESS;
     pm__detail_restore(&before);
     if (inside) {
         w->lo = (uintptr_t)base;
@@ -140,10 +144,9 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     walk w = {.start = start, .end = end, .at = start, .access = access};
     int fd = pm__instance_maps_file(inst);
     access_verdict verdict = ACCESS_UNANSWERED;
-    bool allocation_asked = fd < 0;
     if (fd >= 0)
         verdict = ask_query(fd, &w);
-    else if (in_one_allocation(p, bytes, &w))
+    else if (in_one_allocation(p, bytes, true, &w))
         verdict = ACCESS_GOOD; /* the text costs tens of microseconds or more: this first */
     if (verdict == ACCESS_UNANSWERED) {
         w.at = start; /* a query refused midway: from the start again */
@@ -152,7 +155,7 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     }
     if (verdict == ACCESS_UNANSWERED)
         verdict = ask_msync(start, end);
-    if (verdict == ACCESS_NOTHING && !allocation_asked && in_one_allocation(p, bytes, &w))
+    if (verdict == ACCESS_NOTHING && in_one_allocation(p, bytes, false, &w))
         verdict = ACCESS_GOOD;
     const uintptr_t lo = w.lo, hi = w.hi;
     const char *how = access == PM_ACCESS_READ    ? "readable"

@@ -189,6 +189,12 @@ static void page_locked_memory(void)
         CHECK(detail_has("neither writable host memory"));
         CHECK_RESULT(pm_mem_check_access(at(h) + 8, page, PM_ACCESS_READ, NULL, NULL),
                      PM_ERROR_INVALID_VALUE);
+        /* read-only: its mapping answers, not the allocation */
+        CHECK(mprotect(h, page, PROT_READ) == 0);
+        CHECK_RESULT(pm_mem_check_access(at(h), page, PM_ACCESS_READ, NULL, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_check_access(at(h), page, PM_ACCESS_WRITE, NULL, NULL),
+                     PM_ERROR_INVALID_VALUE);
+        CHECK(detail_has("is not writable"));
         CHECK(mprotect(h, page, PROT_READ | PROT_WRITE) == 0);
     }
     CHECK_RESULT(pm_mem_free_host(h), PM_SUCCESS);
