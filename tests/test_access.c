@@ -234,7 +234,7 @@ static void query_refused_midway(void)
 static void a_long_file_name(void)
 {
     char path[4090]; /* a line of more than 4 KiB in the file */
-    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int n = snprintf(path, sizeof path, "%s/pinmem-access-XXXXXX", tmp);
     REQUIRE(n > 0 && (size_t)n < 200 && mkdtemp(path));
     size_t dirs = 0, len = strlen(path);
