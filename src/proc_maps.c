@@ -71,6 +71,7 @@ int pm__maps_text_open(pm__maps_text *t)
     t->len = t->pos = 0;
     t->read_size = 512;
     t->read_all = false;
+    t->name[0] = '\0';
     return t->fd >= 0 ? 0 : -1;
 }
 
@@ -136,10 +137,25 @@ static bool parse_hex(const pm__maps_text *t, size_t *at, char end, uintptr_t *v
     return true;
 }
 
+/* Copies into t->name the head of the name after the four fields that
+ * follow the range (perms, offset, device, inode) from t->buf[at]. */
+static void read_name_head(pm__maps_text *t, size_t at)
+{
+    size_t i = at, n = 0;
+    for (int spaces = 0; spaces < 4 && i < t->len && t->buf[i] != '\n'; i++)
+        spaces += t->buf[i] == ' ';
+    while (i < t->len && t->buf[i] == ' ')
+        i++;
+    while (i < t->len && t->buf[i] != '\n' && n + 1 < sizeof t->name)
+        t->name[n++] = t->buf[i++];
+    t->name[n] = '\0';
+}
+
 int pm__maps_text_next(pm__maps_text *t, pm__mapping *m)
 {
-    /* A line starts "start-end perms ...": 38 bytes at most before its name. */
-    enum { HEAD_MAX = 64 };
+    /* A line starts "start-end perms offset device inode", padded to column
+     * 73 before its name: the head of that name lies within this much. */
+    enum { HEAD_MAX = 128 };
     while (t->len - t->pos < HEAD_MAX && !t->read_all)
         if (refill(t) != 0)
             return -1;
@@ -156,6 +172,7 @@ int pm__maps_text_next(pm__maps_text *t, pm__mapping *m)
                        .end = end,
                        .readable = t->buf[at] == 'r',
                        .writable = t->buf[at + 1] == 'w'};
+    read_name_head(t, at);
     /* The rest of the line (a file's name may outgrow the buffer). */
     for (;;) {
         const char *nl = memchr(t->buf + at, '\n', t->len - at);

@@ -29,6 +29,9 @@ typedef struct pm__maps_text {
     size_t read_size; /* the next read's */
     bool read_all;
     char buf[4096];
+    /* The first bytes of the last mapping's name ("" for none, "[heap]",
+     * a file's path), for callers that tell kinds of mapping apart. */
+    char name[32];
 } pm__maps_text;
 
 /* 0 with t ready, or -1 (errno set) where the file cannot be opened. */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "proc_maps.h"
 #include "test_hooks.h"
 #include "threads.h"
 
@@ -228,6 +229,33 @@ static void query_refused_midway(void)
     munmap(p, 2 * page);
 }
 
+/* The library's reader of /proc/self/maps gives each mapping's bounds, what
+ * it permits and the head of its name: the file's path at file, "[stack]"
+ * at a local variable. */
+static void names_in_the_text(const void *file, const char *path, const int *local)
+{
+    pm__maps_text t;
+    pm__mapping m;
+    REQUIRE(pm__maps_text_open(&t) == 0);
+    int seen = 0, got;
+    uintptr_t last_end = 0;
+    while ((got = pm__maps_text_next(&t, &m)) == 1) {
+        CHECK(m.start < m.end && m.start >= last_end);
+        last_end = m.end;
+        if (m.start <= (uintptr_t)file && (uintptr_t)file < m.end) {
+            CHECK(m.readable && !m.writable);
+            CHECK(strncmp(t.name, path, sizeof t.name - 1) == 0);
+            seen++;
+        }
+        if (m.start <= (uintptr_t)local && (uintptr_t)local < m.end) {
+            CHECK(m.readable && m.writable && strcmp(t.name, "[stack]") == 0);
+            seen++;
+        }
+    }
+    CHECK(got == 0 && seen == 2);
+    pm__maps_text_close(&t);
+}
+
 /* A file whose name is near the longest a path may be, mapped read-only
  * between two inaccessible pages: its line in /proc/self/maps outgrows the
  * library's buffer for the text, which must read past it to the page above. */
@@ -265,6 +293,7 @@ static void a_long_file_name(void)
         CHECK_RESULT(pm_mem_check_access(at(r + 2 * page), 1, PM_ACCESS_READ, NULL, NULL), told);
         CHECK_RESULT(pm_mem_check_access(at((uint8_t *)&local), sizeof local, PM_ACCESS_WRITE,
                                          NULL, NULL), PM_SUCCESS);
+        names_in_the_text(m, path, &local);
     }
     if (r != MAP_FAILED)
         munmap(r, 3 * page);

@@ -1,7 +1,6 @@
 /* The POSIX backend: pinning is mmap + mlock, the device pointer is the host
  * pointer, and the answers are the driver's (docs/driver-behavior.md). */
 #include <errno.h>
-#include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -15,6 +14,7 @@
 
 #include "../errors.h"
 #include "../options.h"
+#include "../proc_maps.h"
 #include "../ranges.h"
 #include "../test_hooks.h"
 #include "backend.h"
@@ -135,27 +135,22 @@ static bool is_io_path(const char *path)
 static mapping_check inspect_mappings(uintptr_t lo, uintptr_t hi)
 {
     mapping_check c = {false, true, true, true};
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
+    pm__maps_text t;
+    pm__mapping m;
+    if (pm__maps_text_open(&t) != 0)
         return c;
-    char line[4096];
     uintptr_t covered = lo;
-    while (covered < hi && fgets(line, sizeof line, f)) {
-        uintptr_t start, end;
-        char perms[8] = "", path[4096] = "";
-        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s %*s %*s %*s %4095[^\n]", &start, &end,
-                   perms, path) < 3)
+    while (covered < hi && pm__maps_text_next(&t, &m) == 1) {
+        if (m.end <= covered)
             continue;
-        if (end <= covered)
-            continue;
-        if (start > covered)
+        if (m.start > covered)
             break; /* a hole */
-        c.all_readable &= perms[0] == 'r';
-        c.all_writable &= perms[1] == 'w';
-        c.all_io &= is_io_path(path);
-        covered = end;
+        c.all_readable &= m.readable;
+        c.all_writable &= m.writable;
+        c.all_io &= is_io_path(t.name);
+        covered = m.end;
     }
-    fclose(f);
+    pm__maps_text_close(&t);
     c.all_mapped = covered >= hi;
     return c;
 }
