@@ -103,7 +103,9 @@ static void discard(pm_deviceptr dev, uint8_t *back)
 
 static void free_and_malloc(pm_deviceptr dev, uint8_t *back)
 {
-    mallopt(M_MMAP_THRESHOLD, 1 << 20); /* fixed: freeing unmaps, malloc maps again */
+#ifdef M_MMAP_THRESHOLD /* glibc: fixed, so that freeing unmaps and malloc maps again */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
     uint8_t *p = malloc(buffer_bytes);
     REQUIRE(p);
     fill(p, buffer_bytes, 7);
