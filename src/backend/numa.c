@@ -52,8 +52,9 @@ pm_result pm__bind_to_node(void *p, size_t len, int node)
         return PM_SUCCESS;
     /* A container's default seccomp profile refuses memory policies to a
      * process without CAP_SYS_NICE (EPERM), and a kernel without NUMA has
-     * none (ENOSYS), where the driver still places HOST_NUMA memory: the
-     * pages are then left to first touch from the node's CPUs. */
+     * none (ENOSYS), a refusal the driver's own pools (placed by its kernel
+     * module) never meet: the pages are left to first touch from the node's
+     * CPUs instead. */
     if (errno == EPERM || errno == ENOSYS)
         return PM_SUCCESS;
     return pm__fail(PM_ERROR_INVALID_VALUE, "mbind to NUMA node %d failed: %s", node,
