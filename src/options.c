@@ -155,8 +155,8 @@ static void load(void);
 static pm_result load_result;
 static char load_detail[320];
 
-static const char *from_default = "default", *from_environment = "environment",
-                  *from_code = "code";
+static const char *const from_default = "default", *const from_environment = "environment",
+                        *const from_code = "code";
 
 /* The n-th word of a CHOICE's list into buf; false past the last. */
 static bool choice_word(const spec *o, unsigned n, char *buf, size_t cap)

@@ -5,33 +5,19 @@
 #
 #   check_layers.sh TABLE OBJECT...
 #
-# OBJECTs are the library's object files (CMake's $<TARGET_OBJECTS:...>,
-# which may arrive as one ;-separated argument) or a directory to search for
-# them, such as build-test/CMakeFiles/pinmem_objects.dir. An object is named
-# by its path below src/, without ".c.o".
+# OBJECTs are the library's object files or directories holding them
+# (tests/objects.sh).
 set -euo pipefail
 table=$1
 shift
-objects=()
-for arg in "$@"; do
-    IFS=';' read -r -a parts <<<"$arg"
-    for p in "${parts[@]}"; do
-        if [ -d "$p" ]; then
-            while IFS= read -r o; do objects+=("$o"); done < <(find "$p" -name '*.o' | sort)
-        elif [ -n "$p" ]; then
-            objects+=("$p")
-        fi
-    done
-done
-[ ${#objects[@]} -gt 0 ] || { echo "check_layers.sh: no object files given"; exit 2; }
+source "$(dirname "$0")/objects.sh"
 
 # One line per symbol: "OBJECT D SYMBOL" where defined, "OBJECT U SYMBOL"
 # where referred to but not defined.
 symbols() {
     for o in "${objects[@]}"; do
-        local name=${o##*/src/}
-        name=${name%.o}
-        name=${name%.c}
+        local name
+        name=$(object_name "$o")
         nm -P -g "$o" | awk -v obj="$name" '
             NF >= 2 { print obj, (($2 == "U" || (($2 == "w" || $2 == "v") && NF == 2)) ? "U" : "D"), $1 }'
     done

@@ -87,7 +87,7 @@ static size_t page_floor(size_t n, size_t page) { return n / page * page; }
 
 static void size_text(size_t n, char *buf, size_t cap)
 {
-    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
     unsigned u = 0;
     while (n >= 1024 && n % 1024 == 0 && u < 4) {
         n /= 1024;
