@@ -73,6 +73,115 @@ static pm__place lane_place_for(const pm__backend *be, const pm__place *place,
     return memory.context && memory.context != place->context ? memory : *place;
 }
 
+/* lock held: the rest of j's plan (its pieces, slices and stores), its
+ * fillers and its id; *size_class and *timed say whether the copy's time
+ * teaches the store choice (store_choice.h). */
+static void plan_job_locked(const pm__copy_settings *set, const pm__backend *be, job *j,
+                            bool sync, unsigned *size_class, bool *timed)
+{
+    engine *eng = j->eng;
+    eng->ring_split = set->ring_split;
+    atomic_store_explicit(&eng->spin_ns, set->spin_ns, memory_order_relaxed);
+    if (j->kernel)
+        pm__staging_ensure_twin_locked(eng);
+    if (j->kernel && j->dir == PM__DTOH)
+        j->kernel = pm__staging_twin_start(be, j);
+    j->plan = pm__plan_pieces(set, j->dir, j->kernel ? eng->chunk - list_reserve(eng) : eng->chunk,
+                              j->bytes, j->n_segs == 1);
+    j->slice = j->plan.slice;
+    pm__staging_choose_stores(set, j, sync, size_class, timed);
+    pm__staging_take_fillers_of(j);
+    j->slices = pm__plan_slices(&j->plan);
+    j->id = (unsigned)(eng - pm__staging_engines) << 24 | (++eng->jobs_started & 0xffffff);
+    pm__trace_note(eng->trace, PM__TRACE_JOB_START, j->id,
+                   (unsigned)(j->bytes >> 10 & 0x7fffffff) | (unsigned)(j->dir == PM__DTOH) << 31);
+    pm__staging_count_running(eng, j->dir, 1);
+}
+
+/* lock held, let go meanwhile: a copy of several slices on the caller's own
+ * stream runs on a lane, where the workers' DMAs keep its order; so does one
+ * of several pieces whose DMAs would queue slower from its stream's context
+ * (one DMA costs the same from either, and the lane's two markers would not
+ * pay). The lane j now runs on, or NULL. */
+static pm__lane *enter_lane_locked(const pm__backend *be, job *j, bool may_run_elsewhere,
+                                   pm__lane_places *lane_at, pm__lane *spare)
+{
+    engine *eng = j->eng;
+    const pm_stream_t stream = j->stream;
+    const bool own_stream = pm__stream_is_threads_own(stream);
+    const bool several_dmas = may_run_elsewhere && pm__plan_piece(&j->plan, 0, 0) < j->bytes;
+    if (j->slices <= 1 || (!own_stream && !several_dmas))
+        return NULL;
+    pm__lane *lane = NULL;
+    pthread_mutex_unlock(&eng->lock);
+    if (several_dmas)
+        lane_at->lane = lane_place_for(be, &lane_at->own, j->segs);
+    if (own_stream || lane_at->lane.context != lane_at->own.context)
+        lane = pm__staging_lane_enter(eng, lane_at, stream, spare);
+    pthread_mutex_lock(&eng->lock);
+    if (lane) {
+        j->stream = lane->stream;
+        j->place = lane_at->lane;
+    }
+    return lane;
+}
+
+/* lock held: lists j for the workers and wakes every sleeper unless enough
+ * workers spin (the first of many to wake joins sooner than any one woken
+ * alone). */
+static void announce_locked(job *j)
+{
+    engine *eng = j->eng;
+    eng->spin_want = pm__staging_spinners_for(j);
+    j->listed = true;
+    atomic_fetch_add(&eng->listed, 1); /* before the event that announces it */
+    j->following = eng->jobs;
+    if (eng->jobs)
+        eng->jobs->prev = j;
+    eng->jobs = j;
+    note_event(eng);
+    unsigned awake = j->dir == PM__HTOD ? eng->spinning_fillers : eng->spinning;
+    if (awake + 1 < j->slices) {
+        pthread_cond_broadcast(&eng->has_work);
+        if (j->dir == PM__DTOH)
+            pthread_cond_broadcast(&eng->dtoh_work);
+    }
+    /* Workers waiting for a buffer for another job may take this one's. */
+    pthread_cond_broadcast(&eng->buffer_freed);
+}
+
+/* lock held: the caller runs slices of j until none is left to claim, then
+ * waits for those the workers took, and takes j off the engine. */
+static void run_job_locked(job *j)
+{
+    engine *eng = j->eng;
+    claim c;
+    claim_result got;
+    bool woke_for_buffer = false;
+    while ((got = pm__staging_claim_slice(eng, j, &c, true)) != NOTHING) {
+        if (woke_for_buffer)
+            pm__staging_pass_on_buffer_wake(eng);
+        woke_for_buffer = got == NEED_BUFFER;
+        if (woke_for_buffer) {
+            pthread_cond_wait(&eng->buffer_freed, &eng->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&eng->lock);
+        pm__staging_finish_slice(&c);
+        pthread_mutex_lock(&eng->lock);
+    }
+    if (woke_for_buffer)
+        pm__staging_pass_on_buffer_wake(eng);
+    while (j->slices_done < j->slices)
+        pthread_cond_wait(&eng->progressed, &eng->lock);
+    if (j->listed)
+        pm__staging_unlist(j);
+    pm__staging_count_running(eng, j->dir, -1);
+    pm__trace_note(eng->trace, PM__TRACE_JOB_END, j->id, 0);
+    if (j->error == PM_SUCCESS)
+        pm__staging_steer_fillers(j);
+}
+
 static pm_result staged(const pm__copy_settings *set, pm__direction dir, const pm__segment *segs,
                         size_t n_segs, size_t bytes, pm_stream_t stream, bool sync, bool kernel,
                         bool *no_ring)
@@ -96,47 +205,15 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     }
     /* After the engine's start, which would weigh on the first copy's time. */
     const unsigned long long t0 = pm__now_ns();
-    eng->ring_split = set->ring_split;
-    atomic_store_explicit(&eng->spin_ns, set->spin_ns, memory_order_relaxed);
     job j = {.eng = eng, .dir = dir, .segs = segs, .n_segs = n_segs, .bytes = bytes,
              .stream = stream, .place = place, .one_call = set->batch != PM_COPY_BATCH_EACH,
              .kernel = kernel};
-    if (kernel)
-        pm__staging_ensure_twin_locked(eng);
-    if (kernel && dir == PM__DTOH)
-        j.kernel = pm__staging_twin_start(be, &j);
-    j.plan = pm__plan_pieces(set, dir, kernel ? eng->chunk - list_reserve(eng) : eng->chunk, bytes,
-                             n_segs == 1);
-    j.slice = j.plan.slice;
     unsigned size_class = 0;
     bool timed;
-    pm__staging_choose_stores(set, &j, sync, &size_class, &timed);
-    pm__staging_take_fillers_of(&j);
-    j.slices = pm__plan_slices(&j.plan);
-    j.id = (unsigned)(eng - pm__staging_engines) << 24 | (++eng->jobs_started & 0xffffff);
-    pm__trace_note(eng->trace, PM__TRACE_JOB_START, j.id,
-                   (unsigned)(bytes >> 10 & 0x7fffffff) | (unsigned)(dir == PM__DTOH) << 31);
-    pm__staging_count_running(eng, dir, 1);
-    /* A copy of several slices on the caller's own stream runs on a lane,
-     * where the workers' DMAs keep its order; so does one of several pieces
-     * whose DMAs would queue slower from its stream's context (one DMA costs
-     * the same from either, and the lane's two markers would not pay). */
-    const bool own_stream = pm__stream_is_threads_own(stream);
-    const bool several_dmas = may_run_elsewhere && pm__plan_piece(&j.plan, 0, 0) < bytes;
-    pm__lane *lane = NULL, spare_lane;
+    plan_job_locked(set, be, &j, sync, &size_class, &timed);
+    pm__lane spare_lane;
     pm__lane_places lane_at = {.own = place, .lane = place};
-    if (j.slices > 1 && (own_stream || several_dmas)) {
-        pthread_mutex_unlock(&eng->lock);
-        if (several_dmas)
-            lane_at.lane = lane_place_for(be, &place, segs);
-        if (own_stream || lane_at.lane.context != place.context)
-            lane = pm__staging_lane_enter(eng, &lane_at, stream, &spare_lane);
-        pthread_mutex_lock(&eng->lock);
-        if (lane) {
-            j.stream = lane->stream;
-            j.place = lane_at.lane;
-        }
-    }
+    pm__lane *lane = enter_lane_locked(be, &j, may_run_elsewhere, &lane_at, &spare_lane);
     /* From the device, the first piece's DMA is queued before the workers
      * are woken, which costs the caller 15-25 µs: the DMA runs meanwhile. */
     const bool dma_first = dir == PM__DTOH && j.slices > 1;
@@ -148,56 +225,14 @@ static pm_result staged(const pm__copy_settings *set, pm__direction dir, const p
     /* A single slice is the caller's alone: no hand-off. So is every slice of
      * a copy on the caller's own stream that found no lane: a worker's DMA
      * would land on the worker's own stream, out of the copy's order. */
-    if (j.slices > 1 && !pm__stream_is_threads_own(j.stream)) {
-        eng->spin_want = pm__staging_spinners_for(&j);
-        j.listed = true;
-        atomic_fetch_add(&eng->listed, 1); /* before the event that announces it */
-        j.following = eng->jobs;
-        if (eng->jobs)
-            eng->jobs->prev = &j;
-        eng->jobs = &j;
-        note_event(eng);
-        /* Every sleeper is woken unless enough workers spin: the first of
-         * many to wake joins sooner than any one woken alone. */
-        unsigned awake = dir == PM__HTOD ? eng->spinning_fillers : eng->spinning;
-        if (awake + 1 < j.slices) {
-            pthread_cond_broadcast(&eng->has_work);
-            if (dir == PM__DTOH)
-                pthread_cond_broadcast(&eng->dtoh_work);
-        }
-        /* Workers waiting for a buffer for another job may take this one's. */
-        pthread_cond_broadcast(&eng->buffer_freed);
-    }
+    if (j.slices > 1 && !pm__stream_is_threads_own(j.stream))
+        announce_locked(&j);
     if (dma_first) { /* and the next pieces' behind it */
         pthread_mutex_unlock(&eng->lock);
         queue_ahead(&j);
         pthread_mutex_lock(&eng->lock);
     }
-    claim c;
-    claim_result got;
-    bool woke_for_buffer = false;
-    while ((got = pm__staging_claim_slice(eng, &j, &c, true)) != NOTHING) {
-        if (woke_for_buffer)
-            pm__staging_pass_on_buffer_wake(eng);
-        woke_for_buffer = got == NEED_BUFFER;
-        if (woke_for_buffer) {
-            pthread_cond_wait(&eng->buffer_freed, &eng->lock);
-            continue;
-        }
-        pthread_mutex_unlock(&eng->lock);
-        pm__staging_finish_slice(&c);
-        pthread_mutex_lock(&eng->lock);
-    }
-    if (woke_for_buffer)
-        pm__staging_pass_on_buffer_wake(eng);
-    while (j.slices_done < j.slices)
-        pthread_cond_wait(&eng->progressed, &eng->lock);
-    if (j.listed)
-        pm__staging_unlist(&j);
-    pm__staging_count_running(eng, dir, -1);
-    pm__trace_note(eng->trace, PM__TRACE_JOB_END, j.id, 0);
-    if (j.error == PM_SUCCESS)
-        pm__staging_steer_fillers(&j);
+    run_job_locked(&j);
     pthread_mutex_unlock(&eng->lock);
     /* Failed or not, nothing the job queued may run past it on its stream. */
     pm_result joined = pm__staging_twin_join(be, &j);
