@@ -39,7 +39,7 @@ typedef struct pm__copy_settings {
     size_t direct_max, dtoh_direct_max; /* to the device, from it; 0: none */
     bool registration_cache;
     size_t cache_min_bytes, cache_max_bytes;
-    pm_copy_stores stores, default_stores /* PINMEM_COPY_STORES */;
+    pm_copy_stores stores;
     bool cpu_demotes; /* the CPU has cldemote (memcopy.c) */
     size_t first_piece;          /* a staged copy's first piece to the device (plan.c) */
     size_t dtoh_first_piece;     /* the same from the device */

@@ -67,6 +67,34 @@ static unsigned long long pick(unsigned long long given, unsigned long long env,
     return given ? given : env ? env : machine;
 }
 
+/* The engine's settings for a resolved configuration c. */
+static pm__copy_settings settings_of(const pm_copy_config *c)
+{
+    return (pm__copy_settings){
+        .workers = c->workers,
+        .htod_workers = c->htod_workers,
+        .chunk_bytes = c->chunk_bytes,
+        .slice_bytes = c->slice_bytes,
+        .dtoh_slice_bytes = c->dtoh_slice_bytes,
+        .buffers = c->buffers,
+        .direct_max = c->direct_max == (size_t)-1 ? 0 : c->direct_max,
+        .dtoh_direct_max = c->dtoh_direct_max == (size_t)-1 ? 0 : c->dtoh_direct_max,
+        .registration_cache = c->registration_cache == 1,
+        .cache_min_bytes = c->cache_min_bytes,
+        .cache_max_bytes = c->cache_max_bytes,
+        .stores = c->staging_stores,
+        .cpu_demotes = pm__copy_cpu_demotes(),
+        .first_piece = c->first_piece_bytes,
+        .dtoh_first_piece = c->dtoh_first_piece_bytes,
+        .pieces = c->pieces,
+        .spin_ns = c->spin_us == UINT_MAX ? 0 : 1000ull * c->spin_us,
+        .ring_split = c->ring == PM_COPY_RING_SPLIT,
+        .batch = c->batch,
+        .kernel_max = kernel_max(),
+        .kernel_staged = pm__option_value(PM__OPT_COPY_KERNEL_STAGED) == 1,
+    };
+}
+
 /* The one check of a configuration, from code or the environment: each
  * field against the options table (options.h: the same limits as the
  * PINMEM_* variables), then every 0 resolved to the environment's value or
@@ -154,30 +182,7 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     out->spin_us = spin == PM__OPT_NONE ? UINT_MAX : (unsigned)spin;
     out->ring = (pm_copy_ring)pick(f[RING].checked, e->ring, PM_COPY_RING_SPLIT);
     out->batch = (pm_copy_batch)pick(f[BATCH].checked, e->batch, PM_COPY_BATCH_KERNEL);
-    *s = (pm__copy_settings){
-        .workers = out->workers,
-        .htod_workers = out->htod_workers,
-        .chunk_bytes = out->chunk_bytes,
-        .slice_bytes = out->slice_bytes,
-        .dtoh_slice_bytes = out->dtoh_slice_bytes,
-        .buffers = out->buffers,
-        .direct_max = out->direct_max == (size_t)-1 ? 0 : out->direct_max,
-        .dtoh_direct_max = out->dtoh_direct_max == (size_t)-1 ? 0 : out->dtoh_direct_max,
-        .registration_cache = out->registration_cache == 1,
-        .cache_min_bytes = out->cache_min_bytes,
-        .cache_max_bytes = out->cache_max_bytes,
-        .stores = out->staging_stores,
-        .default_stores = e->staging_stores,
-        .cpu_demotes = pm__copy_cpu_demotes(),
-        .first_piece = out->first_piece_bytes,
-        .dtoh_first_piece = out->dtoh_first_piece_bytes,
-        .pieces = out->pieces,
-        .spin_ns = out->spin_us == UINT_MAX ? 0 : 1000ull * out->spin_us,
-        .ring_split = out->ring == PM_COPY_RING_SPLIT,
-        .batch = out->batch,
-        .kernel_max = kernel_max(),
-        .kernel_staged = pm__option_value(PM__OPT_COPY_KERNEL_STAGED) == 1,
-    };
+    *s = settings_of(out);
     return PM_SUCCESS;
 }
 
