@@ -16,6 +16,7 @@
 #include "cuda_kernel.h"
 #include "cuda_loader.h"
 #include "cuda_places.h"
+#include "cuda_streams.h"
 #include "cuda_vmm.h"
 
 /* How a host allocation was pinned, kept in the range's backend_tag. */
@@ -29,47 +30,6 @@ static const pm__cuda_api *cu;
 static CUdevice device;
 static CUcontext primary;
 static int device_count;
-
-/* Driver calls run in the caller's current context, or in the primary
- * context of pinmem's device when the thread has none. */
-typedef struct ctx_scope {
-    int pushed;
-} ctx_scope;
-
-static pm_result ctx_enter(ctx_scope *s)
-{
-    CUcontext current = NULL;
-    s->pushed = 0;
-    CUresult rc = cu->ctx_get_current(&current);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuCtxGetCurrent");
-    if (current)
-        return PM_SUCCESS;
-    rc = cu->ctx_push(primary);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuCtxPushCurrent");
-    s->pushed = 1;
-    return PM_SUCCESS;
-}
-
-static void ctx_leave(ctx_scope *s)
-{
-    CUcontext popped;
-    if (s->pushed)
-        cu->ctx_pop(&popped);
-}
-
-/* Runs one driver call inside a context scope and translates its result. */
-#define DRIVER_CALL(name, expr)                                           \
-    do {                                                                  \
-        ctx_scope scope_;                                                 \
-        pm_result entered_ = ctx_enter(&scope_);                          \
-        if (entered_ != PM_SUCCESS)                                       \
-            return entered_;                                              \
-        CUresult rc_ = (expr);                                            \
-        ctx_leave(&scope_);                                               \
-        return rc_ == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc_, name); \
-    } while (0)
 
 static CUresult register_in_pieces(void *p, size_t len, unsigned flags)
 {
@@ -98,12 +58,12 @@ static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base,
                                    unsigned *tag)
 {
     void *p = NULL;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
     CUresult rc = cu->mem_host_alloc(&p, bytesize, flags);
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuMemHostAlloc");
     /* The driver packs small allocations more tightly than pages, so the
@@ -127,17 +87,17 @@ static pm_result map_and_register(size_t bytesize, size_t align, int numa_node, 
     if (!p)
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "mmap of %zu bytes failed: %s", bytesize,
                         strerror(errno));
-    ctx_scope scope;
+    pm__place_scope scope;
     pm_result r = numa_node >= 0 ? pm__bind_to_node(p, *len, numa_node) : PM_SUCCESS;
     if (r == PM_SUCCESS)
-        r = ctx_enter(&scope);
+        r = pm__cuda_home_enter(&scope);
     if (r != PM_SUCCESS) {
         munmap(p, *len);
         return r;
     }
     pm__prefault(p, *len, numa_node);
     *rc = register_in_pieces(p, *len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
     if (*rc != CUDA_SUCCESS) {
         munmap(p, *len);
         return pm__cuda_fail(*rc, "cuMemHostRegister");
@@ -174,32 +134,32 @@ static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, int numa_node,
 static pm_result cuda_host_free(void *base, size_t pin_len, unsigned tag)
 {
     if (tag == TAG_DRIVER_ALLOC)
-        DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(base));
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+        PM__CUDA_CALL("cuMemFreeHost", cu->mem_free_host(base));
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
     unregister_in_pieces(base, pin_len);
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
     munmap(base, pin_len);
     return PM_SUCCESS;
 }
 
 static pm_result cuda_host_register(void *p, size_t bytesize, unsigned flags)
 {
-    DRIVER_CALL("cuMemHostRegister", cu->mem_host_register(p, bytesize, flags));
+    PM__CUDA_CALL("cuMemHostRegister", cu->mem_host_register(p, bytesize, flags));
 }
 
 static pm_result cuda_host_unregister(void *p, size_t bytesize)
 {
     (void)bytesize;
-    DRIVER_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
+    PM__CUDA_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
 }
 
 static pm_result cuda_foreign_get_device_pointer(pm_deviceptr *out, void *p)
 {
-    DRIVER_CALL("cuMemHostGetDevicePointer",
-                cu->mem_host_get_device_pointer((CUdeviceptr *)out, p, 0));
+    PM__CUDA_CALL("cuMemHostGetDevicePointer",
+                  cu->mem_host_get_device_pointer((CUdeviceptr *)out, p, 0));
 }
 
 static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node);
@@ -218,17 +178,17 @@ static pm_result cuda_device_pointer(pm_deviceptr *out, void *p, const pm__chunk
 
 static pm_result cuda_foreign_free_host(void *p)
 {
-    DRIVER_CALL("cuMemFreeHost", cu->mem_free_host(p));
+    PM__CUDA_CALL("cuMemFreeHost", cu->mem_free_host(p));
 }
 
 static pm_result cuda_foreign_unregister(void *p)
 {
-    DRIVER_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
+    PM__CUDA_CALL("cuMemHostUnregister", cu->mem_host_unregister(p));
 }
 
 static pm_result cuda_foreign_get_flags(unsigned *pflags, void *p)
 {
-    DRIVER_CALL("cuMemHostGetFlags", cu->mem_host_get_flags(pflags, p));
+    PM__CUDA_CALL("cuMemHostGetFlags", cu->mem_host_get_flags(pflags, p));
 }
 
 static pm_result cuda_foreign_get_address_range(pm_deviceptr *pbase, size_t *psize,
@@ -236,13 +196,13 @@ static pm_result cuda_foreign_get_address_range(pm_deviceptr *pbase, size_t *psi
 {
     CUdeviceptr base = 0;
     size_t size = 0;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
     CUresult rc = cu->mem_get_address_range(pbase ? &base : NULL, psize ? &size : NULL,
                                             (CUdeviceptr)dptr);
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuMemGetAddressRange");
     if (pbase)
@@ -252,144 +212,26 @@ static pm_result cuda_foreign_get_address_range(pm_deviceptr *pbase, size_t *psi
     return PM_SUCCESS;
 }
 
-/* pm_stream_t is the CUstream itself on this backend. */
-static pm_result cuda_stream_create(pm_stream_t *out)
-{
-    DRIVER_CALL("cuStreamCreate", cu->stream_create((CUstream *)out, CU_STREAM_NON_BLOCKING));
-}
-
-static pm_result cuda_stream_id(pm_stream_t s, unsigned long long *id)
-{
-    DRIVER_CALL("cuStreamGetId", cu->stream_get_id((CUstream)s, id));
-}
-
-static pm_result cuda_stream_check(pm_stream_t s)
-{
-    (void)s;
-    return PM_SUCCESS;
-}
-
-static pm_result cuda_stream_synchronize(pm_stream_t s)
-{
-    DRIVER_CALL("cuStreamSynchronize", cu->stream_synchronize((CUstream)s));
-}
-
-static pm_result cuda_stream_destroy(pm_stream_t s)
-{
-    if (!s)
-        return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: the default stream");
-    pm_result r = cuda_stream_synchronize(s); /* pm_stream_destroy waits, as documented */
-    if (r != PM_SUCCESS)
-        return r;
-    DRIVER_CALL("cuStreamDestroy", cu->stream_destroy((CUstream)s));
-}
-
-static pm_result cuda_stream_release(pm_stream_t s)
-{
-    DRIVER_CALL("cuStreamDestroy", cu->stream_destroy((CUstream)s));
-}
-
-static pm_result cuda_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg)
-{
-    DRIVER_CALL("cuLaunchHostFunc", cu->launch_host_func((CUstream)s, fn, arg));
-}
-
-/* An event belongs to one context and is recorded only on that context's
- * streams: it is made in s's context (not the calling thread's, which may be
- * another device's), and made anew where a marker moves to another context.
- * In a context pinmem does not hold, the marker is a flag (cuda_flags.c). */
-static pm_result cuda_marker_record(pm_stream_t s, pm__marker *out)
-{
-    CUevent ev = NULL;
-    pm__place place = {.context = pm__cuda_stream_context(s)};
-    pm__place_scope scope;
-    pm_result r = pm__cuda_place_enter(&place, &scope);
-    if (r != PM_SUCCESS)
-        return r;
-    if (pm__cuda_flags_for(place.context)) {
-        r = pm__cuda_flag_record((CUstream)s, place.context, out);
-        pm__cuda_place_leave(&scope);
-        return r;
-    }
-    const char *call = NULL;
-    CUresult rc = pm__cuda_event_record_new(place.context, (CUstream)s, &ev, &call);
-    pm__cuda_place_leave(&scope);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, call);
-    *out = (pm__marker){.handle = ev, .context = place.context};
-    return PM_SUCCESS;
-}
-
-static bool cuda_marker_done(const pm__marker *m)
-{
-    if (m->flag)
-        return pm__cuda_flag_done(m);
-    return cu->event_query((CUevent)m->handle) == CUDA_SUCCESS;
-}
-
-static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
-{
-    if (m->flag)
-        return pm__cuda_flag_wait((CUstream)s, m);
-    DRIVER_CALL("cuStreamWaitEvent", cu->stream_wait_event((CUstream)s, (CUevent)m->handle, 0));
-}
-
-static void cuda_marker_release(pm__marker *m)
-{
-    if (m->flag)
-        pm__cuda_flag_release(m);
-    else if (m->handle)
-        pm__cuda_event_give(m->context, (CUevent)m->handle);
-    m->handle = NULL;
-}
-
-static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
-{
-    if (m->handle && (m->flag || m->context != pm__cuda_stream_context(s)))
-        cuda_marker_release(m);
-    if (!m->handle)
-        return cuda_marker_record(s, m);
-    DRIVER_CALL("cuEventRecord", cu->event_record((CUevent)m->handle, (CUstream)s));
-}
-
-static pm_result cuda_marker_synchronize(const pm__marker *m)
-{
-    if (m->flag) {
-        pm__cuda_flag_synchronize(m);
-        return PM_SUCCESS;
-    }
-    CUresult rc = cu->event_synchronize((CUevent)m->handle);
-    return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuEventSynchronize");
-}
-
-static pm_result cuda_stream_write_flag(pm_stream_t s, pm_deviceptr flag, uint32_t value)
-{
-    /* The default flags fence the stream's earlier writes before this one. */
-    DRIVER_CALL("cuStreamWriteValue32",
-                cu->stream_write_value32((CUstream)s, (CUdeviceptr)flag, value,
-                                         CU_STREAM_WRITE_VALUE_DEFAULT));
-}
-
 /* Pool chunks in VMM host granules (cuda_vmm.c), inside a context scope. */
 static pm_result vmm_chunk_reserve(size_t len, size_t align, int numa_node, void **base)
 {
     (void)numa_node; /* chosen per granule, when committed */
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
     if (r == PM_SUCCESS) {
         r = pm__cuda_vmm_reserve(len, align, base);
-        ctx_leave(&scope);
+        pm__cuda_place_leave(&scope);
     }
     return r;
 }
 
 static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node)
 {
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
     if (r == PM_SUCCESS) {
         r = pm__cuda_vmm_commit(p, len, numa_node);
-        ctx_leave(&scope);
+        pm__cuda_place_leave(&scope);
     }
     return r;
 }
@@ -397,10 +239,10 @@ static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node)
 /* Runs fn(p, len) in a context, for calls that cannot fail usefully. */
 static void in_context(void (*fn)(void *, size_t), void *p, size_t len)
 {
-    ctx_scope scope;
-    if (ctx_enter(&scope) == PM_SUCCESS) {
+    pm__place_scope scope;
+    if (pm__cuda_home_enter(&scope) == PM_SUCCESS) {
         fn(p, len);
-        ctx_leave(&scope);
+        pm__cuda_place_leave(&scope);
     }
 }
 
@@ -416,13 +258,14 @@ static void vmm_chunk_unreserve(void *base, size_t len)
  * all device work). */
 static pm_result registered_chunk_commit(void *p, size_t len, int numa_node)
 {
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
     pm__prefault(p, len, numa_node); /* bound when reserved, or placed by this touch */
-    CUresult rc = register_in_pieces(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    ctx_leave(&scope);
+    CUresult rc =
+        register_in_pieces(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    pm__cuda_place_leave(&scope);
     if (rc != CUDA_SUCCESS) {
         madvise(p, len, MADV_DONTNEED);
         return pm__cuda_fail(rc, "cuMemHostRegister");
@@ -440,12 +283,12 @@ static void registered_chunk_unreserve(void *base, size_t len) { munmap(base, le
 
 /* Pools that keep their memory pin it in whole registered chunks: mapping,
  * faulting with all CPUs and one registration pin several times faster than
- * the driver commits VMM host granules, which it does on one thread at a
- * time (docs/design.md, "Trade-offs"; docs/performance.md). Pools with a release threshold pin VMM host granules, where the driver
- * has them: a granule goes back without waiting for the device (giving back
- * a registration waits for all of it), and the pages of holes go back too.
- * PINMEM_POOL_VMM=1 asks for granules for every pool, =0 for registered
- * chunks for every pool. */
+ * the driver commits VMM host granules, which it does on one thread at a time
+ * (docs/design.md, "Trade-offs"; docs/performance.md). Pools with a release
+ * threshold pin VMM host granules, where the driver has them: a granule goes
+ * back without waiting for the device (giving back a registration waits for
+ * all of it), and the pages of holes go back too. PINMEM_POOL_VMM=1 asks for
+ * granules for every pool, =0 for registered chunks for every pool. */
 static void pick_pool_chunks(pm__backend *out)
 {
     static const pm__chunk_ops registered = {"registered chunks", 0, true,
@@ -466,7 +309,7 @@ _Static_assert(sizeof(pm_deviceptr) == sizeof(CUdeviceptr), "pm_deviceptr mirror
 
 static pm_result cuda_device_alloc(pm_deviceptr *d, size_t bytesize)
 {
-    DRIVER_CALL("cuMemAlloc", cu->mem_alloc((CUdeviceptr *)d, bytesize));
+    PM__CUDA_CALL("cuMemAlloc", cu->mem_alloc((CUdeviceptr *)d, bytesize));
 }
 
 /* The driver pins past RLIMIT_MEMLOCK (docs/driver-behavior.md). */
@@ -474,12 +317,12 @@ static size_t cuda_pinnable_bytes(void) { return SIZE_MAX; }
 
 static pm_result cuda_copy_htod(pm_deviceptr d, const void *src, size_t bytesize)
 {
-    DRIVER_CALL("cuMemcpyHtoD", cu->memcpy_htod((CUdeviceptr)d, src, bytesize));
+    PM__CUDA_CALL("cuMemcpyHtoD", cu->memcpy_htod((CUdeviceptr)d, src, bytesize));
 }
 
 static pm_result cuda_copy_dtoh(void *dst, pm_deviceptr d, size_t bytesize)
 {
-    DRIVER_CALL("cuMemcpyDtoH", cu->memcpy_dtoh(dst, (CUdeviceptr)d, bytesize));
+    PM__CUDA_CALL("cuMemcpyDtoH", cu->memcpy_dtoh(dst, (CUdeviceptr)d, bytesize));
 }
 
 /* The driver itself returns early only for page-locked host memory. */
@@ -487,16 +330,16 @@ static pm_result cuda_copy_htod_async(pm_deviceptr d, const void *src, size_t by
                                       pm_stream_t s, bool host_pinned)
 {
     (void)host_pinned;
-    DRIVER_CALL("cuMemcpyHtoDAsync",
-                cu->memcpy_htod_async((CUdeviceptr)d, src, bytesize, (CUstream)s));
+    PM__CUDA_CALL("cuMemcpyHtoDAsync",
+                  cu->memcpy_htod_async((CUdeviceptr)d, src, bytesize, (CUstream)s));
 }
 
 static pm_result cuda_copy_dtoh_async(void *dst, pm_deviceptr d, size_t bytesize, pm_stream_t s,
                                       bool host_pinned)
 {
     (void)host_pinned;
-    DRIVER_CALL("cuMemcpyDtoHAsync",
-                cu->memcpy_dtoh_async(dst, (CUdeviceptr)d, bytesize, (CUstream)s));
+    PM__CUDA_CALL("cuMemcpyDtoHAsync",
+                  cu->memcpy_dtoh_async(dst, (CUdeviceptr)d, bytesize, (CUstream)s));
 }
 
 /* Pointer attributes belong to the process (unified addressing), so they are
@@ -509,11 +352,11 @@ static CUresult pointer_attributes(unsigned n, CUpointer_attribute *attrs, void 
     CUresult rc = cu->pointer_get_attributes(n, attrs, data, (CUdeviceptr)p);
     if (rc != CUDA_ERROR_INVALID_CONTEXT)
         return rc;
-    ctx_scope scope;
-    if (ctx_enter(&scope) != PM_SUCCESS)
+    pm__place_scope scope;
+    if (pm__cuda_home_enter(&scope) != PM_SUCCESS)
         return rc;
     rc = cu->pointer_get_attributes(n, attrs, data, (CUdeviceptr)p);
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
     return rc;
 }
 
@@ -600,8 +443,8 @@ static pm_result cuda_copy_batch_async(const pm_deviceptr *dsts, const pm_device
                                        pm_stream_t s, bool one_call, bool *batched)
 {
     *batched = false;
-    ctx_scope scope;
-    pm_result r = ctx_enter(&scope);
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
     CUresult rc = CUDA_SUCCESS;
@@ -615,50 +458,8 @@ static pm_result cuda_copy_batch_async(const pm_deviceptr *dsts, const pm_device
             rc = cu->memcpy_unified_async((CUdeviceptr)dsts[i], (CUdeviceptr)srcs[i], sizes[i],
                                           (CUstream)s);
     }
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
     return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, call);
-}
-
-static pm_result cuda_stream_capture_status(pm_stream_t s, bool *capturing)
-{
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    ctx_scope scope; /* the legacy stream is the current context's */
-    pm_result r = ctx_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = cu->stream_is_capturing((CUstream)s, &status);
-    ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS)
-        return pm__cuda_fail(rc, "cuStreamIsCapturing");
-    *capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
-    return PM_SUCCESS;
-}
-
-/* Relaxed: the driver then checks nothing this thread does against captures
- * other threads have in progress in global mode; its own streams never
- * capture. The primary context stays current on the thread, so that every
- * driver call it makes runs there, those outside a context scope (event
- * queries and releases) included, and the scopes need no push. */
-static void cuda_own_thread_start(void)
-{
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    cu->thread_exchange_capture_mode(&mode);
-    CUcontext current = NULL;
-    if (cu->ctx_get_current(&current) == CUDA_SUCCESS && !current)
-        cu->ctx_push(primary);
-}
-
-static int cuda_captures_relax(void)
-{
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    return cu->thread_exchange_capture_mode(&mode) == CUDA_SUCCESS ? (int)mode : -1;
-}
-
-static void cuda_captures_restore(int saved)
-{
-    CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
-    if (saved >= 0)
-        cu->thread_exchange_capture_mode(&mode);
 }
 
 static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t s,
@@ -666,27 +467,27 @@ static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes,
 {
     (void)device_only; /* the driver knows */
     if (sync)
-        DRIVER_CALL("cuMemcpy", cu->memcpy_unified((CUdeviceptr)dst, (CUdeviceptr)src, bytes));
-    DRIVER_CALL("cuMemcpyAsync", cu->memcpy_unified_async((CUdeviceptr)dst, (CUdeviceptr)src,
-                                                         bytes, (CUstream)s));
+        PM__CUDA_CALL("cuMemcpy", cu->memcpy_unified((CUdeviceptr)dst, (CUdeviceptr)src, bytes));
+    PM__CUDA_CALL("cuMemcpyAsync",
+                  cu->memcpy_unified_async((CUdeviceptr)dst, (CUdeviceptr)src, bytes, (CUstream)s));
 }
 
 /* Pinned, not locked: the user may still unmap or discard the memory (the
  * cache hears of it and unregisters). */
 static pm_result cuda_cache_register(void *p, size_t bytesize)
 {
-    DRIVER_CALL("cuMemHostRegister",
-                register_in_pieces(p, bytesize, CU_MEMHOSTREGISTER_PORTABLE |
-                                                    CU_MEMHOSTREGISTER_DEVICEMAP));
+    PM__CUDA_CALL("cuMemHostRegister",
+                  register_in_pieces(p, bytesize, CU_MEMHOSTREGISTER_PORTABLE |
+                                                      CU_MEMHOSTREGISTER_DEVICEMAP));
 }
 
 static void cuda_cache_unregister(void *p, size_t bytesize)
 {
-    ctx_scope scope;
-    if (ctx_enter(&scope) != PM_SUCCESS)
+    pm__place_scope scope;
+    if (pm__cuda_home_enter(&scope) != PM_SUCCESS)
         return;
     unregister_in_pieces(p, bytesize);
-    ctx_leave(&scope);
+    pm__cuda_place_leave(&scope);
 }
 
 /* The device the allocation behind p belongs to (its context's device). */
@@ -710,7 +511,7 @@ static pm_result cuda_pointer_device(pm_deviceptr p, int *ordinal)
 }
 
 /* The batch kernel runs in pinmem's primary context only: the calling
- * thread's context must be that one (or none, which ctx_enter makes it),
+ * thread's context must be that one (or none, which pm__cuda_home_enter makes it),
  * and so must s's, for a launch on s to be legal. The legacy and
  * per-thread handles are the calling thread's context's. */
 static bool cuda_block_copy_ready(pm_stream_t s)
@@ -753,11 +554,11 @@ static bool cuda_block_copy_reaches(pm_deviceptr p, size_t bytes)
         unsigned flags = 0;
         if (ctx == primary)
             return true;
-        ctx_scope in;
-        if (ctx_enter(&in) != PM_SUCCESS)
+        pm__place_scope in;
+        if (pm__cuda_home_enter(&in) != PM_SUCCESS)
             return false;
         rc = cu->mem_host_get_flags(&flags, (void *)(uintptr_t)p);
-        ctx_leave(&in);
+        pm__cuda_place_leave(&in);
         return rc == CUDA_SUCCESS && (flags & CU_MEMHOSTALLOC_PORTABLE);
     }
     return false;
@@ -766,7 +567,7 @@ static bool cuda_block_copy_reaches(pm_deviceptr p, size_t bytes)
 static pm_result cuda_block_copy_async(const pm__block_copy *blocks, size_t count,
                                        unsigned long long largest, pm_stream_t s)
 {
-    DRIVER_CALL("cuLaunchKernel", pm__cuda_kernel_launch(blocks, count, largest, (CUstream)s));
+    PM__CUDA_CALL("cuLaunchKernel", pm__cuda_kernel_launch(blocks, count, largest, (CUstream)s));
 }
 
 static pm_result cuda_device_info(int ordinal, pm_device_info *info)
@@ -844,22 +645,9 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_get_flags = cuda_foreign_get_flags;
     out->foreign_get_device_pointer = cuda_foreign_get_device_pointer;
     out->foreign_get_address_range = cuda_foreign_get_address_range;
-    out->stream_create = cuda_stream_create;
     out->legacy_is_home = pm__cuda_legacy_is_home;
     out->home.context = primary;
-    out->stream_check = cuda_stream_check;
-    out->stream_id = cuda_stream_id;
-    out->stream_destroy = cuda_stream_destroy;
-    out->stream_release = cuda_stream_release;
-    out->stream_synchronize = cuda_stream_synchronize;
-    out->stream_launch_host_func = cuda_stream_launch_host_func;
-    out->marker_record = cuda_marker_record;
-    out->marker_done = cuda_marker_done;
-    out->marker_wait = cuda_marker_wait;
-    out->marker_release = cuda_marker_release;
-    out->marker_synchronize = cuda_marker_synchronize;
-    out->stream_write_flag = cu->stream_write_value32 ? cuda_stream_write_flag : NULL;
-    out->marker_rerecord = cuda_marker_rerecord;
+    pm__cuda_streams_open(cu, primary, out);
     pick_pool_chunks(out);
     out->device_alloc = cuda_device_alloc;
     out->pinnable_bytes = cuda_pinnable_bytes;
@@ -873,10 +661,6 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->pointer_kind = cuda_pointer_kind;
     out->device_release = pm__cuda_device_free;
     out->device_alloc_on = pm__cuda_device_alloc_on;
-    out->stream_capture_status = cuda_stream_capture_status;
-    out->own_thread_start = cuda_own_thread_start;
-    out->captures_relax = cuda_captures_relax;
-    out->captures_restore = cuda_captures_restore;
     out->copy_any = cuda_copy_any;
     out->copy_batch_async = cuda_copy_batch_async;
     out->pointer_extent = cuda_pointer_extent;

@@ -128,6 +128,22 @@ pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm_
     return PM_SUCCESS;
 }
 
+pm_result pm__cuda_home_enter(pm__place_scope *scope)
+{
+    scope->pushed = false;
+    CUcontext current = NULL;
+    CUresult rc = cu->ctx_get_current(&current);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuCtxGetCurrent");
+    if (current)
+        return PM_SUCCESS;
+    rc = cu->ctx_push(primary);
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "cuCtxPushCurrent");
+    scope->pushed = true;
+    return PM_SUCCESS;
+}
+
 pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope)
 {
     scope->pushed = false;

@@ -28,6 +28,22 @@ void pm__cuda_memory_place(pm_deviceptr a, pm__place *out);
 pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out);
 pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope);
 void pm__cuda_place_leave(pm__place_scope *scope);
+/* A scope in which driver calls run in the calling thread's current
+ * context, or in pinmem's primary one where the thread has none; left with
+ * pm__cuda_place_leave. */
+pm_result pm__cuda_home_enter(pm__place_scope *scope);
+/* Runs one driver call (expr, named name in a failure's detail) in such a
+ * scope and returns its result, translated. */
+#define PM__CUDA_CALL(name, expr)                                           \
+    do {                                                                   \
+        pm__place_scope scope_;                                            \
+        pm_result entered_ = pm__cuda_home_enter(&scope_);                 \
+        if (entered_ != PM_SUCCESS)                                        \
+            return entered_;                                               \
+        CUresult rc_ = (expr);                                             \
+        pm__cuda_place_leave(&scope_);                                     \
+        return rc_ == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc_, name); \
+    } while (0)
 /* backend.h's device_alloc_on: cuMemAlloc in device ordinal's primary
  * context (below the device count). */
 pm_result pm__cuda_device_alloc_on(pm_deviceptr *d, size_t bytesize, int ordinal);
