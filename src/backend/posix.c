@@ -15,10 +15,10 @@
 #include "../errors.h"
 #include "../options.h"
 #include "../proc_maps.h"
-#include "../ranges.h"
 #include "../test_hooks.h"
 #include "backend.h"
 #include "block_parts.h"
+#include "posix_device.h"
 #include "posix_pages.h"
 #include "posix_stream.h"
 
@@ -279,143 +279,6 @@ static void posix_chunk_decommit(void *p, size_t len)
 }
 
 static void posix_chunk_unreserve(void *base, size_t len) { munmap(base, len); }
-
-/* "Device" memory is host memory here: copies run through the same code.
- * Its ranges are recorded, so that pm_memcpy can tell device memory from
- * host memory the way the driver does under unified addressing. */
-static pthread_once_t device_ranges_once = PTHREAD_ONCE_INIT;
-static pm__ranges *device_ranges;
-
-static void make_device_ranges(void) { device_ranges = pm__ranges_create(); }
-
-static pm__ranges *devices(void)
-{
-    pthread_once(&device_ranges_once, make_device_ranges);
-    return device_ranges;
-}
-
-/* Mapped rather than malloc'ed: page aligned (the driver's allocations are
- * aligned at least 256 bytes), and a size no system can give fails with
- * ENOMEM instead of tripping an allocator's limits. */
-static pm_result posix_device_alloc(pm_deviceptr *d, size_t bytesize)
-{
-    const size_t mask = page_size() - 1;
-    size_t len = bytesize + mask < bytesize ? 0 : (bytesize + mask) & ~mask;
-    void *p = len ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                  : MAP_FAILED;
-    if (p == MAP_FAILED)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: mapping %zu bytes failed: %s",
-                        bytesize, len ? strerror(errno) : "too large");
-    pm__range r = {.base = (uintptr_t)p, .size = bytesize, .pin_base = (uintptr_t)p,
-                   .pin_len = len, .kind = PM__RANGE_ALLOC};
-    pm__range conflict;
-    if (!devices() || !pm__ranges_claim(devices(), &r, &conflict)) {
-        munmap(p, len);
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: out of memory for its registry");
-    }
-    pm__ranges_publish(devices(), &r);
-    *d = (pm_deviceptr)(uintptr_t)p;
-    return PM_SUCCESS;
-}
-
-static pm_result posix_device_alloc_on(pm_deviceptr *d, size_t bytesize, int ordinal)
-{
-    (void)ordinal; /* 0, the one device */
-    return posix_device_alloc(d, bytesize);
-}
-
-static pm_result posix_device_release(pm_deviceptr d)
-{
-    pm__range r;
-    if (!devices() || pm__ranges_retire(devices(), (uintptr_t)d, PM__RANGE_ALLOC, &r) != PM__RETIRED)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_device_free: 0x%llx is not the base of live device memory", d);
-    /* Withdrawn before it is freed: the allocator may hand the address out again at once. */
-    pm__ranges_withdraw(devices(), r.pin_base);
-    munmap((void *)r.pin_base, r.pin_len);
-    return PM_SUCCESS;
-}
-
-static pm_result posix_pointer_extent(pm_deviceptr p, size_t bytes, pm__memory_kind *kind,
-                                      pm_deviceptr *lo, pm_deviceptr *hi)
-{
-    pm__range r;
-    *kind = PM__MEMORY_HOST;
-    *lo = *hi = 0;
-    if (!devices() || !pm__ranges_find(devices(), (uintptr_t)p, &r))
-        return PM_SUCCESS;
-    if (bytes > r.base + r.size - (uintptr_t)p)
-        return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_memcpy: %zu bytes from 0x%llx run past the end of the device "
-                        "allocation at 0x%llx (%zu bytes)",
-                        bytes, p, (unsigned long long)r.base, r.size);
-    *kind = PM__MEMORY_DEVICE;
-    *lo = r.base;
-    *hi = r.base + r.size;
-    return PM_SUCCESS;
-}
-
-static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
-{
-    pm_deviceptr lo, hi;
-    return posix_pointer_extent(p, bytes, kind, &lo, &hi);
-}
-
-/* One simulated device and no contexts: every copy runs where it is. */
-static pm_result posix_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out)
-{
-    (void)s;
-    (void)a;
-    (void)b;
-    out->context = NULL;
-    return PM_SUCCESS;
-}
-
-static pm_result posix_place_enter(const pm__place *p, pm__place_scope *scope)
-{
-    (void)p;
-    scope->pushed = false;
-    return PM_SUCCESS;
-}
-
-static void posix_place_leave(pm__place_scope *scope) { (void)scope; }
-
-static bool posix_place_lasts(const pm__place *p)
-{
-    (void)p;
-    return !PM__TEST_PLACES_PASS();
-}
-
-/* Device memory is a live device_alloc range, all of it the one simulated
- * device's. */
-static pm_result posix_pointer_device(pm_deviceptr p, int *ordinal)
-{
-    pm__range r;
-    if (!devices() || !pm__ranges_find(devices(), (uintptr_t)p, &r))
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%#llx is not device memory",
-                        (unsigned long long)p);
-    *ordinal = 0;
-    return PM_SUCCESS;
-}
-
-/* The simulated device: host memory, nearest the machine's NUMA node where
- * it has one (on several, no node is nearer than another), no PCI link,
- * and the capabilities the backend reports. */
-static pm_result posix_device_info(int ordinal, pm_device_info *info)
-{
-    size_t keep = info->struct_size;
-    memset(info, 0, sizeof *info);
-    info->struct_size = keep;
-    info->ordinal = ordinal;
-    info->in_use = 1;
-    snprintf(info->name, sizeof info->name, "posix (host memory as device memory)");
-    info->host_numa_node = pm__only_numa_node();
-    info->can_map_host_memory = 1;
-    info->unified_addressing = 1;
-    info->can_use_host_pointer_for_registered_mem = 1;
-    info->read_only_host_register_supported = 1;
-    return PM_SUCCESS;
-}
 
 static void posix_own_thread_start(void) { (void)PM__TEST_RELAX_THREAD(); }
 
@@ -701,31 +564,19 @@ pm_result pm__backend_posix_open(pm__backend *out)
                                      pm__reserve_chunk_range, posix_chunk_commit,
                                      posix_chunk_decommit, posix_chunk_unreserve, 0};
     out->pool_give_back = out->pool_keep;
-    out->device_alloc = posix_device_alloc;
     out->copy_htod = posix_copy_htod;
     out->copy_dtoh = posix_copy_dtoh;
     out->cache_register = posix_cache_register;
     out->cache_unregister = posix_cache_unregister;
     out->copy_htod_async = posix_copy_htod_async;
     out->copy_dtoh_async = posix_copy_dtoh_async;
-    out->pointer_kind = posix_pointer_kind;
-    out->device_release = posix_device_release;
-    out->device_alloc_on = posix_device_alloc_on;
     out->stream_capture_status = posix_stream_capture_status;
     out->own_thread_start = posix_own_thread_start;
     out->captures_relax = posix_captures_relax;
     out->captures_restore = posix_captures_restore;
     out->copy_any = posix_copy_any;
     out->copy_batch_async = posix_copy_batch_async;
-    out->pointer_extent = posix_pointer_extent;
-    out->device_count = 1;
-    out->device_in_use = 0;
-    out->device_info = posix_device_info;
-    out->pointer_device = posix_pointer_device;
-    out->copy_place = posix_copy_place;
-    out->place_enter = posix_place_enter;
-    out->place_leave = posix_place_leave;
-    out->place_lasts = posix_place_lasts;
+    pm__posix_device_open(out);
     out->block_copy_ready = posix_block_copy_ready;
     out->block_copy_reaches = posix_block_copy_reaches;
     out->block_copy_async = posix_block_copy_async;
