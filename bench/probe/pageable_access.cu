@@ -3,7 +3,8 @@
  * or the host's page tables on Grace Hopper). Staging pays for a CPU copy of
  * every byte; a kernel would not, if the pages stay in host memory and the
  * CPU can write them again at full speed afterwards. Builds for x86-64 and
- * aarch64 alike; elsewhere it prints the attributes that say why not.
+ * aarch64 alike; on a GPU that cannot read pageable memory it prints the
+ * attributes that say so.
  * nvcc -O2 -arch=sm_90 pageable_access.cu -o pageable_access -lcuda */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -12,15 +13,7 @@
 #include <string.h>
 
 #include "probe.h"
-
-#define TRYRT(call)                                                                      \
-    do {                                                                                 \
-        cudaError_t r_ = (call);                                                         \
-        if (r_ != cudaSuccess) {                                                         \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(r_)); \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
+#include "probe_runtime.h"
 
 enum { ROUNDS = 9, THREADS = 256 };
 

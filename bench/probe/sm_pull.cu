@@ -15,15 +15,7 @@
 
 #include "copy_load.h"
 #include "probe.h"
-
-#define TRYRT(call)                                                                      \
-    do {                                                                                 \
-        cudaError_t r_ = (call);                                                         \
-        if (r_ != cudaSuccess) {                                                         \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(r_)); \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
+#include "probe_runtime.h"
 
 enum { PIECE = 4 << 20, TOTAL = 256 << 20, REPS = 5, THREADS = 256, UNROLL = 4 };
 
