@@ -144,6 +144,20 @@ static void explicit_invalidate(pm_deviceptr dev, uint8_t *back)
 }
 
 
+/* Whether the copies between counters a and b moved driver_bytes and
+ * staged_bytes by exactly these, saying what they moved where not. */
+static bool moved(const char *what, const pm_copy_stats *a, const pm_copy_stats *b,
+                  unsigned long long driver, unsigned long long staged)
+{
+    unsigned long long d = b->driver_bytes - a->driver_bytes,
+                       s = b->staged_bytes - a->staged_bytes;
+    if (d == driver && s == staged)
+        return true;
+    fprintf(stderr, "%s: %llu bytes by the driver's path and %llu staged, not %llu and %llu\n",
+            what, d, s, driver, staged);
+    return false;
+}
+
 /* The driver's own path would read through a registration the cache still
  * holds (one doomed but not yet undone is stale), so copies small enough for
  * that path are staged where they touch cached memory, and left to the
@@ -164,11 +178,11 @@ static void small_copies_of_cached_memory(pm_deviceptr dev, uint8_t *back)
     pm_copy_stats a = stats();
     CHECK_RESULT(pm_memcpy_htod(dev, plain, 4096), PM_SUCCESS);
     pm_copy_stats b = stats();
-    CHECK(b.driver_bytes == a.driver_bytes + 4096 && b.staged_bytes == a.staged_bytes);
+    CHECK(moved("4 KiB from plain memory", &a, &b, 4096, 0));
     CHECK_RESULT(pm_memcpy_htod(dev + 8192, p + 8192, 4096), PM_SUCCESS);
     CHECK_RESULT(pm_memcpy_dtoh(p + 4096, dev, 4096), PM_SUCCESS);
     pm_copy_stats c = stats();
-    CHECK(c.driver_bytes == b.driver_bytes && c.staged_bytes == b.staged_bytes + 8192);
+    CHECK(moved("4 KiB each way in cached memory", &b, &c, 0, 8192));
     /* Batches leave pageable blocks to the driver only when asked to. */
     pm_copy_config saved = {.struct_size = sizeof saved};
     CHECK_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
@@ -184,7 +198,7 @@ static void small_copies_of_cached_memory(pm_deviceptr dev, uint8_t *back)
     CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
     CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
     pm_copy_stats d = stats();
-    CHECK(d.driver_bytes == c.driver_bytes + 1024 && d.staged_bytes == c.staged_bytes + 6144);
+    CHECK(moved("a batch in and outside cached memory", &c, &d, 1024, 6144));
     /* What moved is what each copy named. */
     CHECK(memcmp(p + 4096, plain, 4096) == 0);
     CHECK(memcmp(p + 65536, p + 12288, 4096) == 0);
@@ -524,6 +538,85 @@ static void mremap_cases(void)
     small_copy_config(0);
 }
 
+/* The monitor's undoing of doomed registrations, held back until released,
+ * so that copies meet an entry doomed and still registered. */
+static void (*real_cache_unregister)(void *, size_t);
+static atomic_int undo_held;
+
+static void held_cache_unregister(void *p, size_t bytes)
+{
+    unsigned long long until = now_ms() + 10000;
+    while (atomic_load(&undo_held) && now_ms() < until)
+        usleep(100);
+    real_cache_unregister(p, bytes);
+}
+
+/* Swaps the backend's cache_unregister, then takes the cache's lock (a
+ * lookup of p, which p's entry makes), which the monitor takes before it
+ * calls it: the swap comes first for it. */
+static void set_cache_unregister(pm__backend *b, void (*fn)(void *, size_t), const void *p)
+{
+    b->cache_unregister = fn;
+    (void)pm__regcache_overlaps(p, 1);
+}
+
+/* Copies whose direction comes from their pointers (pm_memcpy, batches) ask
+ * the driver what memory is, and the driver calls memory the cache
+ * registered page-locked: they must pass the cache all the same, or once the
+ * user has unmapped that memory and mapped new memory at its address, they
+ * move the old pages' bytes until the monitor has undone the registration. */
+static void unified_copies_of_cached_memory(pm_deviceptr dev, uint8_t *back)
+{
+    pm_result ignored;
+    pm__backend *b = &pm__instance_get(&ignored)->backend;
+    real_cache_unregister = b->cache_unregister;
+    const size_t block = 1 << 20;
+    for (int attempt = 0; attempt < 20; attempt++) {
+        uint8_t *p = map_at(NULL);
+        REQUIRE(p);
+        fill(p, buffer_bytes, 11);
+        pm_copy_stats st0 = stats();
+        send_and_check(p, dev, 11, back);
+        if (!stats().cache_listening || stats().cache_registrations == st0.cache_registrations) {
+            printf("copies by pm_memcpy of cached memory: skipped, nothing cached here\n");
+            munmap(p, buffer_bytes);
+            return;
+        }
+        unsigned long long hits = stats().cache_hits;
+        CHECK_RESULT(pm_memcpy(dev, (pm_deviceptr)(uintptr_t)p, buffer_bytes), PM_SUCCESS);
+        CHECK(stats().cache_hits == hits + 1);
+        atomic_store(&undo_held, 1);
+        set_cache_unregister(b, held_cache_unregister, p);
+        CHECK_RESULT(munmap(p, buffer_bytes) == 0 ? PM_SUCCESS : PM_ERROR_UNKNOWN, PM_SUCCESS);
+        uint8_t *q = map_at(p);
+        if (q) {
+            const pm_deviceptr host = (pm_deviceptr)(uintptr_t)q;
+            fill(q, buffer_bytes, 12);
+            CHECK_RESULT(pm_memcpy(dev, host, buffer_bytes), PM_SUCCESS);
+            CHECK_RESULT(test_backend()->copy_dtoh(back, dev, buffer_bytes), PM_SUCCESS);
+            CHECK(first_mismatch(back, buffer_bytes, 12) == buffer_bytes);
+            fill(back, buffer_bytes, 13);
+            CHECK_RESULT(test_backend()->copy_htod(dev, back, buffer_bytes), PM_SUCCESS);
+            CHECK_RESULT(pm_memcpy(host, dev, buffer_bytes), PM_SUCCESS);
+            CHECK(first_mismatch(q, buffer_bytes, 13) == buffer_bytes);
+            fill(q, buffer_bytes, 14);
+            const size_t sizes[1] = {block};
+            CHECK_RESULT(pm_memcpy_batch_async(&dev, &host, sizes, 1, NULL), PM_SUCCESS);
+            CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+            CHECK_RESULT(test_backend()->copy_dtoh(back, dev, block), PM_SUCCESS);
+            CHECK(first_mismatch(back, block, 14) == block);
+        }
+        atomic_store(&undo_held, 0);
+        CHECK_RESULT(pm_mem_invalidate(q ? q : p, buffer_bytes), PM_SUCCESS); /* waits for the undo */
+        set_cache_unregister(b, real_cache_unregister, q ? q : p);
+        if (q) {
+            munmap(q, buffer_bytes);
+            return;
+        }
+    }
+    CHECK(!"munmap + mmap at the same address: the range was taken by someone else every time");
+}
+
 static void stale_scenarios(void)
 {
     SCOPED_DEVICE pm_deviceptr dev = device_alloc(buffer_bytes);
@@ -536,6 +629,7 @@ static void stale_scenarios(void)
     free_and_malloc(dev, back);
     explicit_invalidate(dev, back);
     small_copies_of_cached_memory(dev, back);
+    unified_copies_of_cached_memory(dev, back);
     pm_copy_stats st = stats();
     printf("registration cache: %s; %llu registrations, %llu hits, %llu invalidations\n",
            st.cache_listening ? "hears unmaps" : "off (no userfaultfd here)",

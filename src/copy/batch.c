@@ -162,7 +162,7 @@ static void remember_device(pm__instance *inst, known_device *kd, pm_deviceptr l
 
 /* Memory pinmem pinned is host memory for the engine, whatever the backend
  * would call it (as memcpy.c says); then a device allocation seen before;
- * then the backend. */
+ * then the backend, but for memory only the registration cache pinned. */
 static pm_result kind_of(batch *c, pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
 {
     if (known_host_holds(&c->kh, (uintptr_t)p)) { /* the cheapest answer: no lookup */
@@ -186,6 +186,7 @@ static pm_result kind_of(batch *c, pm_deviceptr p, size_t bytes, pm__memory_kind
     pm_result res = c->b->pointer_extent(p, bytes, kind, &lo, &hi);
     if (res == PM_SUCCESS && *kind == PM__MEMORY_DEVICE && lo < hi)
         remember_device(c->inst, &c->kd, lo, hi);
+    *kind = pm__regcache_kind((const void *)(uintptr_t)p, bytes, *kind);
     return res;
 }
 

@@ -169,6 +169,8 @@ pm_result pm__copy_capturable(pm__instance *inst, const char *name, uintptr_t st
             pm_result r = b->pointer_kind((pm_deviceptr)at, p.end - at, &kind);
             if (r != PM_SUCCESS)
                 return r;
+            /* A graph would keep using a registration the cache may undo. */
+            kind = pm__regcache_kind((const void *)at, p.end - at, kind);
             if (kind != PM__MEMORY_HOST_DRIVER_PINNED)
                 return pm__fail(PM_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                                 "%s: the stream is capturing a graph, and the host memory at %p "

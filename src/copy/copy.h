@@ -223,6 +223,11 @@ void pm__regcache_release(pm__regcache_entry *e);
 /* Whether any registration of the cache, live or waiting to be undone, shares
  * a page with [p, p + bytes): the driver would then read through it. */
 bool pm__regcache_overlaps(const void *p, size_t bytes);
+/* The kind the copy engine gives [p, p + bytes), which the backend called
+ * kind: memory the driver holds pinned for one of the cache's own
+ * registrations is the user's pageable memory, whose copies must pass the
+ * cache (that registration may be doomed and still hold the old pages). */
+pm__memory_kind pm__regcache_kind(const void *p, size_t bytes, pm__memory_kind kind);
 /* Drops cached registrations in [lo, hi) (pm_mem_invalidate, and before a
  * user's own registration of those pages, which waits for the unregistering). */
 void pm__regcache_invalidate(uintptr_t lo, uintptr_t hi, bool wait);

@@ -46,7 +46,8 @@ pm_result pm_device_free(pm_deviceptr dptr)
 
 /* Memory pinmem pinned is host memory for the engine, whatever the
  * backend's pointer_kind would call it (the driver may call some pool
- * memory device memory). */
+ * memory device memory), and so is memory pinned only by the registration
+ * cache (pm__regcache_kind). */
 static pm_result kind_of(pm__instance *inst, pm_deviceptr p, size_t bytes, pm__memory_kind *kind)
 {
     pm__range r;
@@ -54,7 +55,9 @@ static pm_result kind_of(pm__instance *inst, pm_deviceptr p, size_t bytes, pm__m
         *kind = PM__MEMORY_HOST;
         return PM_SUCCESS;
     }
-    return inst->backend.pointer_kind(p, bytes, kind);
+    pm_result res = inst->backend.pointer_kind(p, bytes, kind);
+    *kind = pm__regcache_kind((const void *)(uintptr_t)p, bytes, *kind);
+    return res;
 }
 
 static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_deviceptr src,

@@ -489,6 +489,13 @@ bool pm__regcache_overlaps(const void *p, size_t bytes)
     return hit;
 }
 
+pm__memory_kind pm__regcache_kind(const void *p, size_t bytes, pm__memory_kind kind)
+{
+    return kind == PM__MEMORY_HOST_DRIVER_PINNED && pm__regcache_overlaps(p, bytes)
+               ? PM__MEMORY_HOST
+               : kind;
+}
+
 void pm__regcache_invalidate(uintptr_t lo, uintptr_t hi, bool wait)
 {
     if (atomic_load_explicit(&rc.count, memory_order_acquire) == 0)
