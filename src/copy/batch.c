@@ -184,10 +184,12 @@ static pm_result kind_of(batch *c, pm_deviceptr p, size_t bytes, pm__memory_kind
     }
     pm_deviceptr lo = 0, hi = 0;
     pm_result res = c->b->pointer_extent(p, bytes, kind, &lo, &hi);
-    if (res == PM_SUCCESS && *kind == PM__MEMORY_DEVICE && lo < hi)
+    if (res != PM_SUCCESS)
+        return res;
+    if (*kind == PM__MEMORY_DEVICE && lo < hi)
         remember_device(c->inst, &c->kd, lo, hi);
     *kind = pm__regcache_kind((const void *)(uintptr_t)p, bytes, *kind);
-    return res;
+    return PM_SUCCESS;
 }
 
 static way way_of(pm__memory_kind to, pm__memory_kind from)

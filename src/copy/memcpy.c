@@ -56,7 +56,8 @@ static pm_result kind_of(pm__instance *inst, pm_deviceptr p, size_t bytes, pm__m
         return PM_SUCCESS;
     }
     pm_result res = inst->backend.pointer_kind(p, bytes, kind);
-    *kind = pm__regcache_kind((const void *)(uintptr_t)p, bytes, *kind);
+    if (res == PM_SUCCESS)
+        *kind = pm__regcache_kind((const void *)(uintptr_t)p, bytes, *kind);
     return res;
 }
 
