@@ -638,7 +638,7 @@ typedef struct pm_copy_stats {
     unsigned long long cached_bytes;    /* through cached registrations */
     unsigned long long cache_registrations, cache_hits, cache_invalidations;
     unsigned long long pinned_bytes;    /* pinned by the process now, all kinds */
-    int cache_listening;                /* 1: the cache hears unmaps (userfaultfd) */
+    int cache_listening;                /* 1: the cache is on and hears unmaps (userfaultfd) */
     /* Where staging time goes, summed over all threads that ran pieces: */
     unsigned long long staged_pieces;    /* DMAs through a staging buffer */
     unsigned long long staging_copy_ns;  /* CPU copies into or out of the buffers */

@@ -61,15 +61,27 @@ static bool userfaultfd_here(void)
     return ok;
 }
 
-/* Before anything asked whether the cache hears unmaps. */
+/* Before anything asked whether the cache hears unmaps. While the cache is
+ * off, asking starts nothing. */
 static void monitor(void)
 {
     if (!userfaultfd_here())
         SKIP_CASE("no userfaultfd here");
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    if (c.registration_cache)
+        SKIP_CASE("the registration cache is on from the start");
     atomic_store(&pm__fault_thread_start, 1);
+    CHECK(stats().cache_listening == 0);
+    CHECK(atomic_load(&pm__fault_thread_start) == 1); /* no start tried */
+    pm_copy_config on = c;
+    on.registration_cache = 1;
+    REQUIRE_RESULT(pm_copy_set_config(&on), PM_SUCCESS);
     CHECK(stats().cache_listening == 0);
     CHECK(atomic_load(&pm__fault_thread_start) == 0);
     CHECK(stats().cache_listening == 1);
+    atomic_store(&pm__fault_thread_start, 0);
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
 }
 
 /* A new engine whose first worker cannot start: the copy is right (the

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../errors.h"
+#include "../thread_start.h"
 #include "backend.h"
 
 static size_t read_huge_page_size(void)
@@ -129,6 +130,12 @@ static void *prefault_worker(void *arg)
     }
 }
 
+static void *prefault_thread(void *arg)
+{
+    pm__thread_name("pinmem-prefault");
+    return prefault_worker(arg);
+}
+
 static size_t worker_count(size_t len)
 {
     enum { max_threads = 16 };
@@ -156,7 +163,7 @@ void pm__prefault(void *p, size_t len, int node)
     pthread_t tids[max_threads];
     size_t started = 0;
     while ((threads > 1 || on_node) && started < threads &&
-           pthread_create(&tids[started], NULL, prefault_worker, &job) == 0)
+           pm__thread_create(&tids[started], NULL, prefault_thread, &job) == 0)
         started++;
     /* This thread works too, but for pages meant for a node, unless no
      * thread started: then it works alone, where it runs. */

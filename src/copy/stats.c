@@ -16,7 +16,9 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
     if (r != PM_SUCCESS)
         return r;
     pm__copy_counters *c = &pm__copy_count;
-    pm__ring_plan ring = pm__staging_ring(pm__copy_enter());
+    const pm__copy_settings *set = pm__copy_enter();
+    pm__ring_plan ring = pm__staging_ring(set);
+    const bool cache_on = set->registration_cache;
     pm__copy_leave();
     pm_copy_stats full = {
         .struct_size = stats->struct_size,
@@ -28,7 +30,8 @@ pm_result pm_copy_get_stats(pm_copy_stats *stats)
         .cache_hits = atomic_load(&c->cache_hits),
         .cache_invalidations = atomic_load(&c->cache_invalidations),
         .pinned_bytes = pm__budget_pinned(),
-        .cache_listening = pm__regcache_listening(),
+        /* Only a cache that is on listens: asking must not start its monitor. */
+        .cache_listening = cache_on && pm__regcache_listening(),
         .staged_pieces = atomic_load(&c->staged_pieces),
         .staging_copy_ns = atomic_load(&c->staging_copy_ns),
         .staging_wait_ns = atomic_load(&c->staging_wait_ns),

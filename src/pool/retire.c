@@ -26,12 +26,12 @@
  * reap_lock only with no pool lock held, and while holding it only markers
  * are asked about (pools waiting for the reaper belong to nobody else). */
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "../thread_start.h"
 #include "pool_internal.h"
 
 /* Process-wide (part of the lazily created instance). */
@@ -133,6 +133,7 @@ static void *reaper_main(void *backend)
 {
     /* It queries events and gives memory back to the driver: in pinmem's
      * context, and without disturbing another thread's graph capture. */
+    pm__thread_name("pinmem-reaper");
     ((const pm__backend *)backend)->own_thread_start();
     long nap_us = 1000;
     pthread_mutex_lock(&reap_lock);
@@ -171,17 +172,12 @@ static bool reaper_alive_locked(const pm__backend *b)
     if (pthread_attr_init(&attr) != 0)
         return false;
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    /* The application's signals are not the reaper's to take. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_t thread;
     reaper_running = false;
     if (pm__retire_fail_starts > 0)
         pm__retire_fail_starts--;
     else
-        reaper_running = pthread_create(&thread, &attr, reaper_main, (void *)b) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+        reaper_running = pm__thread_create(&thread, &attr, reaper_main, (void *)b) == 0;
     pthread_attr_destroy(&attr);
     if (reaper_running)
         reaper_pid = getpid();
