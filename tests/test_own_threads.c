@@ -234,8 +234,9 @@ static void a_blocked_signal_waits_for_the_program(void)
         /* On POSIX every thread but this one is pinmem's; under CUDA the
          * driver's threads are not, and their masks are the driver's. */
         const pid_t tid = atomic_load(&handled_in);
-        const bool ours = tid && tid != gettid() &&
-                          (!strcmp(pm_backend_name(), "posix") || !strncmp(handled_by, "pinmem-", 7));
+        const bool posix = !strcmp(pm_backend_name(), "posix");
+        const bool ours =
+            tid && tid != gettid() && (posix || !strncmp(handled_by, "pinmem-", 7));
         if (ours)
             fprintf(stderr, "thread %d (%s) took the program's SIGUSR1\n", (int)tid, handled_by);
         else

@@ -347,6 +347,13 @@ bool pm__run_on_node(int node);
 bool pm__numa_node_exists(int node);
 /* The machine's NUMA node when it has exactly one, else -1. */
 int pm__only_numa_node(void);
+/* CPUs this process may keep busy: the calling thread's affinity, lowered
+ * to a CPU quota of its cgroup (cpu.max in v2, cpu.cfs_quota_us in v1),
+ * rounded up; at least 1. */
+unsigned pm__usable_cpus(void);
+/* The quota part alone, read through the given mountinfo and cgroup files
+ * (/proc/self/...; tests pass their own): whole CPUs, 0 where none binds. */
+unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup);
 /* Bytes this process may still lock with mlock: RLIMIT_MEMLOCK less what is
  * locked now; SIZE_MAX when no limit binds (unlimited, or CAP_IPC_LOCK). */
 size_t pm__memlock_headroom(void);

@@ -140,12 +140,12 @@ static size_t worker_count(size_t len)
 {
     enum { max_threads = 16 };
     const size_t per_thread_min = pm__prefault_parallel_min / 2; /* less is not worth a thread */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    const size_t cpus = pm__usable_cpus();
     size_t threads = len / per_thread_min;
     if (threads > (size_t)max_threads)
         threads = max_threads;
-    if (cpus > 0 && threads > (size_t)cpus)
-        threads = (size_t)cpus;
+    if (threads > cpus)
+        threads = cpus;
     return threads;
 }
 

@@ -19,13 +19,13 @@ static pm__copy_settings settings;
  * in effect before any call changes it. */
 static pm_copy_config from_env, defaults;
 
-/* One worker per core but the caller's, which works on its own copy as
- * well, up to 15; any of them may fill buffers for host-to-device copies (the
- * engine steers how many do). */
+/* One worker per CPU the process may use but the caller's, which works on
+ * its own copy as well, up to 15; any of them may fill buffers for
+ * host-to-device copies (the engine steers how many do). */
 static unsigned machine_workers(void)
 {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus > 16 ? 15 : cpus > 2 ? (unsigned)cpus - 1 : 1;
+    unsigned cpus = pm__usable_cpus();
+    return cpus > 16 ? 15 : cpus > 2 ? cpus - 1 : 1;
 }
 
 /* Enough buffers for every thread to fill a slice while as many again wait

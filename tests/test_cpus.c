@@ -1,0 +1,237 @@
+/* The CPUs pinmem sizes its threads by: the thread's affinity, and a CPU
+ * quota of the process's cgroup read from mountinfo and /proc/self/cgroup
+ * as the kernel writes them (here, files of the test's own naming a tree
+ * it made), v2 and v1, through every level up to the mounted root. */
+#include <errno.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "check.h"
+
+static char top[64];
+
+/* Writes text to top/name; false (a failed check) where it cannot. */
+static bool put(const char *name, const char *fmt, ...)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", top, name);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return false;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    return fclose(f) == 0;
+}
+
+static void dirs(const char *path)
+{
+    char full[512];
+    snprintf(full, sizeof full, "%s/%s", top, path);
+    for (char *p = full + strlen(top) + 1;; p++) {
+        const char c = *p;
+        if (c == '/' || c == '\0') {
+            *p = '\0';
+            if (mkdir(full, 0755) != 0 && errno != EEXIST)
+                CHECK(!"mkdir");
+            *p = c;
+        }
+        if (c == '\0')
+            return;
+    }
+}
+
+static unsigned limit(void)
+{
+    char mountinfo[128], cgroup[128];
+    snprintf(mountinfo, sizeof mountinfo, "%s/mountinfo", top);
+    snprintf(cgroup, sizeof cgroup, "%s/cgroup", top);
+    return pm__cgroup_cpu_limit(mountinfo, cgroup);
+}
+
+/* mountinfo's line for a hierarchy mounted at top/dir from its root. */
+static void mount_line(FILE *f, const char *dir, const char *root, bool v2)
+{
+    fprintf(f, "41 31 0:38 %s %s/%s rw,relatime shared:9 - %s cgroup rw,%s\n", root, top, dir,
+            v2 ? "cgroup2" : "cgroup", v2 ? "nsdelegate" : "cpu,cpuacct");
+}
+
+static void mounts(const char *v2_root, const char *v1_root)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/mountinfo", top);
+    FILE *f = fopen(path, "w");
+    REQUIRE(f != NULL);
+    fprintf(f, "23 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n");
+    fprintf(f, "31 23 0:28 / %s/fs rw - tmpfs tmpfs rw,mode=755\n", top);
+    if (v1_root)
+        mount_line(f, "fs/cpu", v1_root, false);
+    fprintf(f, "33 31 0:30 / %s/fs/memory rw - cgroup cgroup rw,memory\n", top);
+    if (v2_root)
+        mount_line(f, "fs/unified", v2_root, true);
+    fclose(f);
+}
+
+static void cgroup_v2(void)
+{
+    mounts("/", NULL);
+    dirs("fs/unified/kubepods/pod/ctr");
+    put("cgroup", "0::/kubepods/pod/ctr\n");
+    CHECK(limit() == 0); /* no cpu.max anywhere */
+    put("fs/unified/kubepods/pod/ctr/cpu.max", "max 100000\n");
+    put("fs/unified/kubepods/cpu.max", "max 100000\n");
+    CHECK(limit() == 0);
+    put("fs/unified/kubepods/pod/cpu.max", "250000 100000\n"); /* a parent's: 2.5 CPUs */
+    CHECK(limit() == 3);
+    put("fs/unified/kubepods/pod/ctr/cpu.max", "50000 100000\n");
+    CHECK(limit() == 1);
+    put("fs/unified/kubepods/pod/ctr/cpu.max", "800000 100000\n"); /* the least binds */
+    CHECK(limit() == 3);
+    put("fs/unified/cpu.max", "200000 100000\n"); /* the mounted root counts too */
+    CHECK(limit() == 2);
+    put("fs/unified/cpu.max", "max 100000\n");
+
+    /* A container's own namespace: the cgroup is "/", the mount its root. */
+    put("cgroup", "0::/\n");
+    CHECK(limit() == 0);
+    put("fs/unified/cpu.max", "400000 100000\n");
+    CHECK(limit() == 4);
+    put("fs/unified/cpu.max", "max 100000\n");
+
+    /* Mounted from a directory of the hierarchy: the path is read below it. */
+    mounts("/kubepods", NULL);
+    put("cgroup", "0::/kubepods/pod/ctr\n");
+    dirs("fs/unified/pod/ctr");
+    put("fs/unified/pod/cpu.max", "150000 100000\n");
+    CHECK(limit() == 2);
+    /* A cgroup outside the part mounted: only the mount's own level. */
+    put("cgroup", "0::/elsewhere/x\n");
+    CHECK(limit() == 0);
+    put("fs/unified/cpu.max", "100000 100000\n");
+    CHECK(limit() == 1);
+    put("fs/unified/cpu.max", "max 100000\n");
+}
+
+static void cgroup_v1(void)
+{
+    mounts(NULL, "/");
+    dirs("fs/cpu/docker/abc");
+    put("cgroup", "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n");
+    put("fs/cpu/docker/abc/cpu.cfs_quota_us", "-1\n");
+    put("fs/cpu/docker/abc/cpu.cfs_period_us", "100000\n");
+    CHECK(limit() == 0);
+    put("fs/cpu/docker/abc/cpu.cfs_quota_us", "300000\n");
+    CHECK(limit() == 3);
+    put("fs/cpu/docker/abc/cpu.cfs_period_us", "garbage\n");
+    CHECK(limit() == 0);
+    put("fs/cpu/docker/abc/cpu.cfs_period_us", "100000\n");
+    /* Both hierarchies name limits (a hybrid system): the least binds. */
+    mounts("/", "/");
+    dirs("fs/unified/docker/abc");
+    put("cgroup", "4:cpu,cpuacct:/docker/abc\n0::/docker/abc\n");
+    put("fs/unified/docker/abc/cpu.max", "200000 100000\n");
+    CHECK(limit() == 2);
+}
+
+/* Files the kernel would never write: no limit, and no crash. */
+static void malformed(void)
+{
+    char missing[128];
+    snprintf(missing, sizeof missing, "%s/none", top);
+    CHECK(pm__cgroup_cpu_limit(missing, missing) == 0);
+    put("mountinfo", "no fields\n - \n41 31 0:38 / %s/fs/unified rw - cgroup2\n\n", top);
+    put("cgroup", "0::\n::::\n0\n");
+    CHECK(limit() == 0);
+    mounts("/", NULL);
+    put("cgroup", "0::/../../../\n");
+    CHECK(limit() == 0);
+    char long_line[10000];
+    memset(long_line, 'x', sizeof long_line - 1);
+    long_line[sizeof long_line - 1] = '\0';
+    put("cgroup", "0::/%s\n", long_line);
+    CHECK(limit() == 0);
+    put("mountinfo", "%s\n", long_line);
+    CHECK(limit() == 0);
+}
+
+/* Affinity: a thread allowed one CPU may keep one busy. */
+static void affinity(void)
+{
+    cpu_set_t all, one;
+    REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+    const unsigned quota = pm__cgroup_cpu_limit("/proc/self/mountinfo", "/proc/self/cgroup");
+    const unsigned n = (unsigned)CPU_COUNT(&all);
+    CHECK(pm__usable_cpus() == (quota && quota < n ? quota : n));
+    int first = 0;
+    while (!CPU_ISSET(first, &all))
+        first++;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+    CHECK(pm__usable_cpus() == 1);
+    CHECK(sched_setaffinity(0, sizeof all, &all) == 0);
+    printf("here: %u CPUs of affinity, cgroup quota %u\n", n, quota);
+}
+
+/* The copy engine's default workers follow the CPUs the process may use:
+ * one each but the caller's, here with at most three allowed. */
+static void workers_follow_affinity(void)
+{
+    cpu_set_t all, some;
+    REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+    CPU_ZERO(&some);
+    for (int cpu = 0, n = 0; cpu < CPU_SETSIZE && n < 3; cpu++)
+        if (CPU_ISSET(cpu, &all)) {
+            CPU_SET(cpu, &some);
+            n++;
+        }
+    const unsigned allowed = (unsigned)CPU_COUNT(&some);
+    fflush(NULL);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        unsetenv("PINMEM_COPY_WORKERS");
+        pm_copy_config c = {.struct_size = sizeof c};
+        if (sched_setaffinity(0, sizeof some, &some) != 0 || pm_init(0) != PM_SUCCESS ||
+            pm_copy_get_config(&c) != PM_SUCCESS)
+            _exit(2);
+        const unsigned quota = pm__cgroup_cpu_limit("/proc/self/mountinfo", "/proc/self/cgroup");
+        const unsigned cpus = quota && quota < allowed ? quota : allowed;
+        const unsigned want = cpus > 2 ? cpus - 1 : 1;
+        if (c.workers != want)
+            fprintf(stderr, "%u CPUs allowed: %u workers, expected %u\n", cpus, c.workers, want);
+        _exit(c.workers == want ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void remove_tree(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", top);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", top);
+}
+
+int main(void)
+{
+    snprintf(top, sizeof top, "%s/pinmem-cpus-XXXXXX", "/tmp");
+    if (!mkdtemp(top)) {
+        printf("mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    cgroup_v2();
+    cgroup_v1();
+    malformed();
+    affinity();
+    workers_follow_affinity();
+    remove_tree();
+    return check_finish("test_cpus");
+}
