@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: pageable copies of a process held to a few
+# CPUs, with the workers the engine counts now (one per CPU it may use but
+# the caller's) against 15, the count it took from a 16-CPU machine before:
+# under taskset, and under a cgroup v2 CPU quota where root may make one
+# here. Interleaved passes of `pinmem bench copy --quick` (sizes up to 64
+# MiB), each a line of its shares of pinned at 1-64 MiB both ways, and one
+# unrestricted run a pass beside them. CPUS_ALLOWED (default 4) and PASSES
+# (default 3) set the shape. Builds build-gpu's pinmem where needed; writes
+# only $OUT/cpus.txt (default: a new directory under ${TMPDIR:-/tmp}).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/pinmem-gpu-cpus.XXXXXX")}
+mkdir -p "$OUT"
+echo "results: $OUT/cpus.txt"
+if [ ! -f build-gpu/CMakeCache.txt ]; then
+    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF >/dev/null 2>&1 ||
+        { echo "configure failed"; exit 1; }
+fi
+cmake --build build-gpu -j"$(nproc)" --target pinmem_cli >/dev/null 2>&1 || { echo "build failed"; exit 1; }
+pinmem=$PWD/build-gpu/tools/pinmem
+n=${CPUS_ALLOWED:-4}
+passes=${PASSES:-3}
+
+# The summary's shares of pinned at 1-64 MiB, from a run's output.
+shares() {
+    sed -n 's/^summary: //p' | tr ' ' '\n' | grep -E '^(htod|dtoh)\.(1M|4M|16M|64M)=' | tr '\n' ' '
+}
+
+# run LABEL COMMAND...: one bench, its line.
+run() {
+    local label=$1
+    shift
+    echo "$label: $(PINMEM_BENCH_COPY="sizes summary" "$@" "$pinmem" bench copy --quick 2>&1 | shares)"
+}
+
+# A cgroup v2 of n CPUs' quota, where this machine lets root make one.
+quota=/sys/fs/cgroup/pinmem-quota
+in_quota=()
+if grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null &&
+    { grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control ||
+        echo +cpu >/sys/fs/cgroup/cgroup.subtree_control; } 2>/dev/null &&
+    mkdir -p "$quota" 2>/dev/null && echo "$((n * 100000)) 100000" >"$quota/cpu.max" 2>/dev/null; then
+    in_quota=(bash -c 'echo $$ >"$0"/cgroup.procs && exec "$@"' "$quota")
+fi
+
+{
+    date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+    echo "cpus: $(nproc), held to $n by taskset -c 0-$((n - 1)) and by a quota of $n CPUs" \
+        "(${in_quota[*]:+cgroup $quota}${in_quota[*]:-no cgroup quota can be made here})"
+    echo "each line: pinmem's pageable copies as % of pinned (htod: to the device, dtoh: from it)"
+    for pass in $(seq "$passes"); do
+        run "pass $pass, all CPUs, default workers" env
+        for workers in default 15; do
+            w=()
+            [ "$workers" = 15 ] && w=(PINMEM_COPY_WORKERS=15)
+            run "pass $pass, taskset $n CPUs, $workers workers" env "${w[@]}" taskset -c "0-$((n - 1))"
+            [ ${#in_quota[@]} -eq 0 ] ||
+                run "pass $pass, quota $n CPUs, $workers workers" "${in_quota[@]}" env "${w[@]}"
+        done
+    done
+} | tee "$OUT/cpus.txt"
+[ ${#in_quota[@]} -eq 0 ] || rmdir "$quota" 2>/dev/null
