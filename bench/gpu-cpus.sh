@@ -5,20 +5,22 @@
 # under taskset, and under a cgroup v2 CPU quota where root may make one
 # here. Interleaved passes of `pinmem bench copy --quick` (sizes up to 64
 # MiB), each a line of its shares of pinned at 1-64 MiB both ways, and one
-# unrestricted run a pass beside them. CPUS_ALLOWED (default 4) and PASSES
-# (default 3) set the shape. Builds build-gpu's pinmem where needed; writes
-# only $OUT/cpus.txt (default: a new directory under ${TMPDIR:-/tmp}).
+# unrestricted run a pass beside them; then back-to-back 256 MiB copies for
+# 2 s each way (bench/probe/sustained_copy.c): their rate, the CPUs busy and
+# how late another thread wakes meanwhile, as a quota's throttling shows.
+# CPUS_ALLOWED (default 4) and PASSES (default 3) set the shape. Builds
+# build-gpu's pinmem and the probe where needed; writes only $OUT/cpus.txt
+# (default: a new directory under ${TMPDIR:-/tmp}).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/pinmem-gpu-cpus.XXXXXX")}
 mkdir -p "$OUT"
 echo "results: $OUT/cpus.txt"
-if [ ! -f build-gpu/CMakeCache.txt ]; then
-    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF >/dev/null 2>&1 ||
-        { echo "configure failed"; exit 1; }
-fi
-cmake --build build-gpu -j"$(nproc)" --target pinmem_cli >/dev/null 2>&1 || { echo "build failed"; exit 1; }
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINMEM_BUILD_PROBES=ON >/dev/null 2>&1 &&
+    cmake --build build-gpu -j"$(nproc)" --target pinmem_cli probe_sustained_copy >/dev/null 2>&1 ||
+    { echo "build failed"; exit 1; }
 pinmem=$PWD/build-gpu/tools/pinmem
+sustained=$PWD/build-gpu/bench/probe/probe_sustained_copy
 n=${CPUS_ALLOWED:-4}
 passes=${PASSES:-3}
 
@@ -47,8 +49,9 @@ fi
 {
     date -u +"date: %Y-%m-%dT%H:%M:%SZ"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
-    echo "cpus: $(nproc), held to $n by taskset -c 0-$((n - 1)) and by a quota of $n CPUs" \
-        "(${in_quota[*]:+cgroup $quota}${in_quota[*]:-no cgroup quota can be made here})"
+    where="no cgroup quota can be made here"
+    [ ${#in_quota[@]} -eq 0 ] || where="cgroup $quota"
+    echo "cpus: $(nproc), held to $n by taskset -c 0-$((n - 1)) and by a quota of $n CPUs ($where)"
     echo "each line: pinmem's pageable copies as % of pinned (htod: to the device, dtoh: from it)"
     for pass in $(seq "$passes"); do
         run "pass $pass, all CPUs, default workers" env
@@ -58,6 +61,17 @@ fi
             run "pass $pass, taskset $n CPUs, $workers workers" env "${w[@]}" taskset -c "0-$((n - 1))"
             [ ${#in_quota[@]} -eq 0 ] ||
                 run "pass $pass, quota $n CPUs, $workers workers" "${in_quota[@]}" env "${w[@]}"
+        done
+    done
+    echo "back-to-back 256 MiB copies, 2 s each way"
+    for workers in default 15; do
+        w=()
+        [ "$workers" = 15 ] && w=(PINMEM_COPY_WORKERS=15)
+        for dir in htod dtoh; do
+            echo "all CPUs: $(env "${w[@]}" "$sustained" 2 256 "$dir" 2>&1)"
+            echo "taskset $n CPUs: $(env "${w[@]}" taskset -c "0-$((n - 1))" "$sustained" 2 256 "$dir" 2>&1)"
+            [ ${#in_quota[@]} -eq 0 ] ||
+                echo "quota $n CPUs: $("${in_quota[@]}" env "${w[@]}" "$sustained" 2 256 "$dir" 2>&1)"
         done
     done
 } | tee "$OUT/cpus.txt"
