@@ -1,13 +1,15 @@
 /* Host functions that hold up and observe stream work, shared by the
  * stream-order tests: a gate stream A's work waits at, a mark A's work sets
  * once past it, a look from stream B at whether A had got there, and the
- * fill and check of each use of a block in the race tests. */
+ * fill and check of each use of a block in the race tests, and a thread
+ * that opens the gate should the call under test wait for the work behind it. */
 #ifndef PINMEM_TEST_STREAM_UTIL_H
 #define PINMEM_TEST_STREAM_UTIL_H
 
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pinmem.h"
@@ -51,7 +53,7 @@ typedef struct use {
     size_t stride;
 } use;
 
-static inline void fill(void *arg)
+static inline void fill_use(void *arg)
 {
     use *u = arg;
     size_t step = u->stride ? u->stride : 1;
@@ -80,6 +82,22 @@ typedef struct racer {
     pm_stream_t stream;
     uint32_t id;
 } racer;
+
+/* A thread's body: the stream's work waits for the gate, which the caller
+ * opens only after the call under test returns; should that call wait for
+ * the work, this opens the gate after 3 s, so that the test ends. */
+static inline void *open_gate_if_stuck(void *arg)
+{
+    (void)arg;
+    struct timespec start, t;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do {
+        usleep(1000);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (!atomic_load(&gate_open) && t.tv_sec - start.tv_sec < 3);
+    atomic_store(&gate_open, 1);
+    return NULL;
+}
 
 /* Closes the gate and forgets earlier marks and looks. */
 static inline void reset_gate(void)

@@ -201,7 +201,7 @@ static void *race(void *arg)
         use *u = malloc(sizeof *u);
         *u = (use){p, size / 4, (me->id << 24) | (i & 0xFFFFFF), (unsigned)((rng >> 45) % 200),
                    .stride = 64};
-        CHECK_RESULT(pm_stream_launch_host_func(me->stream, fill, u), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_launch_host_func(me->stream, fill_use, u), PM_SUCCESS);
         CHECK_RESULT(pm_stream_launch_host_func(me->stream, verify_and_release, u), PM_SUCCESS);
         CHECK_RESULT(pm_mem_free_async(p, me->stream), PM_SUCCESS);
         CHECK_RESULT(pm_event_record(race_events[me->id], me->stream), PM_SUCCESS);

@@ -16,6 +16,7 @@
 #include "copy_util.h"
 #include "pool/pool_internal.h"
 #include "pool_util.h"
+#include "stream_util.h"
 
 enum { copy_bytes = 4 << 20 }; /* within an ordinary user's RLIMIT_MEMLOCK */
 
@@ -110,16 +111,6 @@ static void round_trips(pm_deviceptr dev, uint8_t *src, uint8_t *back, size_t n)
     }
 }
 
-/* The stream's work waits here until the case opens it (or 5 s pass). */
-static atomic_int gate_open;
-
-static void wait_gate(void *arg)
-{
-    (void)arg;
-    while (!atomic_load(&gate_open))
-        usleep(100);
-}
-
 static double now(void)
 {
     struct timespec ts;
@@ -127,15 +118,6 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void *open_gate_if_stuck(void *arg)
-{
-    (void)arg;
-    double deadline = now() + 5.0;
-    while (!atomic_load(&gate_open) && now() < deadline)
-        usleep(1000);
-    atomic_store(&gate_open, 1);
-    return NULL;
-}
 
 /* Every kind of pinmem thread at once, each named and blocking signals: the
  * reaper is alive while a destroyed pool's blocks wait for a stream held at
@@ -163,7 +145,7 @@ static void threads_are_named_and_take_no_signals(void)
     REQUIRE(pool != NULL);
     void *block = NULL;
     REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&block, 4096, pool, s), PM_SUCCESS);
-    atomic_store(&gate_open, 0);
+    reset_gate();
     REQUIRE_RESULT(pm_stream_launch_host_func(s, wait_gate, NULL), PM_SUCCESS);
     pthread_t opener;
     REQUIRE(pthread_create(&opener, NULL, open_gate_if_stuck, NULL) == 0);
@@ -175,7 +157,7 @@ static void threads_are_named_and_take_no_signals(void)
     const bool cached = st.cache_registrations > 0;
     CHECK(pm__retire_reaper_running()); /* the pool waits for the gate */
     seen seen = {0};
-    for (double until = now() + 5.0; now() < until; usleep(1000)) {
+    for (double until = now() + 2.0; now() < until; usleep(1000)) {
         seen = look_at_threads(false);
         if (seen.copy && (seen.stream || !posix) && (seen.cache || !cached) && seen.reaper)
             break;

@@ -208,19 +208,6 @@ static void two_frees_into_destroyed_pool(void)
 
 /* ------------------------------------------ destroy never waits for streams */
 
-/* The stream's work waits for the gate, which the caller opens only after
- * the pool call under test returns. Should that call wait for the work,
- * this opens the gate after 3 s, so that the test ends. */
-static void *open_gate_if_stuck(void *arg)
-{
-    (void)arg;
-    double deadline = now() + 3;
-    while (!atomic_load(&gate_open) && now() < deadline)
-        usleep(1000);
-    atomic_store(&gate_open, 1);
-    return NULL;
-}
-
 
 /* Blocks freed on a stream whose work waits for the gate: destroying the
  * pool (cached blocks; a large one) or freeing its last block into it after

@@ -218,9 +218,9 @@ static void *race(void *arg)
         u->tag = (me->id << 24) | (i & 0xFFFFFF);
         u->pause_us = (unsigned)((rng >> 45) % 50);
         if (async)
-            pm_stream_launch_host_func(me->stream, fill, u); /* in stream order */
+            pm_stream_launch_host_func(me->stream, fill_use, u); /* in stream order */
         else
-            fill(u); /* a synchronous block is the caller's at once */
+            fill_use(u); /* a synchronous block is the caller's at once */
         pm_stream_launch_host_func(me->stream, verify_and_release, u);
         CHECK_RESULT(pm_mem_free_async(p, me->stream), PM_SUCCESS);
     }
