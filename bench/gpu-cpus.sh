@@ -7,7 +7,8 @@
 # MiB), each a line of its shares of pinned at 1-64 MiB both ways, and one
 # unrestricted run a pass beside them; then back-to-back 256 MiB copies for
 # 2 s each way (bench/probe/sustained_copy.c): their rate, the CPUs busy and
-# how late another thread wakes meanwhile, as a quota's throttling shows.
+# how late another thread wakes meanwhile, as a quota's throttling shows,
+# and the driver's own pageable path beside them for its CPU time.
 # CPUS_ALLOWED (default 4) and PASSES (default 3) set the shape. Builds
 # build-gpu's pinmem and the probe where needed; writes only $OUT/cpus.txt
 # (default: a new directory under ${TMPDIR:-/tmp}).
@@ -64,6 +65,10 @@ fi
         done
     done
     echo "back-to-back 256 MiB copies, 2 s each way"
+    for dir in htod dtoh; do # the driver's own pageable path, for its CPU time
+        echo "all CPUs, the driver's own path: $(PINMEM_COPY_DIRECT_MAX=1G PINMEM_COPY_DTOH_DIRECT_MAX=1G \
+            "$sustained" 2 256 "$dir" 2>&1)"
+    done
     for workers in default 15; do
         w=()
         [ "$workers" = 15 ] && w=(PINMEM_COPY_WORKERS=15)

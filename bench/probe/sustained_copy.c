@@ -79,10 +79,14 @@ int main(int argc, char **argv)
     atomic_store(&stop, 1);
     pthread_join(t, NULL);
     double cpus = (cpu_seconds() - cpu0) / ((t1 - t0) / 1e3);
+    pm_copy_stats st = {.struct_size = sizeof st};
+    pm_copy_get_stats(&st);
+    const double all = (double)(st.staged_bytes + st.direct_bytes + st.driver_bytes);
     qsort(late_ms, (size_t)wakes, sizeof *late_ms, by_value);
-    printf("%s, %u workers: %.1f GB/s, %.1f CPUs busy; the other thread woke late by "
-           "%.2f ms at the median, %.2f at p99, %.2f at most (%d wakes)\n",
+    printf("%s, %u workers, %.0f%% of bytes staged: %.1f GB/s, %.1f CPUs busy; the other "
+           "thread woke late by %.2f ms at the median, %.2f at p99, %.2f at most (%d wakes)\n",
            to_device ? "to the device" : "from the device", c.workers,
+           all > 0 ? 100.0 * (double)st.staged_bytes / all : 0,
            (double)copies * (double)bytes / ((t1 - t0) / 1e3) / 1e9, cpus,
            wakes ? late_ms[wakes / 2] : 0, wakes ? late_ms[wakes * 99 / 100] : 0,
            wakes ? late_ms[wakes - 1] : 0, wakes);
