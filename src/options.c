@@ -56,10 +56,10 @@ static const spec table[PM__OPT_COUNT] = {
                                         "the smallest buffer the registration cache registers"},
     [PM__OPT_REGISTRATION_CACHE_MAX] = {"PINMEM_REGISTRATION_CACHE_MAX", "cache_max_bytes", SIZE,
                                         ZERO_DEFAULT | PAGES, NULL, 4 * KIB, 1024 * 1024 * GIB,
-                                        0, "a quarter of the memory, at most 8G",
+                                        0, "a quarter of the (cgroup's) memory, 8G at most",
                                         "the most bytes the registration cache keeps registered"},
     [PM__OPT_COPY_WORKERS] = {"PINMEM_COPY_WORKERS", "workers", COUNT, ZERO_DEFAULT, NULL, 1, 256,
-                              0, "cores - 1, from 1 to 15", "staging threads"},
+                              0, "usable CPUs - 1, from 1 to 15", "staging threads"},
     [PM__OPT_COPY_HTOD_WORKERS] = {"PINMEM_COPY_HTOD_WORKERS", "htod_workers", COUNT,
                                    ZERO_DEFAULT, NULL, 1, 256, 0, "all the workers",
                                    "of the workers, the most that fill buffers for "

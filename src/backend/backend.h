@@ -351,9 +351,15 @@ int pm__only_numa_node(void);
  * to a CPU quota of its cgroup (cpu.max in v2, cpu.cfs_quota_us in v1),
  * rounded up; at least 1. */
 unsigned pm__usable_cpus(void);
-/* The quota part alone, read through the given mountinfo and cgroup files
- * (/proc/self/...; tests pass their own): whole CPUs, 0 where none binds. */
+/* Bytes of memory this process may use: the machine's, lowered to its
+ * cgroup's memory limit (memory.max in v2, memory.limit_in_bytes in v1);
+ * 0 where unknown. */
+unsigned long long pm__usable_memory(void);
+/* The cgroup parts alone, read through the given mountinfo and cgroup files
+ * (/proc/self/...; tests pass their own): the CPU quota in whole CPUs and
+ * the memory limit in bytes, 0 where none binds. */
 unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup);
+unsigned long long pm__cgroup_memory_limit(const char *mountinfo, const char *proc_cgroup);
 /* Bytes this process may still lock with mlock: RLIMIT_MEMLOCK less what is
  * locked now; SIZE_MAX when no limit binds (unlimited, or CAP_IPC_LOCK). */
 size_t pm__memlock_headroom(void);

@@ -37,11 +37,12 @@ static unsigned machine_buffers(unsigned workers, size_t slice, size_t chunk)
     return (unsigned)(2 * filling + 4);
 }
 
-/* A quarter of the memory, at most 8 GiB, in whole MiB. */
+/* A quarter of the memory the process may use (a cgroup's limit binds,
+ * where it sets one), at most 8 GiB, in whole MiB. */
 static size_t machine_cache_max(void)
 {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    size_t quarter = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 4 : (size_t)1 << 30;
+    unsigned long long memory = pm__usable_memory();
+    size_t quarter = memory ? (size_t)(memory / 4) : (size_t)1 << 30;
     quarter = quarter < ((size_t)8 << 30) ? quarter : (size_t)8 << 30;
     return quarter > ((size_t)1 << 20) ? quarter & ~(((size_t)1 << 20) - 1) : (size_t)1 << 20;
 }

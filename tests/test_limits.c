@@ -1,7 +1,8 @@
-/* The CPUs pinmem sizes its threads by: the thread's affinity, and a CPU
- * quota of the process's cgroup read from mountinfo and /proc/self/cgroup
- * as the kernel writes them (here, files of the test's own naming a tree
- * it made), v2 and v1, through every level up to the mounted root. */
+/* What pinmem sizes its threads and caches by: the thread's affinity, and
+ * the CPU quota and memory limit of the process's cgroup, read from
+ * mountinfo and /proc/self/cgroup as the kernel writes them (here, files of
+ * the test's own naming a tree it made), v2 and v1, through every level up
+ * to the mounted root. */
 #include <errno.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -139,6 +140,41 @@ static void cgroup_v1(void)
     CHECK(limit() == 2);
 }
 
+static void memory_limits(void)
+{
+    char mountinfo[128], cgroup[128];
+    snprintf(mountinfo, sizeof mountinfo, "%s/mountinfo", top);
+    snprintf(cgroup, sizeof cgroup, "%s/cgroup", top);
+    mounts("/", NULL);
+    dirs("fs/unified/user.slice/app");
+    put("cgroup", "0::/user.slice/app\n");
+    put("fs/unified/user.slice/app/memory.max", "max\n");
+    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 0);
+    CHECK(limit() == 0); /* memory files are not CPU quotas */
+    put("fs/unified/user.slice/memory.max", "4294967296\n");
+    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 4294967296ull);
+    put("fs/unified/user.slice/app/memory.max", "1073741824\n");
+    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 1073741824ull);
+    put("fs/unified/user.slice/app/memory.max", "max\n");
+    put("fs/unified/user.slice/memory.max", "max\n");
+
+    /* v1: its own mount, and "no limit" written as 2^63 less a page. */
+    mounts(NULL, NULL);
+    dirs("fs/memory/docker/abc");
+    put("cgroup", "4:cpu,cpuacct:/docker/abc\n12:memory:/docker/abc\n");
+    put("fs/memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
+    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 0);
+    put("fs/memory/docker/abc/memory.limit_in_bytes", "536870912\n");
+    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 536870912ull);
+    CHECK(limit() == 0);
+
+    const unsigned long long here = pm__usable_memory();
+    const unsigned long long physical =
+        (unsigned long long)sysconf(_SC_PHYS_PAGES) * (unsigned long long)sysconf(_SC_PAGESIZE);
+    CHECK(here > 0 && here <= physical);
+    printf("here: %llu MiB of memory usable, %llu MiB physical\n", here >> 20, physical >> 20);
+}
+
 /* Files the kernel would never write: no limit, and no crash. */
 static void malformed(void)
 {
@@ -148,6 +184,7 @@ static void malformed(void)
     put("mountinfo", "no fields\n - \n41 31 0:38 / %s/fs/unified rw - cgroup2\n\n", top);
     put("cgroup", "0::\n::::\n0\n");
     CHECK(limit() == 0);
+    CHECK(pm__cgroup_memory_limit(missing, missing) == 0);
     mounts("/", NULL);
     put("cgroup", "0::/../../../\n");
     CHECK(limit() == 0);
@@ -222,16 +259,17 @@ static void remove_tree(void)
 
 int main(void)
 {
-    snprintf(top, sizeof top, "%s/pinmem-cpus-XXXXXX", "/tmp");
+    snprintf(top, sizeof top, "%s/pinmem-limits-XXXXXX", "/tmp");
     if (!mkdtemp(top)) {
         printf("mkdtemp: %s\n", strerror(errno));
         return 1;
     }
     cgroup_v2();
     cgroup_v1();
+    memory_limits();
     malformed();
     affinity();
     workers_follow_affinity();
     remove_tree();
-    return check_finish("test_cpus");
+    return check_finish("test_limits");
 }

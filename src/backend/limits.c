@@ -1,8 +1,10 @@
-/* How many CPUs this process may keep busy, for sizing pinmem's threads:
- * the calling thread's affinity (taskset, a container's cpuset), lowered
- * to its cgroup's CPU quota (a container's or Kubernetes' CPU limit),
- * rounded up. Threads beyond a quota spend it within the period and then
- * the whole process waits for the next one. */
+/* What this process may use, for sizing pinmem's threads and caches: CPUs
+ * (the calling thread's affinity, as taskset or a container's cpuset sets
+ * it, lowered to its cgroup's CPU quota, as a container's or Kubernetes'
+ * CPU limit sets it) and memory (the machine's, lowered to its cgroup's
+ * memory limit). Threads beyond a quota spend it within the period and then
+ * the whole process waits for the next one; pinned memory beyond a memory
+ * limit gets the container killed. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -34,9 +36,9 @@ static bool has_word(const char *list, const char *word)
     return false;
 }
 
-/* The mount of the v2 hierarchy (want_v2) or of v1's cpu controller in
+/* The mount of the v2 hierarchy (want_v2) or of v1's controller in
  * mountinfo; false where there is none. */
-static bool find_mount(const char *mountinfo, bool want_v2, hierarchy *h)
+static bool find_mount(const char *mountinfo, bool want_v2, const char *controller, hierarchy *h)
 {
     FILE *f = fopen(mountinfo, "re");
     if (!f)
@@ -50,7 +52,7 @@ static bool find_mount(const char *mountinfo, bool want_v2, hierarchy *h)
             sscanf(dash, " - %63s %*s %1023s", type, opts) != 2)
             continue;
         found = want_v2 ? !strcmp(type, "cgroup2")
-                        : !strcmp(type, "cgroup") && has_word(opts, "cpu");
+                        : !strcmp(type, "cgroup") && has_word(opts, controller);
         if (found) {
             snprintf(h->root, sizeof h->root, "%s", root);
             snprintf(h->mount, sizeof h->mount, "%s", mount);
@@ -64,7 +66,7 @@ static bool find_mount(const char *mountinfo, bool want_v2, hierarchy *h)
 
 /* The process's cgroup in h's hierarchy, from proc_cgroup ("0::/path" for
  * v2, "N:cpu,cpuacct:/path" for v1); false where it is not named. */
-static bool find_cgroup(const char *proc_cgroup, hierarchy *h)
+static bool find_cgroup(const char *proc_cgroup, const char *controller, hierarchy *h)
 {
     FILE *f = fopen(proc_cgroup, "re");
     if (!f)
@@ -79,7 +81,8 @@ static bool find_cgroup(const char *proc_cgroup, hierarchy *h)
             continue;
         *path++ = '\0';
         *controllers++ = '\0';
-        found = h->v2 ? !strcmp(line, "0") && controllers[0] == '\0' : has_word(controllers, "cpu");
+        found = h->v2 ? !strcmp(line, "0") && controllers[0] == '\0'
+                      : has_word(controllers, controller);
         if (found)
             snprintf(h->cgroup, sizeof h->cgroup, "%s", path);
     }
@@ -100,7 +103,7 @@ static bool read_numbers(const char *dir, const char *file, char *out, size_t ca
 }
 
 /* The quota of the cgroup at dir in whole CPUs, rounded up; 0 for none. */
-static unsigned quota_at(const char *dir, bool v2)
+static unsigned long long quota_at(const char *dir, bool v2)
 {
     char text[128], period_text[64];
     long long quota = 0, period = 0;
@@ -116,12 +119,25 @@ static unsigned quota_at(const char *dir, bool v2)
     if (quota <= 0 || period <= 0) /* -1: none */
         return 0;
     long long cpus = (quota + period - 1) / period;
-    return cpus > 4096 ? 4096 : (unsigned)cpus;
+    return cpus > 4096 ? 4096 : (unsigned long long)cpus;
 }
 
-/* The smallest quota from the process's cgroup up to the hierarchy's
- * mounted root; 0 for none. */
-static unsigned hierarchy_quota(const hierarchy *h)
+/* The memory limit of the cgroup at dir in bytes; 0 for none. */
+static unsigned long long memory_at(const char *dir, bool v2)
+{
+    char text[128];
+    unsigned long long bytes = 0;
+    if (!read_numbers(dir, v2 ? "memory.max" : "memory.limit_in_bytes", text, sizeof text) ||
+        sscanf(text, "%llu", &bytes) != 1) /* "max": none */
+        return 0;
+    /* v1 writes "no limit" as the largest page-aligned value (2^63 less a page) */
+    return bytes >= (1ull << 62) ? 0 : bytes;
+}
+
+/* The smallest limit at_level reads from the process's cgroup up to the
+ * hierarchy's mounted root; 0 for none. */
+static unsigned long long hierarchy_limit(const hierarchy *h,
+                                          unsigned long long (*at_level)(const char *, bool))
 {
     const size_t root_len = strcmp(h->root, "/") ? strlen(h->root) : 0;
     const char *below = h->cgroup; /* the cgroup's path under the mount */
@@ -133,9 +149,9 @@ static unsigned hierarchy_quota(const hierarchy *h)
     char dir[2 * PATH_CAP];
     snprintf(dir, sizeof dir, "%s%s", h->mount, below);
     const size_t mount_len = strlen(h->mount);
-    unsigned least = 0;
+    unsigned long long least = 0;
     for (;;) {
-        unsigned q = quota_at(dir, h->v2);
+        unsigned long long q = at_level(dir, h->v2);
         if (q && (!least || q < least))
             least = q;
         char *slash = strrchr(dir, '/');
@@ -146,13 +162,17 @@ static unsigned hierarchy_quota(const hierarchy *h)
     return least;
 }
 
-unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup)
+/* The least of the limits at_level reads in either hierarchy; 0 for none. */
+static unsigned long long cgroup_limit(const char *mountinfo, const char *proc_cgroup,
+                                       const char *controller,
+                                       unsigned long long (*at_level)(const char *, bool))
 {
-    unsigned least = 0;
+    unsigned long long least = 0;
     for (int v2 = 0; v2 <= 1; v2++) {
         hierarchy *h = malloc(sizeof *h);
-        if (h && find_mount(mountinfo, v2, h) && find_cgroup(proc_cgroup, h)) {
-            unsigned q = hierarchy_quota(h);
+        if (h && find_mount(mountinfo, v2, controller, h) &&
+            find_cgroup(proc_cgroup, controller, h)) {
+            unsigned long long q = hierarchy_limit(h, at_level);
             if (q && (!least || q < least))
                 least = q;
         }
@@ -161,12 +181,25 @@ unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup)
     return least;
 }
 
-static unsigned quota_cpus;
-static pthread_once_t quota_once = PTHREAD_ONCE_INIT;
+unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup)
+{
+    return (unsigned)cgroup_limit(mountinfo, proc_cgroup, "cpu", quota_at);
+}
 
-static void read_quota(void)
+unsigned long long pm__cgroup_memory_limit(const char *mountinfo, const char *proc_cgroup)
+{
+    return cgroup_limit(mountinfo, proc_cgroup, "memory", memory_at);
+}
+
+static unsigned quota_cpus;
+static unsigned long long memory_limit;
+static pthread_once_t limits_once = PTHREAD_ONCE_INIT;
+
+/* Limits change rarely; affinity may, and per thread, so it is read each time. */
+static void read_limits(void)
 {
     quota_cpus = pm__cgroup_cpu_limit("/proc/self/mountinfo", "/proc/self/cgroup");
+    memory_limit = pm__cgroup_memory_limit("/proc/self/mountinfo", "/proc/self/cgroup");
 }
 
 unsigned pm__usable_cpus(void)
@@ -176,6 +209,15 @@ unsigned pm__usable_cpus(void)
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
         cpus = (unsigned)CPU_COUNT(&set);
-    pthread_once(&quota_once, read_quota); /* a quota changes rarely; affinity may per thread */
+    pthread_once(&limits_once, read_limits);
     return quota_cpus && quota_cpus < cpus ? quota_cpus : cpus;
+}
+
+unsigned long long pm__usable_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    unsigned long long bytes =
+        pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page : 0;
+    pthread_once(&limits_once, read_limits);
+    return memory_limit && (!bytes || memory_limit < bytes) ? memory_limit : bytes;
 }
