@@ -347,6 +347,9 @@ bool pm__run_on_node(int node);
 bool pm__numa_node_exists(int node);
 /* The machine's NUMA node when it has exactly one, else -1. */
 int pm__only_numa_node(void);
+/* The first line of the file at path, without its newline, into line;
+ * false when it cannot be read. */
+bool pm__read_first_line(const char *path, char *line, size_t cap);
 /* CPUs this process may keep busy: the calling thread's affinity, lowered
  * to a CPU quota of its cgroup (cpu.max in v2, cpu.cfs_quota_us in v1),
  * rounded up; at least 1. */

@@ -94,12 +94,7 @@ static bool read_numbers(const char *dir, const char *file, char *out, size_t ca
 {
     char path[2 * PATH_CAP + 32];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return false;
-    bool ok = fgets(out, (int)cap, f) != NULL;
-    fclose(f);
-    return ok;
+    return pm__read_first_line(path, out, cap);
 }
 
 /* The quota of the cgroup at dir in whole CPUs, rounded up; 0 for none. */

@@ -71,13 +71,10 @@ static bool node_cpus(int node, cpu_set_t *set)
 {
     char path[64], list[1024] = "";
     snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", node);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    if (!pm__read_first_line(path, list, sizeof list))
         return false;
-    bool have_list = fgets(list, sizeof list, f) != NULL;
-    fclose(f);
     CPU_ZERO(set);
-    for (char *at = list; have_list && *at && *at != '\n';) {
+    for (char *at = list; *at;) {
         char *end;
         unsigned long first = strtoul(at, &end, 10), last = first;
         if (end == at)

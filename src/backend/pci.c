@@ -26,14 +26,7 @@ static bool read_attribute(const char *bus_id, const char *name, char *line, siz
     if (!pm__pci_bus_id_normalize(bus_id, id, sizeof id))
         return false;
     snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/%s", id, name);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    bool ok = fgets(line, (int)cap, f) != NULL;
-    fclose(f);
-    if (ok)
-        line[strcspn(line, "\n")] = '\0';
-    return ok;
+    return pm__read_first_line(path, line, cap);
 }
 
 int pm__pci_numa_node(const char *bus_id)

@@ -27,22 +27,30 @@ static size_t read_huge_page_size(void)
     return (size_t)v;
 }
 
+bool pm__read_first_line(const char *path, char *line, size_t cap)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    bool ok = fgets(line, (int)cap, f) != NULL;
+    fclose(f);
+    if (ok)
+        line[strcspn(line, "\n")] = '\0';
+    return ok;
+}
+
 /* The bracketed word of the THP "enabled" file, e.g. "always [madvise] never". */
 static void read_huge_page_mode(char *out, size_t cap)
 {
     snprintf(out, cap, "unavailable");
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f)
-        return;
     char line[128];
-    if (fgets(line, sizeof line, f)) {
+    if (pm__read_first_line("/sys/kernel/mm/transparent_hugepage/enabled", line, sizeof line)) {
         char *open = strchr(line, '['), *close = open ? strchr(open, ']') : NULL;
         if (open && close && (size_t)(close - open - 1) < cap) {
             memcpy(out, open + 1, (size_t)(close - open - 1));
             out[close - open - 1] = '\0';
         }
     }
-    fclose(f);
 }
 
 static int current_numa_node(void)
