@@ -26,7 +26,7 @@ static const int program_signals[] = {SIGHUP,  SIGINT,  SIGQUIT, SIGUSR1,  SIGUS
                                       SIGALRM, SIGTERM, SIGCHLD, SIGWINCH, SIGPROF};
 
 typedef struct seen {
-    unsigned copy, stream, cache, reaper, other;
+    unsigned copy, stream, cache, reaper, prefault, other;
 } seen;
 
 /* The mask of signals blocked in thread tid ("SigBlk" in its status), or 0
@@ -90,6 +90,8 @@ static seen look_at_threads(bool check)
             s.cache++;
         else if (!strcmp(name, "pinmem-reaper"))
             s.reaper++;
+        else if (!strcmp(name, "pinmem-prefault"))
+            s.prefault++; /* joined before the call returns, yet listed a moment longer */
         else
             s.other++;
     }
