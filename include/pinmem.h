@@ -566,8 +566,8 @@ typedef enum {
 typedef struct pm_copy_config {
     size_t struct_size;          /* set by the caller */
     unsigned workers;            /* staging threads of each device's engine (the caller
-                                    helps as well; default: one per CPU the process may use,
-                                    by affinity and cgroup quota, but one, at most 15) */
+                                    helps as well; default: one per CPU the thread's affinity
+                                    and the cgroup's quota allow, less one, 1 to 15) */
     size_t chunk_bytes;          /* size of one staging buffer, moved by one DMA */
     unsigned buffers;            /* staging buffers in each engine's ring */
     size_t direct_max;           /* pageable copies to the device up to this size go
