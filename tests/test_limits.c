@@ -48,12 +48,14 @@ static void dirs(const char *path)
     }
 }
 
-static unsigned limit(void)
+/* The limits read through the test's own mountinfo and cgroup files. */
+static char own_mountinfo[128], own_cgroup[128];
+
+static unsigned limit(void) { return pm__cgroup_cpu_limit(own_mountinfo, own_cgroup); }
+
+static unsigned long long memory_limit(void)
 {
-    char mountinfo[128], cgroup[128];
-    snprintf(mountinfo, sizeof mountinfo, "%s/mountinfo", top);
-    snprintf(cgroup, sizeof cgroup, "%s/cgroup", top);
-    return pm__cgroup_cpu_limit(mountinfo, cgroup);
+    return pm__cgroup_memory_limit(own_mountinfo, own_cgroup);
 }
 
 /* mountinfo's line for a hierarchy mounted at top/dir from its root. */
@@ -142,19 +144,16 @@ static void cgroup_v1(void)
 
 static void memory_limits(void)
 {
-    char mountinfo[128], cgroup[128];
-    snprintf(mountinfo, sizeof mountinfo, "%s/mountinfo", top);
-    snprintf(cgroup, sizeof cgroup, "%s/cgroup", top);
     mounts("/", NULL);
     dirs("fs/unified/user.slice/app");
     put("cgroup", "0::/user.slice/app\n");
     put("fs/unified/user.slice/app/memory.max", "max\n");
-    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 0);
+    CHECK(memory_limit() == 0);
     CHECK(limit() == 0); /* memory files are not CPU quotas */
     put("fs/unified/user.slice/memory.max", "4294967296\n");
-    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 4294967296ull);
+    CHECK(memory_limit() == 4294967296ull);
     put("fs/unified/user.slice/app/memory.max", "1073741824\n");
-    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 1073741824ull);
+    CHECK(memory_limit() == 1073741824ull);
     put("fs/unified/user.slice/app/memory.max", "max\n");
     put("fs/unified/user.slice/memory.max", "max\n");
 
@@ -163,9 +162,9 @@ static void memory_limits(void)
     dirs("fs/memory/docker/abc");
     put("cgroup", "4:cpu,cpuacct:/docker/abc\n12:memory:/docker/abc\n");
     put("fs/memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
-    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 0);
+    CHECK(memory_limit() == 0);
     put("fs/memory/docker/abc/memory.limit_in_bytes", "536870912\n");
-    CHECK(pm__cgroup_memory_limit(mountinfo, cgroup) == 536870912ull);
+    CHECK(memory_limit() == 536870912ull);
     CHECK(limit() == 0);
 
     const unsigned long long here = pm__usable_memory();
@@ -264,6 +263,8 @@ int main(void)
         printf("mkdtemp: %s\n", strerror(errno));
         return 1;
     }
+    snprintf(own_mountinfo, sizeof own_mountinfo, "%s/mountinfo", top);
+    snprintf(own_cgroup, sizeof own_cgroup, "%s/cgroup", top);
     cgroup_v2();
     cgroup_v1();
     memory_limits();
