@@ -9,21 +9,28 @@
 # 2 s each way (bench/probe/sustained_copy.c): their rate, the CPUs busy and
 # how late another thread wakes meanwhile, as a quota's throttling shows,
 # and the driver's own pageable path beside them for its CPU time.
-# CPUS_ALLOWED (default 4) and PASSES (default 3) set the shape. Builds
-# build-gpu's pinmem and the probe where needed; writes only $OUT/cpus.txt
-# (default: a new directory under ${TMPDIR:-/tmp}).
+# CPUS_ALLOWED (default 4) and PASSES (default 3) set the shape. Then
+# (section "bound") a PyTorch process whose main thread OpenMP binds to one
+# CPU (OMP_PROC_BIND=close), with and without PINMEM_THREAD_CPUS=process,
+# beside one unbound (bench/probe/bound_main_thread.py), PASSES times.
+# SECTIONS (default "limits bound") picks. Builds build-gpu's pinmem and the
+# probe where needed; writes only $OUT/cpus.txt (default: a new directory
+# under ${TMPDIR:-/tmp}).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/pinmem-gpu-cpus.XXXXXX")}
 mkdir -p "$OUT"
 echo "results: $OUT/cpus.txt"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINMEM_BUILD_PROBES=ON >/dev/null 2>&1 &&
-    cmake --build build-gpu -j"$(nproc)" --target pinmem_cli probe_sustained_copy >/dev/null 2>&1 ||
+    cmake --build build-gpu -j"$(nproc)" --target pinmem_cli pinmem_shared probe_sustained_copy >/dev/null 2>&1 ||
     { echo "build failed"; exit 1; }
 pinmem=$PWD/build-gpu/tools/pinmem
 sustained=$PWD/build-gpu/bench/probe/probe_sustained_copy
 n=${CPUS_ALLOWED:-4}
 passes=${PASSES:-3}
+sections=${SECTIONS:-limits bound}
+py=${PINMEM_PYTHON:-/opt/torch/.venv/bin/python}
+[ -x "$py" ] || py=$(command -v python3)
 
 # The summary's shares of pinned at 1-64 MiB, from a run's output.
 shares() {
@@ -47,9 +54,7 @@ if grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null &&
     in_quota=(bash -c 'echo $$ >"$0"/cgroup.procs && exec "$@"' "$quota")
 fi
 
-{
-    date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+limits_section() {
     where="no cgroup quota can be made here"
     [ ${#in_quota[@]} -eq 0 ] || where="cgroup $quota"
     echo "cpus: $(nproc), held to $n by taskset -c 0-$((n - 1)) and by a quota of $n CPUs ($where)"
@@ -78,6 +83,27 @@ fi
             [ ${#in_quota[@]} -eq 0 ] ||
                 echo "quota $n CPUs: $("${in_quota[@]}" env "${w[@]}" "$sustained" 2 256 "$dir" 2>&1)"
         done
+    done
+}
+
+bound_section() {
+    local probe=bench/probe/bound_main_thread.py
+    echo "a PyTorch process whose main thread OpenMP binds ($("$py" --version 2>&1))"
+    for pass in $(seq "$passes"); do
+        for setting in unbound bound bound-process; do
+            local e=(PINMEM_LIBRARY="$PWD/build-gpu/libpinmem.so" PYTHONPATH="$PWD/python")
+            [ "$setting" = unbound ] || e+=(OMP_PROC_BIND=close)
+            [ "$setting" = bound-process ] && e+=(PINMEM_THREAD_CPUS=process)
+            env "${e[@]}" "$py" "$probe" "pass $pass, $setting" 2>&1 | tail -3
+        done
+    done
+}
+
+{
+    date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+    for section in $sections; do
+        "${section}_section"
     done
 } | tee "$OUT/cpus.txt"
 [ ${#in_quota[@]} -eq 0 ] || rmdir "$quota" 2>/dev/null

@@ -47,6 +47,12 @@ static const spec table[PM__OPT_COUNT] = {
     [PM__OPT_PINNED_BUDGET] = {"PINMEM_PINNED_BUDGET", "pinned_budget", SIZE, ZERO_DEFAULT, NULL,
                                1, ULLONG_MAX, 0, "0 (none)",
                                "the most bytes the process pins through pinmem"},
+    [PM__OPT_THREAD_CPUS] = {"PINMEM_THREAD_CPUS", NULL, CHOICE, 0, "caller|process", 0, 0, 0,
+                             "caller",
+                             "the CPUs pinmem's threads run on and are counted from: those of "
+                             "the thread whose call starts them (caller), or every CPU of the "
+                             "process's cpuset (process: for programs whose threads OpenMP "
+                             "binds, OMP_PROC_BIND, which leaves the main thread one CPU)"},
     [PM__OPT_REGISTRATION_CACHE] = {"PINMEM_REGISTRATION_CACHE", "registration_cache", FLAG, 0,
                                     NULL, 0, 1, 0, "0",
                                     "1: keep large pageable buffers registered between copies"},

@@ -40,6 +40,7 @@ typedef enum pm__option {
     PM__OPT_STATS,
     PM__OPT_POOL_VMM,
     PM__OPT_PINNED_BUDGET,
+    PM__OPT_THREAD_CPUS,
     PM__OPT_REGISTRATION_CACHE,
     PM__OPT_REGISTRATION_CACHE_MIN,
     PM__OPT_REGISTRATION_CACHE_MAX,
@@ -68,6 +69,7 @@ typedef enum pm__option {
 /* The choices' values: the index of the word in the table. */
 enum { PM__BACKEND_AUTO, PM__BACKEND_CUDA, PM__BACKEND_POSIX };
 enum { PM__POOL_VMM_AUTO, PM__POOL_VMM_NEVER, PM__POOL_VMM_ALWAYS };
+enum { PM__THREAD_CPUS_CALLER, PM__THREAD_CPUS_PROCESS };
 
 /* A value that means "none" (PINMEM_COPY_DIRECT_MAX=-1). */
 #define PM__OPT_NONE (~0ull)

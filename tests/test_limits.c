@@ -1,9 +1,11 @@
-/* What pinmem sizes its threads and caches by: the thread's affinity, and
- * the CPU quota and memory limit of the process's cgroup, read from
- * mountinfo and /proc/self/cgroup as the kernel writes them (here, files of
- * the test's own naming a tree it made), v2 and v1, through every level up
- * to the mounted root. */
+/* What pinmem places and sizes its threads and caches by: the thread's
+ * affinity or the process's cpuset, and the CPU quota and memory limit of
+ * the process's cgroup, read from mountinfo and /proc/self/cgroup as the
+ * kernel writes them (here, files of the test's own naming a tree it made),
+ * v2 and v1, through every level up to the mounted root. */
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -12,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "copy_util.h"
 
 static char top[64];
 
@@ -76,6 +79,7 @@ static void mounts(const char *v2_root, const char *v1_root)
     if (v1_root)
         mount_line(f, "fs/cpu", v1_root, false);
     fprintf(f, "33 31 0:30 / %s/fs/memory rw - cgroup cgroup rw,memory\n", top);
+    fprintf(f, "34 31 0:31 / %s/fs/cpuset rw - cgroup cgroup rw,cpuset\n", top);
     if (v2_root)
         mount_line(f, "fs/unified", v2_root, true);
     fclose(f);
@@ -174,6 +178,40 @@ static void memory_limits(void)
     printf("here: %llu MiB of memory usable, %llu MiB physical\n", here >> 20, physical >> 20);
 }
 
+static bool cpuset(cpu_set_t *set) { return pm__cgroup_cpuset(own_mountinfo, own_cgroup, set); }
+
+/* The cpuset: the effective CPUs of the lowest level that has the file, v2
+ * first, else v1's (a hybrid system whose cpuset controller is v1's). */
+static void cpusets(void)
+{
+    cpu_set_t set;
+    mounts("/", NULL);
+    dirs("fs/unified/kubepods/pod/ctr");
+    put("cgroup", "0::/kubepods/pod/ctr\n");
+    CHECK(!cpuset(&set)); /* no file anywhere */
+    put("fs/unified/cpuset.cpus.effective", "0-63\n");
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 64);
+    put("fs/unified/kubepods/pod/cpuset.cpus.effective", "2-3,8,10-11\n");
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 5 && CPU_ISSET(8, &set) && !CPU_ISSET(9, &set));
+    put("fs/unified/kubepods/pod/ctr/cpuset.cpus.effective", "4\n");
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 1 && CPU_ISSET(4, &set));
+    put("fs/unified/kubepods/pod/ctr/cpuset.cpus.effective", "4-x\n"); /* unreadable: above */
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 5);
+    put("fs/unified/kubepods/pod/ctr/cpuset.cpus.effective", "\n");
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 5);
+
+    dirs("fs/cpuset/docker/abc");
+    put("cgroup", "5:cpuset:/docker/abc\n0::/docker/abc\n");
+    put("fs/cpuset/docker/abc/cpuset.effective_cpus", "1,3,5-6\n");
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 64); /* v2's root has the file */
+    put("fs/unified/cpuset.cpus.effective", "\n");
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 4 && CPU_ISSET(6, &set) && !CPU_ISSET(4, &set));
+    mounts(NULL, NULL);
+    CHECK(cpuset(&set) && CPU_COUNT(&set) == 4);
+    put("cgroup", "0::/docker/abc\n"); /* v1's cpuset names no cgroup of the process */
+    CHECK(!cpuset(&set));
+}
+
 /* Files the kernel would never write: no limit, and no crash. */
 static void malformed(void)
 {
@@ -184,6 +222,8 @@ static void malformed(void)
     put("cgroup", "0::\n::::\n0\n");
     CHECK(limit() == 0);
     CHECK(pm__cgroup_memory_limit(missing, missing) == 0);
+    cpu_set_t set;
+    CHECK(!pm__cgroup_cpuset(missing, missing, &set));
     mounts("/", NULL);
     put("cgroup", "0::/../../../\n");
     CHECK(limit() == 0);
@@ -248,6 +288,107 @@ static void workers_follow_affinity(void)
     CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* The staging workers now running, and how many of them run on exactly the
+ * CPUs of want (their affinity, as the kernel reports it). */
+static unsigned copy_workers(const cpu_set_t *want, unsigned *on_want)
+{
+    unsigned workers = 0;
+    *on_want = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[320], name[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        cpu_set_t on;
+        if (e->d_name[0] == '.' || !pm__read_first_line(path, name, sizeof name) ||
+            strcmp(name, "pinmem-copy") != 0)
+            continue;
+        workers++;
+        if (sched_getaffinity((pid_t)atoi(e->d_name), sizeof on, &on) == 0 && CPU_EQUAL(&on, want))
+            (*on_want)++;
+    }
+    closedir(d);
+    return workers;
+}
+
+/* A child's main thread bound to one CPU, as OpenMP binds it: the staging
+ * workers count the CPUs of counted and run on want. Its exit status: 0
+ * when they do. */
+static int bound_child(const char *thread_cpus, const cpu_set_t *one, const cpu_set_t *counted,
+                       const cpu_set_t *want)
+{
+    unsetenv("PINMEM_COPY_WORKERS");
+    if (thread_cpus)
+        setenv("PINMEM_THREAD_CPUS", thread_cpus, 1);
+    else
+        unsetenv("PINMEM_THREAD_CPUS");
+    pm_copy_config c = {.struct_size = sizeof c};
+    if (sched_setaffinity(0, sizeof *one, one) != 0 || pm_init(0) != PM_SUCCESS ||
+        pm_copy_get_config(&c) != PM_SUCCESS)
+        return 2;
+    const unsigned quota = pm__cgroup_cpu_limit("/proc/self/mountinfo", "/proc/self/cgroup");
+    const unsigned n = (unsigned)CPU_COUNT(counted), cpus = quota && quota < n ? quota : n;
+    const unsigned expected = cpus > 16 ? 15 : cpus > 2 ? cpus - 1 : 1;
+    enum { bytes = 4 << 20 }; /* above the backend's own path: staged, the workers start */
+    uint8_t *src = calloc(1, bytes);
+    pm_deviceptr dev = src ? device_alloc(bytes) : 0;
+    if (!dev || pm_memcpy_htod(dev, src, bytes) != PM_SUCCESS)
+        return 2;
+    unsigned workers = 0, on_want = 0;
+    for (int tries = 0; tries < 2000 && (workers < c.workers || on_want < workers); tries++) {
+        usleep(1000); /* each worker names itself once it runs */
+        workers = copy_workers(want, &on_want);
+    }
+    device_free(dev);
+    free(src);
+    const bool ok = c.workers == expected && workers == c.workers && on_want == workers;
+    if (!ok)
+        fprintf(stderr,
+                "PINMEM_THREAD_CPUS=%s: %u workers configured (expected %u), %u running, "
+                "%u of them on the expected %d CPUs\n",
+                thread_cpus ? thread_cpus : "(unset)", c.workers, expected, workers, on_want,
+                CPU_COUNT(want));
+    return ok ? 0 : 1;
+}
+
+/* Where the workers run with the main thread bound to one CPU: on that CPU
+ * by default; with PINMEM_THREAD_CPUS=process, one for each CPU of the
+ * process's cpuset but that one, on those. */
+static void workers_follow_thread_cpus(void)
+{
+    cpu_set_t all, one, spread;
+    REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+    REQUIRE(pm__cgroup_cpuset("/proc/self/mountinfo", "/proc/self/cgroup", &spread) ||
+            pm__read_cpu_list("/sys/devices/system/cpu/online", &spread));
+    cpu_set_t both;
+    CPU_AND(&both, &all, &spread);
+    CHECK(CPU_EQUAL(&both, &all)); /* an affinity lies within its cpuset */
+    int first = 0;
+    while (!CPU_ISSET(first, &all))
+        first++;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    cpu_set_t others = spread;
+    CPU_CLR(first, &others);
+    if (CPU_COUNT(&others) == 0) {
+        printf("one CPU in the cpuset: the workers' spreading is not seen here\n");
+        others = spread;
+    }
+    const char *settings[] = {NULL, "caller", "process"};
+    for (int i = 0; i < 3; i++) {
+        fflush(NULL);
+        pid_t child = fork();
+        REQUIRE(child >= 0);
+        if (child == 0)
+            _exit(i < 2 ? bound_child(settings[i], &one, &one, &one)
+                        : bound_child(settings[i], &one, &spread, &others));
+        int status = 0;
+        CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    printf("here: %d CPUs in the process's cpuset\n", CPU_COUNT(&spread));
+}
+
 static void remove_tree(void)
 {
     char cmd[128];
@@ -268,9 +409,13 @@ int main(void)
     cgroup_v2();
     cgroup_v1();
     memory_limits();
+    cpusets();
     malformed();
-    affinity();
+    /* Children first: a process reads its PINMEM_* variables once, and the
+     * CPU counts below read PINMEM_THREAD_CPUS. */
     workers_follow_affinity();
+    workers_follow_thread_cpus();
+    affinity();
     remove_tree();
     return check_finish("test_limits");
 }

@@ -29,6 +29,7 @@
 #ifndef PINMEM_BACKEND_H
 #define PINMEM_BACKEND_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -350,10 +351,20 @@ int pm__only_numa_node(void);
 /* The first line of the file at path, without its newline, into line;
  * false when it cannot be read. */
 bool pm__read_first_line(const char *path, char *line, size_t cap);
-/* CPUs this process may keep busy: the calling thread's affinity, lowered
- * to a CPU quota of its cgroup (cpu.max in v2, cpu.cfs_quota_us in v1),
- * rounded up; at least 1. */
+/* A CPU list file ("0-15,32-47", as sysfs and cgroups write them) into
+ * set; false when it cannot be read or names no CPU. */
+bool pm__read_cpu_list(const char *path, cpu_set_t *set);
+/* CPUs this process may keep busy: the calling thread's affinity, or with
+ * PINMEM_THREAD_CPUS=process the process's cpuset, lowered to a CPU quota
+ * of its cgroup (cpu.max in v2, cpu.cfs_quota_us in v1), rounded up; at
+ * least 1. */
 unsigned pm__usable_cpus(void);
+/* The CPUs a thread pinmem starts runs on, asked by that thread: with
+ * PINMEM_THREAD_CPUS=process, true and the process's cpuset (or every CPU
+ * online where no cgroup says) in *set, less the CPUs the thread inherited
+ * where that leaves any (its starter, bound there, works beside it);
+ * otherwise false: it keeps the affinity it inherited. */
+bool pm__thread_cpus(cpu_set_t *set);
 /* Bytes of memory this process may use: the machine's, lowered to its
  * cgroup's memory limit (memory.max in v2, memory.limit_in_bytes in v1);
  * 0 where unknown. */
@@ -363,6 +374,10 @@ unsigned long long pm__usable_memory(void);
  * the memory limit in bytes, 0 where none binds. */
 unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup);
 unsigned long long pm__cgroup_memory_limit(const char *mountinfo, const char *proc_cgroup);
+/* The effective CPUs of the process's cpuset (v2 cpuset.cpus.effective, v1
+ * cpuset.effective_cpus, from its cgroup or the nearest level above with
+ * the file); false where none can be read. */
+bool pm__cgroup_cpuset(const char *mountinfo, const char *proc_cgroup, cpu_set_t *set);
 /* Bytes this process may still lock with mlock: RLIMIT_MEMLOCK less what is
  * locked now; SIZE_MAX when no limit binds (unlimited, or CAP_IPC_LOCK). */
 size_t pm__memlock_headroom(void);

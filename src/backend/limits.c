@@ -1,10 +1,11 @@
-/* What this process may use, for sizing pinmem's threads and caches: CPUs
- * (the calling thread's affinity, as taskset or a container's cpuset sets
- * it, lowered to its cgroup's CPU quota, as a container's or Kubernetes'
- * CPU limit sets it) and memory (the machine's, lowered to its cgroup's
- * memory limit). Threads beyond a quota spend it within the period and then
- * the whole process waits for the next one; pinned memory beyond a memory
- * limit gets the container killed. */
+/* What this process may use, for placing and sizing pinmem's threads and
+ * caches: CPUs (the calling thread's affinity, as taskset or a container's
+ * cpuset sets it, or the cpuset itself where PINMEM_THREAD_CPUS asks, as
+ * OpenMP may have bound that thread to one CPU; lowered to its cgroup's CPU
+ * quota, as a container's or Kubernetes' CPU limit sets it) and memory (the
+ * machine's, lowered to its cgroup's memory limit). Threads beyond a quota
+ * spend it within the period and then the whole process waits for the next
+ * one; pinned memory beyond a memory limit gets the container killed. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../options.h"
 #include "backend.h"
 
 enum { PATH_CAP = 4096, LINE_CAP = 8192 };
@@ -129,10 +131,11 @@ static unsigned long long memory_at(const char *dir, bool v2)
     return bytes >= (1ull << 62) ? 0 : bytes;
 }
 
-/* The smallest limit at_level reads from the process's cgroup up to the
- * hierarchy's mounted root; 0 for none. */
-static unsigned long long hierarchy_limit(const hierarchy *h,
-                                          unsigned long long (*at_level)(const char *, bool))
+/* Calls visit on the process's cgroup directory in h, then on each level
+ * above it up to the hierarchy's mounted root, until visit answers true;
+ * whether one did. */
+static bool visit_levels(const hierarchy *h, bool (*visit)(const char *dir, bool v2, void *ctx),
+                         void *ctx)
 {
     const size_t root_len = strcmp(h->root, "/") ? strlen(h->root) : 0;
     const char *below = h->cgroup; /* the cgroup's path under the mount */
@@ -144,36 +147,54 @@ static unsigned long long hierarchy_limit(const hierarchy *h,
     char dir[2 * PATH_CAP];
     snprintf(dir, sizeof dir, "%s%s", h->mount, below);
     const size_t mount_len = strlen(h->mount);
-    unsigned long long least = 0;
     for (;;) {
-        unsigned long long q = at_level(dir, h->v2);
-        if (q && (!least || q < least))
-            least = q;
+        if (visit(dir, h->v2, ctx))
+            return true;
         char *slash = strrchr(dir, '/');
         if (strlen(dir) <= mount_len || !slash || (size_t)(slash - dir) < mount_len)
-            break;
+            return false;
         *slash = '\0';
     }
-    return least;
 }
 
-/* The least of the limits at_level reads in either hierarchy; 0 for none. */
+/* Calls visit_levels in the v2 hierarchy, then in v1's controller, until a
+ * visit answers true; whether one did. */
+static bool visit_hierarchies(const char *mountinfo, const char *proc_cgroup,
+                              const char *controller,
+                              bool (*visit)(const char *dir, bool v2, void *ctx), void *ctx)
+{
+    bool done = false;
+    for (int v2 = 1; v2 >= 0 && !done; v2--) {
+        hierarchy *h = malloc(sizeof *h);
+        done = h && find_mount(mountinfo, v2, controller, h) &&
+               find_cgroup(proc_cgroup, controller, h) && visit_levels(h, visit, ctx);
+        free(h);
+    }
+    return done;
+}
+
+/* The least of the limits a level gives, over every level. */
+typedef struct least_limit {
+    unsigned long long (*at_level)(const char *dir, bool v2);
+    unsigned long long least; /* 0: none yet */
+} least_limit;
+
+static bool take_least(const char *dir, bool v2, void *ctx)
+{
+    least_limit *l = ctx;
+    unsigned long long q = l->at_level(dir, v2);
+    if (q && (!l->least || q < l->least))
+        l->least = q;
+    return false; /* every level binds */
+}
+
 static unsigned long long cgroup_limit(const char *mountinfo, const char *proc_cgroup,
                                        const char *controller,
                                        unsigned long long (*at_level)(const char *, bool))
 {
-    unsigned long long least = 0;
-    for (int v2 = 0; v2 <= 1; v2++) {
-        hierarchy *h = malloc(sizeof *h);
-        if (h && find_mount(mountinfo, v2, controller, h) &&
-            find_cgroup(proc_cgroup, controller, h)) {
-            unsigned long long q = hierarchy_limit(h, at_level);
-            if (q && (!least || q < least))
-                least = q;
-        }
-        free(h);
-    }
-    return least;
+    least_limit l = {at_level, 0};
+    visit_hierarchies(mountinfo, proc_cgroup, controller, take_least, &l);
+    return l.least;
 }
 
 unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup)
@@ -186,15 +207,63 @@ unsigned long long pm__cgroup_memory_limit(const char *mountinfo, const char *pr
     return cgroup_limit(mountinfo, proc_cgroup, "memory", memory_at);
 }
 
+/* The cpuset's effective CPUs at dir, where the file is there; the lowest
+ * level that has it answers, as the kernel folds its ancestors in. */
+static bool cpuset_at(const char *dir, bool v2, void *set)
+{
+    char path[2 * PATH_CAP + 32];
+    snprintf(path, sizeof path, "%s/%s", dir,
+             v2 ? "cpuset.cpus.effective" : "cpuset.effective_cpus");
+    return pm__read_cpu_list(path, set);
+}
+
+bool pm__cgroup_cpuset(const char *mountinfo, const char *proc_cgroup, cpu_set_t *set)
+{
+    return visit_hierarchies(mountinfo, proc_cgroup, "cpuset", cpuset_at, set);
+}
+
 static unsigned quota_cpus;
 static unsigned long long memory_limit;
+static cpu_set_t process_cpus;
+static bool process_cpus_known;
 static pthread_once_t limits_once = PTHREAD_ONCE_INIT;
 
-/* Limits change rarely; affinity may, and per thread, so it is read each time. */
+/* Limits and cpusets change rarely; affinity may, and per thread, so it is
+ * read each time. */
 static void read_limits(void)
 {
     quota_cpus = pm__cgroup_cpu_limit("/proc/self/mountinfo", "/proc/self/cgroup");
     memory_limit = pm__cgroup_memory_limit("/proc/self/mountinfo", "/proc/self/cgroup");
+    process_cpus_known =
+        pm__cgroup_cpuset("/proc/self/mountinfo", "/proc/self/cgroup", &process_cpus) ||
+        pm__read_cpu_list("/sys/devices/system/cpu/online", &process_cpus);
+}
+
+/* With PINMEM_THREAD_CPUS=process, the process's cpuset into *set. */
+static bool process_set(cpu_set_t *set)
+{
+    if (pm__option_value(PM__OPT_THREAD_CPUS) != PM__THREAD_CPUS_PROCESS)
+        return false;
+    pthread_once(&limits_once, read_limits);
+    if (process_cpus_known)
+        *set = process_cpus;
+    return process_cpus_known;
+}
+
+bool pm__thread_cpus(cpu_set_t *set)
+{
+    if (!process_set(set))
+        return false;
+    /* A thread bound to some of them works on its own copy there: the
+     * others are left to pinmem's threads, one for each. */
+    cpu_set_t own, shared, rest;
+    if (sched_getaffinity(0, sizeof own, &own) == 0) {
+        CPU_AND(&shared, &own, set);
+        CPU_XOR(&rest, set, &shared);
+        if (CPU_COUNT(&rest) > 0)
+            *set = rest;
+    }
+    return true;
 }
 
 unsigned pm__usable_cpus(void)
@@ -202,7 +271,7 @@ unsigned pm__usable_cpus(void)
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned cpus = online > 0 ? (unsigned)online : 1;
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    if ((process_set(&set) || sched_getaffinity(0, sizeof set, &set) == 0) && CPU_COUNT(&set) > 0)
         cpus = (unsigned)CPU_COUNT(&set);
     pthread_once(&limits_once, read_limits);
     return quota_cpus && quota_cpus < cpus ? quota_cpus : cpus;

@@ -66,30 +66,10 @@ bool pm__placed_by_touch(int node)
     return node >= 0 && (pm__only_numa_node() < 0 || PM__TEST_POLICIES_REFUSED());
 }
 
-/* The CPUs of node (its sysfs cpulist, such as "0-15,32-47") into set. */
-static bool node_cpus(int node, cpu_set_t *set)
-{
-    char path[64], list[1024] = "";
-    snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", node);
-    if (!pm__read_first_line(path, list, sizeof list))
-        return false;
-    CPU_ZERO(set);
-    for (char *at = list; *at;) {
-        char *end;
-        unsigned long first = strtoul(at, &end, 10), last = first;
-        if (end == at)
-            return false;
-        if (*end == '-')
-            last = strtoul(end + 1, &end, 10);
-        for (unsigned long cpu = first; cpu <= last && cpu < CPU_SETSIZE; cpu++)
-            CPU_SET((int)cpu, set);
-        at = *end == ',' ? end + 1 : end;
-    }
-    return CPU_COUNT(set) > 0;
-}
-
 bool pm__run_on_node(int node)
 {
+    char path[64];
+    snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", node);
     cpu_set_t set;
-    return node_cpus(node, &set) && sched_setaffinity(0, sizeof set, &set) == 0;
+    return pm__read_cpu_list(path, &set) && sched_setaffinity(0, sizeof set, &set) == 0;
 }

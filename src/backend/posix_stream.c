@@ -38,7 +38,7 @@ static void drop_ref(posix_stream *s);
 static void *stream_main(void *arg)
 {
     posix_stream *s = arg;
-    pm__thread_name("pinmem-stream");
+    pm__thread_begin("pinmem-stream");
     pthread_mutex_lock(&s->lock);
     for (;;) {
         while (s->count == 0 && !s->stopping)

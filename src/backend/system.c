@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -37,6 +38,26 @@ bool pm__read_first_line(const char *path, char *line, size_t cap)
     if (ok)
         line[strcspn(line, "\n")] = '\0';
     return ok;
+}
+
+bool pm__read_cpu_list(const char *path, cpu_set_t *set)
+{
+    char list[4096] = "";
+    if (!pm__read_first_line(path, list, sizeof list))
+        return false;
+    CPU_ZERO(set);
+    for (char *at = list; *at;) {
+        char *end;
+        unsigned long first = strtoul(at, &end, 10), last = first;
+        if (end == at)
+            return false;
+        if (*end == '-')
+            last = strtoul(end + 1, &end, 10);
+        for (unsigned long cpu = first; cpu <= last && cpu < CPU_SETSIZE; cpu++)
+            CPU_SET((int)cpu, set);
+        at = *end == ',' ? end + 1 : end;
+    }
+    return CPU_COUNT(set) > 0;
 }
 
 /* The bracketed word of the THP "enabled" file, e.g. "always [madvise] never". */
@@ -140,7 +161,7 @@ static void *prefault_worker(void *arg)
 
 static void *prefault_thread(void *arg)
 {
-    pm__thread_name("pinmem-prefault");
+    pm__thread_begin("pinmem-prefault");
     return prefault_worker(arg);
 }
 

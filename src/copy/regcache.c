@@ -262,7 +262,7 @@ static void undo_doomed(void)
 static void *monitor_main(void *unused)
 {
     (void)unused;
-    pm__thread_name("pinmem-cache");
+    pm__thread_begin("pinmem-cache");
     pm__instance_backend()->own_thread_start();
     for (;;) {
         struct pollfd fds[2] = {{.fd = rc.uffd, .events = POLLIN}, {.fd = rc.wake_fd, .events = POLLIN}};

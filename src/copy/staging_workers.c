@@ -71,7 +71,7 @@ static void *worker_main(void *arg)
     const worker_start *start = arg;
     engine *eng = start->eng;
     const unsigned index = start->index;
-    pm__thread_name("pinmem-copy");
+    pm__thread_begin("pinmem-copy");
     pm__instance_backend()->own_thread_start();
     pm__trace_thread = (unsigned)(eng - pm__staging_engines) * 1000 + index + 1;
 #ifdef PR_SET_TIMERSLACK

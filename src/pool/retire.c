@@ -133,7 +133,7 @@ static void *reaper_main(void *backend)
 {
     /* It queries events and gives memory back to the driver: in pinmem's
      * context, and without disturbing another thread's graph capture. */
-    pm__thread_name("pinmem-reaper");
+    pm__thread_begin("pinmem-reaper");
     ((const pm__backend *)backend)->own_thread_start();
     long nap_us = 1000;
     pthread_mutex_lock(&reap_lock);
