@@ -160,6 +160,9 @@ static const env_case env_cases[] = {
     {"PINMEM_DEVICE", "-3", BAD, NO_FIELD, 0},
     {"PINMEM_BACKEND", "posix", GOOD, NO_FIELD, 0},
     {"PINMEM_BACKEND", "bogus", BAD, NO_FIELD, 0},
+    {"PINMEM_THREAD_CPUS", "process", GOOD, NO_FIELD, 0},
+    {"PINMEM_THREAD_CPUS", "caller", GOOD, NO_FIELD, 0},
+    {"PINMEM_THREAD_CPUS", "all", BAD, NO_FIELD, 0},
 };
 
 static unsigned long long field_value(const pm_copy_config *c, size_t offset, size_t width)
