@@ -384,20 +384,49 @@ static void count(_Atomic unsigned long long *counter, unsigned long long n)
     atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
 }
 
+static pm_result check_arrays(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                              const size_t *sizes, size_t n)
+{
+    if (!dsts || !srcs || !sizes)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %s is NULL", name,
+                        !dsts ? "dsts" : !srcs ? "srcs" : "sizes");
+    if (n == 0)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: count is 0", name);
+    if (n > SIZE_MAX / (4 * sizeof(pm__span)))
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: count %zu is too large", name, n);
+    return PM_SUCCESS;
+}
+
+/* Checks and plans every element, then that no destination overlaps
+ * another range of its kind of memory (the copies run in any order);
+ * *copies counts the elements that move bytes. */
+static pm_result plan_elements(batch *c, const pm_deviceptr *dsts, const pm_deviceptr *srcs,
+                               const size_t *sizes, size_t n, size_t *copies)
+{
+    pm_result r = PM_SUCCESS;
+    for (size_t i = 0; i < n && r == PM_SUCCESS; i++) {
+        if (sizes[i] == 0)
+            continue; /* as cuMemcpyAsync of 0 bytes: nothing, whatever the pointers */
+        if (!take_known(c, i, dsts[i], srcs[i], sizes[i]))
+            r = take_element(c, i, dsts[i], srcs[i], sizes[i]);
+        (*copies)++;
+    }
+    if (r == PM_SUCCESS)
+        r = pm__batch_check_overlaps(&c->device, c->host.v + c->host.n);
+    if (r == PM_SUCCESS)
+        r = pm__batch_check_overlaps(&c->host, c->device.v + c->device.n);
+    return r;
+}
+
 pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
                                 const size_t *sizes, size_t count_, pm_stream_t stream)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    if (!dsts || !srcs || !sizes)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %s is NULL", name,
-                        !dsts ? "dsts" : !srcs ? "srcs" : "sizes");
-    if (count_ == 0)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: count is 0", name);
-    if (count_ > SIZE_MAX / (4 * sizeof(pm__span)))
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: count %zu is too large", name, count_);
-    const pm__backend *b = &inst->backend;
-    pm_result r = b->stream_check(stream);
+    pm_result r = check_arrays(dsts, srcs, sizes, count_);
     if (r != PM_SUCCESS)
+        return r;
+    const pm__backend *b = &inst->backend;
+    if ((r = b->stream_check(stream)) != PM_SUCCESS)
         return r;
     bool capturing = false;
     if ((r = b->stream_capture_status(stream, &capturing)) != PM_SUCCESS)
@@ -434,17 +463,7 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
         .plan = {.hint = count_},
     };
     size_t copies = 0;
-    for (size_t i = 0; i < count_ && r == PM_SUCCESS; i++) {
-        if (sizes[i] == 0)
-            continue; /* as cuMemcpyAsync of 0 bytes: nothing, whatever the pointers */
-        if (!take_known(&c, i, dsts[i], srcs[i], sizes[i]))
-            r = take_element(&c, i, dsts[i], srcs[i], sizes[i]);
-        copies++;
-    }
-    if (r == PM_SUCCESS)
-        r = pm__batch_check_overlaps(&c.device, c.host.v + c.host.n);
-    if (r == PM_SUCCESS)
-        r = pm__batch_check_overlaps(&c.host, c.device.v + c.device.n);
+    r = plan_elements(&c, dsts, srcs, sizes, count_, &copies);
     free(spans);
     if (r == PM_SUCCESS)
         r = pm__batch_run(set, b, &c.plan, stream, !capturing && set->batch != PM_COPY_BATCH_EACH);

@@ -391,14 +391,11 @@ static bool register_range(uintptr_t lo, uintptr_t hi)
     return true;
 }
 
-pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const void *p, size_t bytes)
+/* Under the lock: the ready entry that covers [lo, hi) (*hit), else a
+ * fresh one reserved for it, or NULL where another registration is in the
+ * way, the range does not fit, or memory runs out. */
+static entry *lookup_locked(const pm__copy_settings *set, uintptr_t lo, uintptr_t hi, bool *hit)
 {
-    if (!set->registration_cache || !pm__regcache_listening())
-        return NULL;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
-    const uintptr_t lo = (uintptr_t)p & ~page, hi = ((uintptr_t)p + bytes + page) & ~page;
-    pthread_mutex_lock(&rc.lock);
-    read_events_locked(); /* as fresh as the lock allows */
     bool blocked = false;
     for (entry *e = rc.entries; e; e = e->next) {
         if (e->hi <= lo || e->lo >= hi)
@@ -406,8 +403,7 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         if (!e->doomed && e->ready && e->lo <= lo && hi <= e->hi) {
             e->refs++;
             e->last_use = ++rc.tick;
-            pthread_mutex_unlock(&rc.lock);
-            atomic_fetch_add_explicit(&pm__copy_count.cache_hits, 1, memory_order_relaxed);
+            *hit = true;
             return e;
         }
         /* A smaller or shifted registration is in the way: replace it once
@@ -429,11 +425,13 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         rc.bytes += hi - lo;
         atomic_fetch_add(&rc.count, 1);
     }
-    pthread_mutex_unlock(&rc.lock);
-    wake_monitor();
-    if (!fresh)
-        return NULL;
-    bool ok = register_range(lo, hi);
+    return fresh;
+}
+
+/* A fresh entry once its range's registration ended (ok: it worked): ready
+ * for this copy, or NULL where it was invalidated meanwhile or failed. */
+static entry *settle_fresh(entry *fresh, uintptr_t lo, uintptr_t hi, bool ok)
+{
     pthread_mutex_lock(&rc.lock);
     if (ok && fresh->doomed) {
         /* Invalidated while it was being registered: not for this copy. */
@@ -465,6 +463,25 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
     if (fresh)
         atomic_fetch_add_explicit(&pm__copy_count.cache_registrations, 1, memory_order_relaxed);
     return fresh;
+}
+
+pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const void *p, size_t bytes)
+{
+    if (!set->registration_cache || !pm__regcache_listening())
+        return NULL;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
+    const uintptr_t lo = (uintptr_t)p & ~page, hi = ((uintptr_t)p + bytes + page) & ~page;
+    pthread_mutex_lock(&rc.lock);
+    read_events_locked(); /* as fresh as the lock allows */
+    bool hit = false;
+    entry *e = lookup_locked(set, lo, hi, &hit);
+    pthread_mutex_unlock(&rc.lock);
+    if (hit) {
+        atomic_fetch_add_explicit(&pm__copy_count.cache_hits, 1, memory_order_relaxed);
+        return e;
+    }
+    wake_monitor();
+    return e ? settle_fresh(e, lo, hi, register_range(lo, hi)) : NULL;
 }
 
 void pm__regcache_release(pm__regcache_entry *e)

@@ -106,83 +106,117 @@ static pm__copy_settings settings_of(const pm_copy_config *c)
  * (128 KiB out of the ring for copies from the device of up to 64 MiB, plan.c);
  * pageable copies up to 512 KiB to the device and 32 KiB from it take the
  * backend's own path, which is cheaper than staging for them. */
-pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
-                           pm__copy_settings *s)
+/* The fields of pm_copy_config that the options table checks. */
+enum {
+    F_WORKERS,
+    F_HTOD_WORKERS,
+    F_CHUNK,
+    F_SLICE,
+    F_BUFFERS,
+    F_DIRECT,
+    F_DTOH_DIRECT,
+    F_STORES,
+    F_CACHE,
+    F_CACHE_MIN,
+    F_CACHE_MAX,
+    F_BUDGET,
+    F_FIRST,
+    F_PIECES,
+    F_SPIN,
+    F_RING,
+    F_BATCH,
+    F_DTOH_SLICE,
+    F_DTOH_FIRST,
+    F_COUNT
+};
+
+/* Every field of out: its checked value, or where that is 0 the
+ * environment's, or else the machine's default. */
+static void fill_config(const unsigned long long v[F_COUNT], pm_copy_config *out)
 {
-    struct {
-        pm__option id;
-        long long shown; /* the value as given, for the detail */
-        unsigned long long given, checked;
-    } f[] = {
-        {PM__OPT_COPY_WORKERS, c->workers, c->workers, 0},
-        {PM__OPT_COPY_HTOD_WORKERS, c->htod_workers, c->htod_workers, 0},
-        {PM__OPT_COPY_CHUNK, (long long)c->chunk_bytes, c->chunk_bytes, 0},
-        {PM__OPT_COPY_SLICE, (long long)c->slice_bytes, c->slice_bytes, 0},
-        {PM__OPT_COPY_BUFFERS, c->buffers, c->buffers, 0},
-        {PM__OPT_COPY_DIRECT_MAX, (long long)c->direct_max, c->direct_max, 0},
-        {PM__OPT_COPY_DTOH_DIRECT_MAX, (long long)c->dtoh_direct_max, c->dtoh_direct_max, 0},
-        {PM__OPT_COPY_STORES, c->staging_stores,
-         (unsigned long long)(long long)c->staging_stores, 0},
-        {PM__OPT_REGISTRATION_CACHE, c->registration_cache,
-         (unsigned long long)(long long)c->registration_cache, 0},
-        {PM__OPT_REGISTRATION_CACHE_MIN, (long long)c->cache_min_bytes, c->cache_min_bytes, 0},
-        {PM__OPT_REGISTRATION_CACHE_MAX, (long long)c->cache_max_bytes, c->cache_max_bytes, 0},
-        {PM__OPT_PINNED_BUDGET, (long long)c->pinned_budget, c->pinned_budget, 0},
-        {PM__OPT_COPY_FIRST_PIECE, (long long)c->first_piece_bytes, c->first_piece_bytes, 0},
-        {PM__OPT_COPY_PIECES, c->pieces, c->pieces, 0},
-        {PM__OPT_COPY_SPIN_US, c->spin_us == UINT_MAX ? -1 : (long long)c->spin_us,
-         c->spin_us == UINT_MAX ? PM__OPT_NONE : c->spin_us, 0},
-        {PM__OPT_COPY_RING, c->ring, (unsigned long long)(long long)c->ring, 0},
-        {PM__OPT_COPY_BATCH, c->batch, (unsigned long long)(long long)c->batch, 0},
-        {PM__OPT_COPY_DTOH_SLICE, (long long)c->dtoh_slice_bytes, c->dtoh_slice_bytes, 0},
-        {PM__OPT_COPY_DTOH_FIRST_PIECE, (long long)c->dtoh_first_piece_bytes,
-         c->dtoh_first_piece_bytes, 0},
-    };
-    enum { W, HW, CHUNK, SLICE, BUF, DIRECT, DTOH_DIRECT, STORES, CACHE, CMIN, CMAX, BUDGET, FIRST,
-           PIECES, SPIN, RING, BATCH, DTOH_SLICE, DTOH_FIRST, N };
-    for (int i = 0; i < N; i++) {
-        char name[128];
-        snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id), f[i].shown);
-        pm_result r = pm__option_check(f[i].id, f[i].given, name, &f[i].checked);
-        if (r != PM_SUCCESS)
-            return r;
-    }
     const pm_copy_config *e = &from_env;
     *out = (pm_copy_config){.struct_size = sizeof *out};
-    out->workers = (unsigned)pick(f[W].checked, e->workers, machine_workers());
-    out->htod_workers = (unsigned)pick(f[HW].checked, e->htod_workers, 0); /* 0: all */
-    out->chunk_bytes = pick(f[CHUNK].checked, e->chunk_bytes, (size_t)4 << 20);
-    out->slice_bytes = pick(f[SLICE].checked, e->slice_bytes, (size_t)512 << 10);
-    out->dtoh_slice_bytes = pick(f[DTOH_SLICE].checked, e->dtoh_slice_bytes, (size_t)128 << 10);
+    out->workers = (unsigned)pick(v[F_WORKERS], e->workers, machine_workers());
+    out->htod_workers = (unsigned)pick(v[F_HTOD_WORKERS], e->htod_workers, 0); /* 0: all */
+    out->chunk_bytes = pick(v[F_CHUNK], e->chunk_bytes, (size_t)4 << 20);
+    out->slice_bytes = pick(v[F_SLICE], e->slice_bytes, (size_t)512 << 10);
+    out->dtoh_slice_bytes = pick(v[F_DTOH_SLICE], e->dtoh_slice_bytes, (size_t)128 << 10);
     unsigned buffers = machine_buffers(out->workers, out->slice_bytes, out->chunk_bytes);
-    out->buffers = (unsigned)pick(f[BUF].checked, e->buffers, buffers);
-    out->direct_max = pick(f[DIRECT].checked, e->direct_max, (size_t)512 << 10); /* -1: none */
+    out->buffers = (unsigned)pick(v[F_BUFFERS], e->buffers, buffers);
+    out->direct_max = pick(v[F_DIRECT], e->direct_max, (size_t)512 << 10); /* -1: none */
     /* From the device, the staging engine beats the driver's own path from
      * 64 KiB on the H100 (docs/performance.md), where to the device it does
      * only above 512 KiB; a smaller direct_max (-1 included) binds both. */
     const size_t dtoh_own = (size_t)32 << 10;
     const size_t dtoh_default =
         out->direct_max == (size_t)-1 || out->direct_max < dtoh_own ? out->direct_max : dtoh_own;
-    out->dtoh_direct_max = pick(f[DTOH_DIRECT].checked, e->dtoh_direct_max, dtoh_default);
-    out->staging_stores = (pm_copy_stores)pick(f[STORES].checked, e->staging_stores, 0);
-    out->registration_cache = (int)f[CACHE].checked;
-    out->cache_min_bytes = pick(f[CMIN].checked, e->cache_min_bytes, (size_t)64 << 20);
-    out->cache_max_bytes = pick(f[CMAX].checked, e->cache_max_bytes, machine_cache_max());
-    out->pinned_budget = pick(f[BUDGET].checked, e->pinned_budget, 0);
-    out->first_piece_bytes = pick(f[FIRST].checked, e->first_piece_bytes, out->slice_bytes);
+    out->dtoh_direct_max = pick(v[F_DTOH_DIRECT], e->dtoh_direct_max, dtoh_default);
+    out->staging_stores = (pm_copy_stores)pick(v[F_STORES], e->staging_stores, 0);
+    out->registration_cache = (int)v[F_CACHE];
+    out->cache_min_bytes = pick(v[F_CACHE_MIN], e->cache_min_bytes, (size_t)64 << 20);
+    out->cache_max_bytes = pick(v[F_CACHE_MAX], e->cache_max_bytes, machine_cache_max());
+    out->pinned_budget = pick(v[F_BUDGET], e->pinned_budget, 0);
+    out->first_piece_bytes = pick(v[F_FIRST], e->first_piece_bytes, out->slice_bytes);
     /* A copy from the device queues its first DMA at once, so a large first
      * piece keeps the DMA engine busy while the workers wake, and the finer
      * slices let many of them empty it (docs/performance.md, "Changes"). */
-    out->dtoh_first_piece_bytes =
-        pick(f[DTOH_FIRST].checked, e->dtoh_first_piece_bytes, (size_t)2 << 20);
-    out->pieces = (unsigned)pick(f[PIECES].checked, e->pieces, 1);
+    out->dtoh_first_piece_bytes = pick(v[F_DTOH_FIRST], e->dtoh_first_piece_bytes, (size_t)2 << 20);
+    out->pieces = (unsigned)pick(v[F_PIECES], e->pieces, 1);
     /* No spinning unless asked: where the hypervisor shares the host's CPUs,
      * spinning workers take time from the threads that hold slices
      * (docs/design.md, "Workers kept awake"). */
-    unsigned long long spin = pick(f[SPIN].checked, spin_env(e), PM__OPT_NONE);
+    unsigned long long spin = pick(v[F_SPIN], spin_env(e), PM__OPT_NONE);
     out->spin_us = spin == PM__OPT_NONE ? UINT_MAX : (unsigned)spin;
-    out->ring = (pm_copy_ring)pick(f[RING].checked, e->ring, PM_COPY_RING_SPLIT);
-    out->batch = (pm_copy_batch)pick(f[BATCH].checked, e->batch, PM_COPY_BATCH_KERNEL);
+    out->ring = (pm_copy_ring)pick(v[F_RING], e->ring, PM_COPY_RING_SPLIT);
+    out->batch = (pm_copy_batch)pick(v[F_BATCH], e->batch, PM_COPY_BATCH_KERNEL);
+}
+
+pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
+                           pm__copy_settings *s)
+{
+    const struct {
+        pm__option id;
+        long long shown; /* the value as given, for the detail */
+        unsigned long long given;
+    } f[F_COUNT] = {
+        [F_WORKERS] = {PM__OPT_COPY_WORKERS, c->workers, c->workers},
+        [F_HTOD_WORKERS] = {PM__OPT_COPY_HTOD_WORKERS, c->htod_workers, c->htod_workers},
+        [F_CHUNK] = {PM__OPT_COPY_CHUNK, (long long)c->chunk_bytes, c->chunk_bytes},
+        [F_SLICE] = {PM__OPT_COPY_SLICE, (long long)c->slice_bytes, c->slice_bytes},
+        [F_BUFFERS] = {PM__OPT_COPY_BUFFERS, c->buffers, c->buffers},
+        [F_DIRECT] = {PM__OPT_COPY_DIRECT_MAX, (long long)c->direct_max, c->direct_max},
+        [F_DTOH_DIRECT] = {PM__OPT_COPY_DTOH_DIRECT_MAX, (long long)c->dtoh_direct_max,
+                           c->dtoh_direct_max},
+        [F_STORES] = {PM__OPT_COPY_STORES, c->staging_stores,
+                      (unsigned long long)(long long)c->staging_stores},
+        [F_CACHE] = {PM__OPT_REGISTRATION_CACHE, c->registration_cache,
+                     (unsigned long long)(long long)c->registration_cache},
+        [F_CACHE_MIN] = {PM__OPT_REGISTRATION_CACHE_MIN, (long long)c->cache_min_bytes,
+                         c->cache_min_bytes},
+        [F_CACHE_MAX] = {PM__OPT_REGISTRATION_CACHE_MAX, (long long)c->cache_max_bytes,
+                         c->cache_max_bytes},
+        [F_BUDGET] = {PM__OPT_PINNED_BUDGET, (long long)c->pinned_budget, c->pinned_budget},
+        [F_FIRST] = {PM__OPT_COPY_FIRST_PIECE, (long long)c->first_piece_bytes,
+                     c->first_piece_bytes},
+        [F_PIECES] = {PM__OPT_COPY_PIECES, c->pieces, c->pieces},
+        [F_SPIN] = {PM__OPT_COPY_SPIN_US, c->spin_us == UINT_MAX ? -1 : (long long)c->spin_us,
+                    c->spin_us == UINT_MAX ? PM__OPT_NONE : c->spin_us},
+        [F_RING] = {PM__OPT_COPY_RING, c->ring, (unsigned long long)(long long)c->ring},
+        [F_BATCH] = {PM__OPT_COPY_BATCH, c->batch, (unsigned long long)(long long)c->batch},
+        [F_DTOH_SLICE] = {PM__OPT_COPY_DTOH_SLICE, (long long)c->dtoh_slice_bytes,
+                          c->dtoh_slice_bytes},
+        [F_DTOH_FIRST] = {PM__OPT_COPY_DTOH_FIRST_PIECE, (long long)c->dtoh_first_piece_bytes,
+                          c->dtoh_first_piece_bytes},
+    };
+    unsigned long long checked[F_COUNT];
+    for (int i = 0; i < F_COUNT; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id), f[i].shown);
+        pm_result r = pm__option_check(f[i].id, f[i].given, name, &checked[i]);
+        if (r != PM_SUCCESS)
+            return r;
+    }
+    fill_config(checked, out);
     *s = settings_of(out);
     return PM_SUCCESS;
 }

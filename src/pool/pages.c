@@ -249,21 +249,22 @@ static size_t chunk_length(size_t need, size_t granule, size_t room, size_t pinn
     return len;
 }
 
-/* Reserves address space for a chunk that holds npages_needed pages. */
-static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out)
+/* Frees a chunk's bookkeeping before the chunk is published, and its span. */
+static void drop_new_chunk(pm__pool *pool, pm__chunk *chunk, pm__span *span)
 {
-    size_t need = npages_needed * PM__POOL_PAGE;
-    const pm__chunk_ops *ops = pm__pages_chunk_ops(pool);
-    size_t room = room_left(pool, ops);
-    if (need > room)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY,
-                        "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
-                        "%zu more needed",
-                        pool->props.max_size, pool->reserved, need);
+    if (chunk)
+        free(chunk->granules);
+    free(chunk);
+    if (span)
+        retire_span(pool, span);
+}
 
-    const size_t pinnable = pool->backend->pinnable_bytes();
-    const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
-    const size_t len = chunk_length(need, granule, room, pinnable);
+/* The bookkeeping of a chunk of len bytes, a span for it and room for it in
+ * the pool's list of chunks; NULL, leaving nothing behind, where memory for
+ * any of them runs out. */
+static pm__chunk *new_chunk(pm__pool *pool, const pm__chunk_ops *ops, size_t len, size_t granule,
+                            pm__span **span_out)
+{
     pm__chunk *chunk = calloc(1, sizeof *chunk + (len / PM__POOL_PAGE) * sizeof chunk->pages[0]);
     pm__span *span = new_span(pool);
     if (pool->n_chunks == pool->cap_chunks) {
@@ -281,19 +282,36 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
     }
     if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
         pm__granules_init(chunk, granule) != PM_SUCCESS) {
-        if (chunk)
-            free(chunk->granules);
-        free(chunk);
-        if (span)
-            retire_span(pool, span);
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
+        drop_new_chunk(pool, chunk, span);
+        return NULL;
     }
+    *span_out = span;
+    return chunk;
+}
+
+/* Reserves address space for a chunk that holds npages_needed pages. */
+static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out)
+{
+    size_t need = npages_needed * PM__POOL_PAGE;
+    const pm__chunk_ops *ops = pm__pages_chunk_ops(pool);
+    size_t room = room_left(pool, ops);
+    if (need > room)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY,
+                        "the pool's max_size (%zu bytes) leaves no room: %llu reserved, "
+                        "%zu more needed",
+                        pool->props.max_size, pool->reserved, need);
+
+    const size_t pinnable = pool->backend->pinnable_bytes();
+    const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
+    const size_t len = chunk_length(need, granule, room, pinnable);
+    pm__span *span = NULL;
+    pm__chunk *chunk = new_chunk(pool, ops, len, granule, &span);
+    if (!chunk)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
     void *base = NULL;
     pm_result r = ops->reserve(len, PM__CHUNK_STEP, pool->numa_node, &base);
     if (r != PM_SUCCESS) {
-        free(chunk->granules);
-        free(chunk);
-        retire_span(pool, span);
+        drop_new_chunk(pool, chunk, span);
         return r;
     }
     pm__range range = {.base = (uintptr_t)base, .size = len, .pin_base = (uintptr_t)base,
@@ -304,9 +322,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
         !pm__ranges_claim(pool->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
         ops->unreserve(base, len);
-        free(chunk->granules);
-        free(chunk);
-        retire_span(pool, span);
+        drop_new_chunk(pool, chunk, span);
         return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
     }
     pm__ranges_publish(pool->ranges, &range);
