@@ -18,6 +18,7 @@ from ._errors import check as _check
 from ._lib import LibraryNotFound
 from ._pool import Pool, stats
 from ._register import Registration, register
+from ._settings import settings
 from ._stream import Stream
 
 __version__ = "0.1.0"
@@ -25,7 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Buffer", "DeviceBuffer", "LibraryNotFound", "PinmemError", "PinmemMemoryError", "Pool",
     "Registration", "Stream", "backend", "capabilities", "copy", "copy_batch", "copy_blocks",
-    "device_empty", "empty", "library_path", "register", "stats", "version",
+    "device_empty", "empty", "library_path", "register", "settings", "stats", "version",
     "HOSTALLOC_PORTABLE", "HOSTALLOC_DEVICEMAP", "HOSTALLOC_WRITECOMBINED",
     "HOSTREGISTER_PORTABLE", "HOSTREGISTER_DEVICEMAP", "HOSTREGISTER_IOMEMORY",
     "HOSTREGISTER_READ_ONLY", "STREAM_LEGACY", "STREAM_PER_THREAD",

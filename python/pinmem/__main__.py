@@ -29,6 +29,9 @@ def info():
         return 1
     for key, value in caps.items():
         print(f"  {key + ':':<46} {value}")
+    print("  settings (the PINMEM_* variables; value, and where it came from):")
+    for name, s in pinmem.settings().items():
+        print(f"    {name:<32} = {s['value']:<8} ({s['source']})")
     frameworks = []
     for name in ("numpy", "torch", "cupy", "numba", "cuda.core"):
         try:

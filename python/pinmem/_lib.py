@@ -93,6 +93,18 @@ class CopyStats(ctypes.Structure):
     ]
 
 
+class Setting(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size),
+        ("name", ctypes.c_char_p),
+        ("value", ctypes.c_char * 32),
+        ("source", ctypes.c_char_p),
+        ("default_value", ctypes.c_char_p),
+        ("allowed", ctypes.c_char_p),
+        ("doc", ctypes.c_char_p),
+    ]
+
+
 # name: (restype, argtypes)
 _FUNCTIONS = {
     "pm_version": (ctypes.c_int, []),
@@ -130,6 +142,7 @@ _FUNCTIONS = {
     "pm_mem_pool_get_attribute": (c_result, [c_ptr, ctypes.c_int, c_ptr]),
     "pm_mem_pool_stats_json": (c_result, [c_ptr, ctypes.c_char_p, c_size, ctypes.POINTER(c_size)]),
     "pm_copy_get_stats": (c_result, [ctypes.POINTER(CopyStats)]),
+    "pm_get_setting": (c_result, [ctypes.c_uint, ctypes.POINTER(Setting)]),
     "pm_memcpy": (c_result, [c_devptr, c_devptr, c_size]),
     "pm_memcpy_async": (c_result, [c_devptr, c_devptr, c_size, c_ptr]),
     "pm_memcpy_batch_async": (c_result, [ctypes.POINTER(c_devptr), ctypes.POINTER(c_devptr),
@@ -138,6 +151,7 @@ _FUNCTIONS = {
     "pm_device_free": (c_result, [c_devptr]),
 }
 
+PM_ERROR_NOT_FOUND = 500
 PM_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 PM_MEM_LOCATION_TYPE_HOST = 2
 PM_MEM_LOCATION_TYPE_HOST_NUMA = 3

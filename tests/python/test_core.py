@@ -245,6 +245,37 @@ def test_info_runs():
                          env=_env())
     assert run.returncode == 0, run.stderr
     assert "backend:" in run.stdout
+    assert "PINMEM_THREAD_CPUS" in run.stdout
+
+
+def test_settings_name_every_variable():
+    s = pinmem.settings()
+    assert {"PINMEM_BACKEND", "PINMEM_THREAD_CPUS", "PINMEM_COPY_WORKERS"} <= set(s)
+    cpus = s["PINMEM_THREAD_CPUS"]
+    assert cpus["value"] in ("caller", "process")
+    assert cpus["source"] in ("default", "environment")
+    assert cpus["default"] == "caller" and "process" in cpus["allowed"] and cpus["doc"]
+    assert int(s["PINMEM_COPY_WORKERS"]["value"]) >= 1
+
+
+def _settings_in_child(**variables):
+    import subprocess
+
+    code = ("import pinmem\n"
+            "try:\n"
+            "    s = pinmem.settings()['PINMEM_THREAD_CPUS']\n"
+            "    print(s['value'], s['source'])\n"
+            "except pinmem.PinmemError as e:\n"
+            "    print(e.result)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**_env(), **variables})
+    assert run.returncode == 0, run.stderr
+    return run.stdout.split()
+
+
+def test_settings_read_the_environment():
+    assert _settings_in_child(PINMEM_THREAD_CPUS="process") == ["process", "environment"]
+    assert _settings_in_child(PINMEM_THREAD_CPUS="all") == ["PM_ERROR_INVALID_VALUE"]
 
 
 def _env():
