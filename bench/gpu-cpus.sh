@@ -13,6 +13,10 @@
 # (section "bound") a PyTorch process whose main thread OpenMP binds to one
 # CPU (OMP_PROC_BIND=close), with and without PINMEM_THREAD_CPUS=process,
 # beside one unbound (bench/probe/bound_main_thread.py), PASSES times.
+# Section "caller": whether leaving the calling thread a CPU of its own
+# speeds small copies: the bench's threads held to CPU 0 by taskset while
+# PINMEM_THREAD_CPUS=process puts pinmem's on the other CPUs, beside the
+# default, PASSES times interleaved.
 # SECTIONS (default "limits bound") picks. Builds build-gpu's pinmem and the
 # probe where needed; writes only $OUT/cpus.txt (default: a new directory
 # under ${TMPDIR:-/tmp}).
@@ -96,6 +100,15 @@ bound_section() {
             [ "$setting" = bound-process ] && e+=(PINMEM_THREAD_CPUS=process)
             env "${e[@]}" "$py" "$probe" "pass $pass, $setting" 2>&1 | tail -3
         done
+    done
+}
+
+caller_section() {
+    echo "each line: pinmem's pageable copies as % of pinned (htod: to the device, dtoh: from it)"
+    for pass in $(seq "$passes"); do
+        run "pass $pass, default" env
+        run "pass $pass, caller on CPU 0, pinmem's threads on the others" \
+            env PINMEM_THREAD_CPUS=process taskset -c 0
     done
 }
 
