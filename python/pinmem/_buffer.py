@@ -118,6 +118,10 @@ class Buffer(Closing):
         return _raw_view(self.ptr, self._nbytes)
 
     def __getitem__(self, index):
+        if isinstance(index, slice):
+            # A slice is a view that must hold the buffer (and, from 3.12,
+            # count as an export): the raw view holds nothing.
+            return memoryview(self).cast("B")[index]
         return self._view()[index]
 
     def __setitem__(self, index, value):
@@ -169,6 +173,8 @@ class Buffer(Closing):
 
     def _count(self, itemsize, shape):
         self.ptr  # closed buffers raise here
+        if itemsize == 0:
+            raise ValueError("a dtype of 0-byte elements cannot view memory")
         if shape is None:
             if self._nbytes % itemsize:
                 raise ValueError(f"{self._nbytes} bytes are not a whole number of {itemsize}-byte "

@@ -34,6 +34,8 @@ def _size(nbytes, dst_n, src_n):
                 raise TypeError(f"pinmem.copy: nbytes must be an int, not {type(nbytes).__name__}") from None
         if nbytes < 0:
             raise ValueError(f"pinmem.copy: nbytes must not be negative ({nbytes})")
+        if nbytes >= 1 << 64:
+            raise ValueError(f"pinmem.copy: {nbytes} bytes is more than any memory holds")
         for n, role in ((dst_n, "destination"), (src_n, "source")):
             if n is not None and nbytes > n:
                 raise ValueError(f"pinmem.copy: {nbytes} bytes do not fit the {role}, which has {n}")
@@ -84,7 +86,7 @@ def copy(dst, src, nbytes=None, *, stream=None):
         try:
             if nbytes is None and d_n == s_n and d_n is not None:
                 n = d_n
-            elif (type(nbytes) is int and 0 <= nbytes and (d_n is None or nbytes <= d_n)
+            elif (type(nbytes) is int and 0 <= nbytes < 1 << 64 and (d_n is None or nbytes <= d_n)
                   and (s_n is None or nbytes <= s_n)):
                 n = nbytes
             else:

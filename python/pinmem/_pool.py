@@ -39,13 +39,15 @@ class Pool(Closing):
         if location == "host":
             props.location.type = _lib.PM_MEM_LOCATION_TYPE_HOST
         elif (isinstance(location, tuple) and len(location) == 2 and location[0] == "numa"
-              and isinstance(location[1], int) and not isinstance(location[1], bool)):
+              and isinstance(location[1], int) and not isinstance(location[1], bool)
+              and -(1 << 31) <= location[1] < 1 << 31):
             props.location.type = _lib.PM_MEM_LOCATION_TYPE_HOST_NUMA
             props.location.id = location[1]
         else:
             raise ValueError(f'pinmem.Pool: location must be "host" or ("numa", node), '
                              f'not {location!r}')
-        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 0:
+        if (isinstance(max_size, bool) or not isinstance(max_size, int)
+                or not 0 <= max_size < 1 << 64):
             raise ValueError(f"pinmem.Pool: max_size must be a size in bytes, not {max_size!r}")
         props.max_size = max_size
         handle = ctypes.c_void_p()
@@ -94,7 +96,7 @@ class Pool(Closing):
 
     def trim(self, keep=0):
         """Gives back unused memory until the pool holds at most keep bytes more than it uses."""
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep < 1 << 64:
             raise ValueError(f"Pool.trim: keep must be a size in bytes, not {keep!r}")
         check(_lib.load().pm_mem_pool_trim_to(self.handle, keep), "Pool.trim")
 

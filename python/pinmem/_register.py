@@ -74,7 +74,8 @@ def register(obj, *, flags=0):
     """Page-locks the memory of obj in place (cuMemHostRegister): any
     writable buffer-protocol object, numpy array or CPU torch tensor (with
     pinmem.HOSTREGISTER_READ_ONLY, read-only memory too). Returns a
-    Registration; obj is kept alive until it is closed."""
+    Registration; obj is kept alive until it is closed, but must not be
+    resized meanwhile (that would move its memory out of the registration)."""
     from ._buffer import Buffer, DeviceBuffer
 
     if isinstance(flags, bool) or not isinstance(flags, int):
@@ -105,5 +106,5 @@ def register(obj, *, flags=0):
     reg._obj = obj
     reg._flags = flags
     reg._side = side
-    own(side.address, side.nbytes)
+    own(side.address, side.nbytes, read_only=bool(flags & READ_ONLY))
     return reg

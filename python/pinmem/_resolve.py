@@ -42,12 +42,14 @@ UNKNOWN = "unknown"  # an int address: the library tells
 # range when made and removes it before the memory goes, so an int address
 # inside one needs no system call. Reads take no lock (copy() reads on every
 # call); a read that races an update can only miss, and a miss asks the system.
+# read_only: the bases of read-only registrations, which no copy may write.
 owned = {}
 _bases = []
+_read_only = set()
 _owned_lock = threading.Lock()
 
 
-def own(base, nbytes):
+def own(base, nbytes, read_only=False):
     """Records [base, base + nbytes) as the memory of a live pinmem object."""
     if not base:
         return
@@ -55,11 +57,14 @@ def own(base, nbytes):
         if base not in owned:
             bisect.insort(_bases, base)
         owned[base] = nbytes
+        if read_only:
+            _read_only.add(base)
 
 
 def disown(base):
     """Forgets the range at base; called before its memory is given back."""
     with _owned_lock:
+        _read_only.discard(base)
         if owned.pop(base, None) is not None:
             i = bisect.bisect_left(_bases, base)
             if i < len(_bases) and _bases[i] == base:
@@ -69,21 +74,22 @@ def disown(base):
 _after = bisect.bisect_right
 
 
-def _owned_holds(address, nbytes):
-    """Whether [address, address + nbytes) lies in a live pinmem object."""
+def _owner(address, nbytes):
+    """The base of the live pinmem object that holds [address, address +
+    nbytes), or None."""
     n = owned.get(address)
     if n is not None and n >= nbytes:
-        return True
+        return address
     i = _after(_bases, address)
     if i:
         try:
             base = _bases[i - 1]
         except IndexError:  # shrunk meanwhile (free-threaded Python)
-            return False
+            return None
         n = owned.get(base)
         if n is not None and address + nbytes <= base + n:
-            return True
-    return False
+            return base
+    return None
 
 
 # The most ranges a batch remembers as good: each element looks through them.
@@ -97,7 +103,10 @@ def access_problem(address, nbytes, write, good=None, what="pinmem.copy"):
     the library asks the system (_access). good: a list that keeps the
     mappings and device allocations found good between calls (a batch's),
     newest first."""
-    if _owned_holds(address, nbytes):
+    base = _owner(address, nbytes)
+    if base is not None:
+        if write and base in _read_only:
+            return f"address {address:#x} lies in memory registered read-only"
         return None
     if good:
         end = address + nbytes
@@ -140,6 +149,8 @@ def _name(obj):
 
 
 def _itemsize(typestr, what):
+    if isinstance(typestr, str) and typestr[1:2] == "O":
+        raise ValueError(f"{what}: an array of Python objects holds references, not bytes to copy")
     try:
         return int(typestr[2:])
     except (TypeError, ValueError):
@@ -169,6 +180,8 @@ def _from_interface(iface, obj, writable, what, where):
     address, readonly = data
     shape = tuple(iface.get("shape", ()))
     itemsize = _itemsize(iface.get("typestr", "|u1"), what)
+    if any("O" in str(field[1]) for field in iface.get("descr", ()) if len(field) > 1):
+        raise ValueError(f"{what}: an array of Python objects holds references, not bytes to copy")
     if iface.get("mask") is not None:
         raise ValueError(f"{what}: masked arrays cannot be copied")
     if not _compact(shape, iface.get("strides"), itemsize):
@@ -281,6 +294,8 @@ def _check_ndarray(obj, writable, what):
                          f"memory (numpy.ascontiguousarray makes a contiguous copy)")
     if writable and not flags.writeable:
         raise ValueError(f"{what}: the ndarray is read-only")
+    if obj.dtype.hasobject:
+        raise ValueError(f"{what}: an array of Python objects holds references, not bytes to copy")
 
 
 def _by_numpy(obj, writable, what, consumer_stream):

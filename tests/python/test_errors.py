@@ -119,6 +119,51 @@ def test_copy_overlap_and_null():
         pinmem.copy(1 << 64, bytearray(16))
 
 
+def test_sizes_past_64_bits():
+    # ctypes would take them modulo 2**64: a short copy, a small pool
+    d, s = pinmem.empty(16), pinmem.empty(16)
+    with pytest.raises(ValueError, match="more than any memory"):
+        pinmem.copy(d.ptr, s.ptr, nbytes=(1 << 64) + 4)
+    with pytest.raises(ValueError, match="max_size"):
+        pinmem.Pool(max_size=(1 << 64) + 4096)
+    with pinmem.Pool() as pool:
+        with pytest.raises(ValueError, match="keep"):
+            pool.trim(1 << 64)
+    with pytest.raises(ValueError, match="location"):
+        pinmem.Pool(("numa", 1 << 40))
+    with pytest.raises(ValueError, match="0-byte"):
+        d.numpy("S0")
+
+
+def test_object_arrays_refused():
+    np = optional("numpy")
+    objects = np.empty(4, dtype=object)
+    with pytest.raises(ValueError, match="Python objects"):
+        pinmem.copy(objects, np.zeros(32, np.uint8))
+    with pytest.raises(ValueError, match="Python objects"):
+        pinmem.copy(np.zeros(32, np.uint8), objects)
+
+    class Interface:
+        __array_interface__ = objects.__array_interface__
+
+    with pytest.raises(ValueError, match="Python objects"):
+        pinmem.copy(Interface(), np.zeros(32, np.uint8))
+    with pytest.raises(ValueError, match="Python objects"):
+        pinmem.copy(np.zeros(32, np.uint8), np.zeros(2, dtype=[("a", "i8"), ("b", "O")]))
+
+
+def test_int_address_in_read_only_registration():
+    data = b"immutable bytes" * 100
+    with pinmem.register(data, flags=pinmem.HOSTREGISTER_READ_ONLY) as r:
+        with pytest.raises(ValueError, match="read-only"):
+            pinmem.copy(r.ptr + 4, b"x" * 16)
+        with pytest.raises(ValueError, match="read-only"):
+            pinmem.copy_batch([r.ptr], [pinmem.empty(8).ptr], [8])
+        out = bytearray(16)
+        pinmem.copy(out, r.ptr, 16)
+    assert data.startswith(b"immutable bytes") and bytes(out) == data[:16]
+
+
 def test_posix_checks_device_ranges_and_streams():
     if pinmem.backend() != "posix":
         pytest.skip("the driver answers these on the cuda backend")
@@ -171,8 +216,32 @@ def test_a_crash_would_show():
     # everything above again in a child process: a crash there is a failure here
     code = textwrap.dedent("""
         import pinmem
-        for bad in (lambda: pinmem.copy(0, 0, 16), lambda: pinmem.copy(0x500000000000, 0x510000000000, 16),
-                    lambda: pinmem.empty(-1), lambda: pinmem.register(1)):
+
+        def object_array():
+            try:
+                import numpy
+            except ImportError:
+                return
+            pinmem.copy(numpy.empty(4, dtype=object), bytes(32))
+
+        def read_only():
+            import mmap
+            pages = mmap.mmap(-1, 1 << 16, prot=mmap.PROT_READ)
+            with pinmem.register(pages, flags=pinmem.HOSTREGISTER_READ_ONLY) as r:
+                pinmem.copy(r.ptr, bytes(16))
+
+        def slice_kept():
+            import gc
+            b = pinmem.empty(1 << 16)
+            b[:4] = b"abcd"
+            view = b[:8]
+            del b
+            gc.collect()
+            view[4] = 5
+            assert bytes(view[:5]) == b"abcd\\x05", bytes(view)
+
+        for bad in (slice_kept, lambda: pinmem.copy(0, 0, 16), lambda: pinmem.copy(0x500000000000, 0x510000000000, 16),
+                    lambda: pinmem.empty(-1), lambda: pinmem.register(1), object_array, read_only):
             try:
                 bad()
             except (pinmem.PinmemError, TypeError, ValueError):
