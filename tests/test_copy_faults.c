@@ -188,6 +188,50 @@ static void failed_flag_write(void)
     CHECK_RESULT(pm_stream_synchronize(held), PM_SUCCESS);
 }
 
+/* A new shape of engine (pm_copy_set_config) frees the ring while a staged
+ * copy's DMA out of it is still queued behind a held stream: the ring goes
+ * once that DMA is done, though another thread captures in global mode (the
+ * stopping thread's wait is relaxed, as a copy's is), and stays where the
+ * wait fails; either way the DMA delivers the copy's bytes. */
+static void new_shape_while_queued(bool wait_fails)
+{
+    SCOPED_HOST uint8_t *pinned = NULL;
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&pinned, N), "a 16 KiB host allocation");
+    SCOPED_MALLOC uint8_t *host = malloc(N);
+    SCOPED_DEVICE pm_deviceptr to = device_alloc(N);
+    SCOPED_STREAM pm_stream_t held = NULL;
+    REQUIRE(host && to);
+    REQUIRE_RESULT(pm_stream_create(&held), PM_SUCCESS);
+    gate g = {0};
+    REQUIRE_RESULT(pm_stream_launch_host_func(held, wait_at, &g), PM_SUCCESS);
+    fill(host, N, wait_fails ? 41 : 42);
+    pm_result r = pm_memcpy_htod_async(to, host, N, held);
+    pthread_t opener;
+    unsigned started = 0;
+    if (r == PM_SUCCESS && !wait_fails)
+        started = start_threads(&opener, 1, open_later, &g, sizeof g);
+    if (started == 0 && !wait_fails)
+        atomic_store(&g.open, 1);
+    memset(host, 0, N); /* the copy returned: its bytes are in the ring */
+    pm_copy_config c = {.struct_size = sizeof c};
+    CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    c.chunk_bytes *= 2; /* a new shape: the engine stops and frees its ring */
+    if (wait_fails)
+        atomic_store(&pm__fault_marker_wait, 1);
+    else
+        atomic_store(&pm__fault_global_capture, true);
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    atomic_store(&pm__fault_global_capture, false);
+    CHECK(!wait_fails || atomic_load(&pm__fault_marker_wait) == 0);
+    atomic_store(&pm__fault_marker_wait, 0);
+    atomic_store(&g.open, 1);
+    join_threads(&opener, started);
+    CHECK_RESULT(r, PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(held), PM_SUCCESS);
+    CHECK(device_holds(to, pinned, wait_fails ? 41 : 42));
+    one_buffer_config();
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -199,5 +243,7 @@ int main(void)
     failed_wait_for_previous_dma(true);
     failed_wait_for_previous_dma(false);
     failed_flag_write();
+    new_shape_while_queued(false);
+    new_shape_while_queued(true);
     return check_finish("test_copy_faults");
 }

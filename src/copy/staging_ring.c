@@ -41,24 +41,42 @@ static void start_flags(engine *eng)
     pm__detail_restore(&before);
 }
 
-/* Frees whatever the ring holds (gate held for writing, or during start). */
+/* Waits for the last DMA of every buffer; false where a wait failed, and a
+ * DMA may then still read or write the ring. */
+static bool ring_settled(engine *eng, const pm__backend *be)
+{
+    bool settled = true;
+    for (unsigned i = 0; eng->ring && i < eng->n_buffers; i++)
+        if (eng->ring[i].pending && (PM__TEST_FAULT(pm__fault_marker_wait) ||
+                                     be->marker_synchronize(&eng->ring[i].mark) != PM_SUCCESS))
+            settled = false;
+    return settled;
+}
+
+/* Frees whatever the ring holds (gate held for writing, or during start).
+ * Its waits are relaxed, as a copy's are: the thread that stops the engine
+ * (a new configuration) may run beside another thread's graph capture. A
+ * ring whose DMAs could not be waited for stays pinned, lost to the process,
+ * rather than be unmapped under them. */
 static void free_ring(engine *eng)
 {
     const pm__backend *be = pm__instance_backend();
-    for (unsigned i = 0; eng->ring && i < eng->n_buffers; i++) {
-        if (eng->ring[i].pending)
-            be->marker_synchronize(&eng->ring[i].mark);
+    const int mode = be->captures_relax();
+    const bool settled = ring_settled(eng, be);
+    for (unsigned i = 0; eng->ring && i < eng->n_buffers; i++)
         if (eng->ring[i].mark.handle)
             be->marker_release(&eng->ring[i].mark);
-    }
-    if (eng->ring_base) {
+    if (eng->ring_base && settled) {
         be->host_free(eng->ring_base, eng->ring_pin_len, eng->ring_tag);
         pm__budget_give(eng->ring_pin_len);
     }
     /* Freed with the ring: its last writes lie behind the markers waited for above. */
     eng->flags = NULL;
+    if (!settled)
+        eng->scratch = 0; /* the twin too may still be read by a queued DMA */
     pm__staging_release_twin(eng);
     pm__staging_release_lanes(eng);
+    be->captures_restore(mode);
     free(eng->ring);
     free(eng->queue);
     eng->ring = NULL;

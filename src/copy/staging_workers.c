@@ -139,9 +139,11 @@ void pm__staging_start_workers_locked(engine *eng)
     if (!eng->threads) {
         eng->threads = calloc(eng->want_threads, sizeof *eng->threads);
         eng->starts = calloc(eng->want_threads, sizeof *eng->starts);
-        if (!eng->starts) {
+        if (!eng->threads || !eng->starts) {
             free(eng->threads);
+            free(eng->starts);
             eng->threads = NULL;
+            eng->starts = NULL;
         }
     }
     while (eng->threads && eng->n_threads < eng->want_threads) {
