@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "copy_util.h"
@@ -644,6 +645,63 @@ static void capture_on_the_gpu(void)
 static void capture_on_the_gpu(void) { CHECK(!on_backend("cuda")); }
 #endif
 
+/* ------------------------------------------------------ read-only memory */
+
+static bool detail_says(const char *words) { return strstr(pm_last_error_detail(), words); }
+
+/* No copy writes into a READ_ONLY registration: the driver answers every
+ * such copy INVALID_VALUE, and so does pinmem, before anything moves (a
+ * destination that starts in pageable memory and runs into the registration
+ * included, and a batch whose other elements are good). Reading it is fine.
+ * The pages stay writable to the process, so a copy that wrongly went
+ * ahead shows as changed bytes rather than a fault. */
+static void read_only_destinations(void)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *base = mmap(NULL, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                         -1, 0);
+    REQUIRE(base != MAP_FAILED);
+    memset(base, 0xAB, 4 * page);
+    uint8_t *ro = base + page, *other = malloc(page);
+    pm_deviceptr d = 0;
+    pm_stream_t s = NULL;
+    bool registered = false;
+    if (!other || pm_device_alloc(&d, 2 * page) != PM_SUCCESS || pm_stream_create(&s) != PM_SUCCESS)
+        goto done;
+    memset(other, 0x77, page);
+    CHECK_RESULT(pm_memcpy_htod(d, other, page), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_register(ro, 2 * page, PM_MEMHOSTREGISTER_READ_ONLY), PM_SUCCESS);
+    registered = true;
+    CHECK_RESULT(pm_memcpy_dtoh(ro, d, page), PM_ERROR_INVALID_VALUE);
+    CHECK(detail_says("READ_ONLY"));
+    CHECK_RESULT(pm_memcpy_dtoh_async(ro + 10, d, 100, s), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy(AT(ro), d, page), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_async(AT(ro + page), AT(other), 64, s), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_dtoh(base + page - 64, d, 128), PM_ERROR_INVALID_VALUE);
+    pm_deviceptr dsts[2] = {AT(other), AT(ro + 64)}, srcs[2] = {d, d};
+    size_t sizes[2] = {64, 64};
+    CHECK_RESULT(pm_memcpy_batch_async(dsts, srcs, sizes, 2, s), PM_ERROR_INVALID_VALUE);
+    CHECK(detail_says("element 1") && detail_says("READ_ONLY"));
+    srcs[1] = AT(other);
+    CHECK_RESULT(pm_memcpy_batch_async(dsts + 1, srcs + 1, sizes, 1, s), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    CHECK(all_bytes(base, 4 * page, 0xAB));
+    CHECK(all_bytes(other, page, 0x77));
+    /* Read from it, and write beside it. */
+    CHECK_RESULT(pm_memcpy_htod(d + page, ro, page), PM_SUCCESS);
+    CHECK(device_holds(d + page, page, 0xAB));
+    CHECK_RESULT(pm_memcpy_dtoh(base + page - 64, d, 64), PM_SUCCESS);
+    CHECK(all_bytes(base + page - 64, 64, 0x77));
+done:
+    if (registered)
+        CHECK_RESULT(pm_mem_host_unregister(ro), PM_SUCCESS);
+    if (s)
+        pm_stream_destroy(s);
+    device_free(d);
+    free(other);
+    munmap(base, 4 * page);
+}
+
 static void bad_arguments(void)
 {
     const bool posix = on_backend("posix");
@@ -715,6 +773,7 @@ int main(void)
     sync_after_default_stream();
     capture_refuses_pageable();
     capture_on_the_gpu();
+    read_only_destinations();
     eight_threads();
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
     return check_finish("test_memcpy");

@@ -257,20 +257,30 @@ static pm__piece piece_at(batch *c, uintptr_t at, uintptr_t end)
     known_host *kh = &c->kh;
     const size_t per = c->b->registration_piece;
     if (in(at, kh->piece_lo, kh->piece_hi))
-        return (pm__piece){min_addr(end, kh->piece_hi), true};
+        return (pm__piece){min_addr(end, kh->piece_hi), true, kh->r.read_only};
     if (known_host_holds(kh, at)) {
         if (pm__copy_pinned_piece(&kh->r, per, at, &kh->piece_lo, &kh->piece_hi))
-            return (pm__piece){min_addr(end, kh->piece_hi), true};
+            return (pm__piece){min_addr(end, kh->piece_hi), true, kh->r.read_only};
         return pm__copy_piece_within(&kh->r, per, at, end);
     }
     if (in(at, kh->gap_lo, kh->gap_hi))
-        return (pm__piece){min_addr(end, kh->gap_hi), false};
+        return (pm__piece){min_addr(end, kh->gap_hi), false, false};
     return pm__copy_next_piece(c->inst->ranges, per, at, end);
+}
+
+/* Whether a byte of host memory [at, end) lies in a READ_ONLY registration. */
+static bool read_only_in(batch *c, uintptr_t at, uintptr_t end)
+{
+    for (pm__piece p; at < end; at = p.end)
+        if ((p = piece_at(c, at, end)).read_only)
+            return true;
+    return false;
 }
 
 /* An element between host and device memory into the plan, cut where
  * page-locked and pageable memory meet. On a capturing stream all of it is
- * page-locked (checked), pieces the driver pinned included. */
+ * page-locked (checked), pieces the driver pinned included. false: out of
+ * memory. */
 static bool plan_host_element(batch *c, way w, pm_deviceptr dst, pm_deviceptr src, size_t bytes)
 {
     pm__batch_plan *p = &c->plan;
@@ -369,9 +379,13 @@ static pm_result take_element(batch *c, size_t i, pm_deviceptr dst, pm_deviceptr
                          (from != PM__MEMORY_DEVICE &&
                           (r = pm__copy_capturable(c->inst, name, src, bytes)) != PM_SUCCESS)))
         return name_element(r, i);
+    const way w = way_of(to, from);
+    /* As the driver: nothing is written into a READ_ONLY registration. */
+    if ((w == WAY_DTOH || w == WAY_HTOH) && to == PM__MEMORY_HOST &&
+        read_only_in(c, (uintptr_t)dst, (uintptr_t)dst + bytes))
+        return name_element(pm__copy_read_only_fail(name, "destination", (uintptr_t)dst), i);
     pm__spans_add(to == PM__MEMORY_DEVICE ? &c->device : &c->host, dst, dst + bytes, i, true);
     pm__spans_add(from == PM__MEMORY_DEVICE ? &c->device : &c->host, src, src + bytes, i, false);
-    const way w = way_of(to, from);
     pm__batch_plan *p = &c->plan;
     const bool ok = w == WAY_HTOD || w == WAY_DTOH ? plan_host_element(c, w, dst, src, bytes)
                     : w == WAY_DMA ? pm__dmas_add(&p->queued, p->hint, dst, src, bytes)

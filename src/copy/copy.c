@@ -46,9 +46,9 @@ piece pm__copy_piece_within(const pm__range *r, size_t registration_piece, uintp
 {
     uintptr_t lo, hi;
     if (pm__copy_pinned_piece(r, registration_piece, at, &lo, &hi))
-        return (piece){min_addr(hi, end), true};
+        return (piece){min_addr(hi, end), true, r->read_only};
     pinned_bytes(r, &lo, &hi);
-    return (piece){min_addr(at < lo ? lo : r->pin_base + r->pin_len, end), false};
+    return (piece){min_addr(at < lo ? lo : r->pin_base + r->pin_len, end), false, false};
 }
 
 /* pm__copy_next_piece, for this file's own calls (the copy path), as the
@@ -60,11 +60,11 @@ static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t
     uintptr_t lo, hi;
     pm__extent_found found = pm__ranges_extent_at_or_after(ranges, at, &r);
     if (found == PM__EXTENT_NONE)
-        return (piece){end, false};
+        return (piece){end, false, false};
     if (found == PM__EXTENT_AT)
         return pm__copy_piece_within(&r, registration_piece, at, end);
     pinned_bytes(&r, &lo, &hi);
-    return (piece){min_addr(lo, end), false};
+    return (piece){min_addr(lo, end), false, false};
 }
 
 static void count(_Atomic unsigned long long *counter, size_t n)
@@ -153,6 +153,27 @@ static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *
     return r;
 }
 
+pm_result pm__copy_read_only_fail(const char *name, const char *role, uintptr_t at)
+{
+    return pm__fail(PM_ERROR_INVALID_VALUE,
+                    "%s: the %s at %p lies in memory registered READ_ONLY, which no copy may "
+                    "write (the driver refuses it too)",
+                    name, role, (void *)at);
+}
+
+pm_result pm__copy_writable(pm__instance *inst, const char *name, const char *role,
+                            uintptr_t start, size_t bytes)
+{
+    const size_t per = inst->backend.registration_piece;
+    for (uintptr_t at = start, end = start + bytes; at < end;) {
+        piece p = next_piece(inst->ranges, per, at, end);
+        if (p.read_only)
+            return pm__copy_read_only_fail(name, role, at);
+        at = p.end;
+    }
+    return PM_SUCCESS;
+}
+
 /* A graph replays only what the device does: the CPU's part of a copy of
  * pageable memory (staging, or the driver's own bounce buffers) would happen
  * once, at capture, and each replay would move stale bytes. The driver takes
@@ -201,6 +222,14 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
      * captures it, without asking (the common case costs nothing more);
      * any other asks, and is refused by a capture unless all of it is
      * page-locked (then its pieces the driver pinned go as page-locked). */
+    /* Nothing moves into a READ_ONLY registration; one piece answers itself. */
+    if (dir == PM__DTOH) {
+        r = p.end != end  ? pm__copy_writable(inst, name, "destination", start, bytes)
+            : p.read_only ? pm__copy_read_only_fail(name, "destination", start)
+                          : PM_SUCCESS;
+        if (r != PM_SUCCESS)
+            return r;
+    }
     bool captured = capture == PM__CAPTURE_ACTIVE;
     if (capture == PM__CAPTURE_ASK && !(p.pinned && p.end == end)) {
         r = b->stream_capture_status(s, &captured);

@@ -249,12 +249,22 @@ bool pm__copy_pinned_piece(const pm__range *r, size_t registration_piece, uintpt
 typedef struct pm__piece {
     uintptr_t end;
     bool pinned;
+    bool read_only; /* pinned by a READ_ONLY registration: no copy writes it */
 } pm__piece;
 pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
                               uintptr_t end);
 /* The same piece, where at lies in r's extent (found by the caller). */
 pm__piece pm__copy_piece_within(const pm__range *r, size_t registration_piece, uintptr_t at,
                                 uintptr_t end);
+
+/* PM_SUCCESS where no byte of [start, start + bytes) lies in a READ_ONLY
+ * registration; else INVALID_VALUE, as the driver refuses every copy into
+ * such memory (docs/driver-behavior.md), with name and role in the detail. */
+pm_result pm__copy_writable(pm__instance *inst, const char *name, const char *role,
+                            uintptr_t start, size_t bytes);
+/* The failure pm__copy_writable returns, for callers that walk the pieces
+ * themselves. */
+pm_result pm__copy_read_only_fail(const char *name, const char *role, uintptr_t at);
 
 /* Whether the stream of a copy captures a graph: not known yet (the copy
  * asks when it must), or known to the caller. */

@@ -102,6 +102,9 @@ static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_devic
         return pm__copy(name, PM__HTOD, src_host, dst, bytes, s, sync, capture);
     if (to == PM__MEMORY_HOST && from == PM__MEMORY_DEVICE)
         return pm__copy(name, PM__DTOH, dst_host, src, bytes, s, sync, capture);
+    if (to == PM__MEMORY_HOST && (r = pm__copy_writable(inst, name, "destination",
+                                                        (uintptr_t)dst, bytes)) != PM_SUCCESS)
+        return r;
     return b->copy_any(dst, src, bytes, s, sync,
                        to == PM__MEMORY_DEVICE && from == PM__MEMORY_DEVICE);
 }
