@@ -148,6 +148,18 @@ def _name(obj):
     return type(obj).__name__
 
 
+def _holds_objects(descr):
+    """Whether an __array_interface__ descr has a field of Python objects,
+    nested structures included."""
+    for field in descr:
+        kind = field[1] if isinstance(field, (tuple, list)) and len(field) > 1 else None
+        if isinstance(kind, str) and kind[1:2] == "O":
+            return True
+        if isinstance(kind, list) and _holds_objects(kind):
+            return True
+    return False
+
+
 def _itemsize(typestr, what):
     if isinstance(typestr, str) and typestr[1:2] == "O":
         raise ValueError(f"{what}: an array of Python objects holds references, not bytes to copy")
@@ -180,7 +192,7 @@ def _from_interface(iface, obj, writable, what, where):
     address, readonly = data
     shape = tuple(iface.get("shape", ()))
     itemsize = _itemsize(iface.get("typestr", "|u1"), what)
-    if any("O" in str(field[1]) for field in iface.get("descr", ()) if len(field) > 1):
+    if _holds_objects(iface.get("descr", ())):
         raise ValueError(f"{what}: an array of Python objects holds references, not bytes to copy")
     if iface.get("mask") is not None:
         raise ValueError(f"{what}: masked arrays cannot be copied")

@@ -218,10 +218,6 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
     bool queued = false;
     const uintptr_t start = (uintptr_t)host, end = start + bytes;
     piece p = next_piece(inst->ranges, b->registration_piece, start, end);
-    /* A copy that is one page-locked piece is captured as the driver
-     * captures it, without asking (the common case costs nothing more);
-     * any other asks, and is refused by a capture unless all of it is
-     * page-locked (then its pieces the driver pinned go as page-locked). */
     /* Nothing moves into a READ_ONLY registration; one piece answers itself. */
     if (dir == PM__DTOH) {
         r = p.end != end  ? pm__copy_writable(inst, name, "destination", start, bytes)
@@ -230,6 +226,10 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
         if (r != PM_SUCCESS)
             return r;
     }
+    /* A copy that is one page-locked piece is captured as the driver
+     * captures it, without asking (the common case costs nothing more);
+     * any other asks, and is refused by a capture unless all of it is
+     * page-locked (then its pieces the driver pinned go as page-locked). */
     bool captured = capture == PM__CAPTURE_ACTIVE;
     if (capture == PM__CAPTURE_ASK && !(p.pinned && p.end == end)) {
         r = b->stream_capture_status(s, &captured);

@@ -150,6 +150,15 @@ def test_object_arrays_refused():
         pinmem.copy(Interface(), np.zeros(32, np.uint8))
     with pytest.raises(ValueError, match="Python objects"):
         pinmem.copy(np.zeros(32, np.uint8), np.zeros(2, dtype=[("a", "i8"), ("b", "O")]))
+    nested = np.zeros(2, dtype=[("a", "i8"), ("inner", [("Other", "i8")])])
+
+    class Fields:
+        __array_interface__ = nested.__array_interface__
+
+    with pytest.raises(ValueError, match="Python objects"):
+        pinmem.copy(np.zeros(32, np.uint8),
+                     np.zeros(2, dtype=[("a", "i8"), ("inner", [("b", "O")])]))
+    pinmem.copy(np.zeros(32, np.uint8), Fields())  # a field named O..., no objects
 
 
 def test_int_address_in_read_only_registration():
