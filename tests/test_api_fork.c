@@ -3,8 +3,11 @@
  * naming the parent: no hang in staged copies, on streams with work queued,
  * in synchronization; no pool fast path that still hands out or takes back
  * blocks; nothing reported pinned. A child forked before the parent's first
- * call initialises as usual. The parent goes on unharmed. */
+ * call initialises as usual. The parent goes on unharmed, and a child it
+ * forks while pinmem reads a file inherits none of its descriptors. */
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -224,6 +227,63 @@ static void used_parent(void)
     close(st.release[1]);
 }
 
+/* Descriptors the process holds without close-on-exec, as a bitmap of the first 1,024. */
+enum { FD_SCAN = 1024 };
+static void open_without_cloexec(uint64_t *set)
+{
+    for (int fd = 0; fd < FD_SCAN; fd++) {
+        const int flags = fcntl(fd, F_GETFD);
+        if (flags >= 0 && !(flags & FD_CLOEXEC))
+            set[fd / 64] |= (uint64_t)1 << (fd % 64);
+    }
+}
+
+static _Atomic bool stop_reading;
+
+/* Calls that read system files (the memory-lock status, NUMA nodes), over and over. */
+static void *read_system_files(void *arg)
+{
+    (void)arg;
+    while (!stop_reading) {
+        pm_capabilities c = {.struct_size = sizeof c};
+        CHECK_RESULT(pm_get_capabilities(&c), PM_SUCCESS);
+    }
+    return NULL;
+}
+
+/* A program that forks and execs while pinmem reads a file on another thread
+ * passes the child none of pinmem's descriptors. The forked children look
+ * before they would exec, with calls safe after fork. */
+static void descriptors_stay_private(void)
+{
+    uint64_t before[FD_SCAN / 64] = {0};
+    open_without_cloexec(before);
+    pthread_t reader;
+    REQUIRE(pthread_create(&reader, NULL, read_system_files, NULL) == 0);
+    int leaked = 0;
+    for (int i = 0; i < 200; i++) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            uint64_t now[FD_SCAN / 64] = {0};
+            open_without_cloexec(now);
+            for (int w = 0; w < FD_SCAN / 64; w++)
+                if (now[w] & ~before[w])
+                    _exit(1);
+            _exit(0);
+        }
+        int status = 0;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+            CHECK(!"fork and wait for a child");
+            break;
+        }
+        leaked += WEXITSTATUS(status) != 0;
+    }
+    stop_reading = true;
+    pthread_join(reader, NULL);
+    printf("children that would inherit a descriptor of pinmem's: %d of 200\n", leaked);
+    CHECK(leaked == 0);
+}
+
 int main(void)
 {
     /* Before the parent's first call: the child initialises on its own. */
@@ -234,5 +294,6 @@ int main(void)
         SKIP("forks a process that has used pinmem: only on the POSIX backend (the driver "
              "forbids use after fork)");
     used_parent();
+    descriptors_stay_private();
     return check_finish("fork");
 }

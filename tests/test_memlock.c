@@ -4,10 +4,13 @@
  *    the limit, and leaves nothing locked; the capability says the limit binds;
  *  - with CAP_IPC_LOCK (root as it is, and a non-root user given the
  *    capability): the limit does not bind, pinning past it works, and the
- *    capability says so; dropping the capability later makes the limit bind.
+ *    capability says so; dropping the capability later makes the limit bind;
+ *  - with CAP_IPC_LOCK in a user namespace of its own: the limit binds.
  * On the CUDA backend the driver ignores the limit, as it does for
  * cuMemHostAlloc. */
+#include <errno.h>
 #include <grp.h>
+#include <sched.h>
 #include <linux/capability.h>
 #include <stdbool.h>
 #include <sys/mman.h>
@@ -228,6 +231,34 @@ static int capable_user_child(void)
     return check_finish("memlock (non-root user with CAP_IPC_LOCK)");
 }
 
+/* In a user namespace of its own (a rootless container) the process holds
+ * every capability, CAP_IPC_LOCK included, but mlock asks for it in the
+ * initial namespace: the limit still binds, and pinmem must say so. */
+static int namespaced_child(void)
+{
+    if (!set_small_limit())
+        return 1;
+    if (unshare(CLONE_NEWUSER) != 0) {
+        printf("skipped: in a user namespace: unshare refused (%s)\n", strerror(errno));
+        return 0;
+    }
+    REQUIRE_OR(ipc_lock(false), check_finish("memlock (user namespace)"));
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    printf("in a user namespace with CAP_IPC_LOCK: backend %s, pinning bound by "
+           "RLIMIT_MEMLOCK: %d\n",
+           pm_backend_name(), limit_binds());
+    if (on_backend("cuda")) {
+        CHECK(!limit_binds());
+        return check_finish("memlock in a user namespace (limit not enforced by this backend)");
+    }
+    CHECK(limit_binds());
+    doomed_requests_are_cheap();
+    void *p = NULL;
+    CHECK_RESULT(pm_mem_alloc_host(&p, 1 << 20), PM_ERROR_OUT_OF_MEMORY);
+    CHECK(locked_kib() == 0);
+    return check_finish("memlock (user namespace)");
+}
+
 /* The pinned budget refuses as cheaply, for any user. */
 static int budget_child(void)
 {
@@ -269,6 +300,7 @@ int main(void)
     int failed = in_child(limited_child);
     failed |= in_child(capable_child);
     failed |= in_child(capable_user_child);
+    failed |= in_child(namespaced_child);
     failed |= in_child(budget_child);
     return failed ? 1 : 0;
 }

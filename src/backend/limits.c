@@ -6,6 +6,7 @@
  * machine's, lowered to its cgroup's memory limit). Threads beyond a quota
  * spend it within the period and then the whole process waits for the next
  * one; pinned memory beyond a memory limit gets the container killed. */
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -115,6 +116,8 @@ static unsigned long long quota_at(const char *dir, bool v2)
     }
     if (quota <= 0 || period <= 0) /* -1: none */
         return 0;
+    if (quota > LLONG_MAX - period) /* past any kernel's bound: as good as none */
+        return 4096;
     long long cpus = (quota + period - 1) / period;
     return cpus > 4096 ? 4096 : (unsigned long long)cpus;
 }

@@ -15,7 +15,7 @@
 
 int pm__only_numa_node(void)
 {
-    FILE *f = fopen("/sys/devices/system/node/online", "r");
+    FILE *f = fopen("/sys/devices/system/node/online", "re");
     char line[64] = "";
     int node = -1, used = 0;
     if (f) {

@@ -34,7 +34,7 @@ static const uintptr_t kernel_half = (uintptr_t)1 << (sizeof(uintptr_t) * 8 - 1)
 
 static unsigned long long locked_kib_now(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
+    FILE *f = fopen("/proc/self/status", "re");
     unsigned long long kib = 0;
     char line[256];
     while (f && fgets(line, sizeof line, f))

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -18,7 +19,7 @@
 
 static size_t read_huge_page_size(void)
 {
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "re");
     unsigned long long v = 0;
     if (f) {
         if (fscanf(f, "%llu", &v) != 1)
@@ -221,10 +222,21 @@ pm_result pm__reserve_chunk_range(size_t len, size_t align, int numa_node, void 
     return PM_SUCCESS;
 }
 
-/* Reads VmLck (bytes) and whether CAP_IPC_LOCK (bit 14) is effective. */
+/* The kernel's fixed inode number of the initial user namespace. */
+enum { INITIAL_USER_NAMESPACE_INODE = 0xEFFFFFFDu };
+
+/* mlock asks whether the capability is held in the initial user namespace,
+ * so CAP_IPC_LOCK held in another (a rootless container's) lifts nothing. */
+static bool in_initial_user_namespace(void)
+{
+    struct stat ns;
+    return stat("/proc/self/ns/user", &ns) != 0 || ns.st_ino == INITIAL_USER_NAMESPACE_INODE;
+}
+
+/* Reads VmLck (bytes) and whether CAP_IPC_LOCK (bit 14) lifts the limit. */
 static void read_lock_status(unsigned long long *locked, bool *can_lock_freely)
 {
-    FILE *f = fopen("/proc/self/status", "r");
+    FILE *f = fopen("/proc/self/status", "re");
     char line[256];
     unsigned long long kib = 0, caps = 0;
     while (f && fgets(line, sizeof line, f)) {
@@ -236,7 +248,7 @@ static void read_lock_status(unsigned long long *locked, bool *can_lock_freely)
     if (f)
         fclose(f);
     *locked = kib * 1024;
-    *can_lock_freely = (caps >> 14) & 1;
+    *can_lock_freely = ((caps >> 14) & 1) && in_initial_user_namespace();
 }
 
 size_t pm__memlock_headroom(void)
