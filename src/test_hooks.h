@@ -61,6 +61,16 @@ extern atomic_bool pm__fault_ring_on_node;
  * are placed by its threads' touch even where the machine has one node. */
 extern atomic_bool pm__fault_policies_refused;
 #define PM__TEST_POLICIES_REFUSED() atomic_load(&pm__fault_policies_refused)
+/* Where set, pm_mem_pool_destroy calls it while the pool is both listed as
+ * destroyed and still in the live set, so that statistics read there show
+ * whether such a pool is counted once. */
+extern void (*_Atomic pm__test_destroy_midway)(void);
+#define PM__TEST_DESTROY_MIDWAY()                                                        \
+    do {                                                                                 \
+        void (*midway_)(void) = atomic_load(&pm__test_destroy_midway);                   \
+        if (midway_)                                                                     \
+            midway_();                                                                   \
+    } while (0)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -76,6 +86,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_ENGINES_SPLIT() false
 #define PM__TEST_RING_ON_NODE() false
 #define PM__TEST_POLICIES_REFUSED() false
+#define PM__TEST_DESTROY_MIDWAY() ((void)0)
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

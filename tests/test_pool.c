@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "budget.h"
 #include "pool/pool_internal.h"
 #include "pool_util.h"
 #include "test_hooks.h"
@@ -474,6 +475,101 @@ static void max_size_room(void)
     atomic_store(&pm__pool_whole_chunks, false);
 }
 
+static pm_result alloc_one_mib(pm_mem_pool_t pool)
+{
+    void *p = NULL;
+    pm_result r = pm_mem_alloc_from_pool(&p, MiB, pool);
+    if (r == PM_SUCCESS)
+        CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    return r;
+}
+
+static void *alloc_one_mib_thread(void *pool)
+{
+    return (void *)(intptr_t)alloc_one_mib(pool);
+}
+
+/* A full pool whose free block sits in one thread's cache still serves
+ * another thread, and a request of another class on the same thread: the
+ * allocation that runs out empties the caches into the pool and tries again. */
+static void cached_blocks_serve_a_full_pool(void)
+{
+    const size_t max_size = 4 * MiB;
+    NEED_PINNABLE(2 * max_size);
+    pm_mem_pool_t pool = make_pool(max_size);
+    REQUIRE(pool != NULL);
+    void *blocks[8] = {0};
+    int n = 0;
+    while (n < 8 && pm_mem_alloc_from_pool(&blocks[n], MiB, pool) == PM_SUCCESS)
+        n++;
+    if (n < 2) {
+        for (int i = 0; i < n; i++)
+            CHECK_RESULT(pm_mem_free(blocks[i]), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+        SKIP_CASE("a 4 MiB pool holds fewer than two 1 MiB blocks here");
+    }
+    CHECK(n < 8);
+    CHECK_RESULT(pm_mem_free(blocks[--n]), PM_SUCCESS); /* into this thread's cache */
+    pthread_t t;
+    void *other = NULL;
+    REQUIRE(pthread_create(&t, NULL, alloc_one_mib_thread, pool) == 0);
+    pthread_join(t, &other);
+    CHECK_RESULT((pm_result)(intptr_t)other, PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(blocks[--n]), PM_SUCCESS);
+    void *q = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&q, 600 << 10, pool), PM_SUCCESS);
+    if (q)
+        CHECK_RESULT(pm_mem_free(q), PM_SUCCESS);
+    while (n > 0)
+        CHECK_RESULT(pm_mem_free(blocks[--n]), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
+/* A pinned budget smaller than a pool's first chunk sizes that chunk, as a
+ * memlock limit does, rather than refuse a fresh pool's first small block. */
+static void first_chunk_within_budget(void)
+{
+    NEED_PINNABLE(64 * MiB);
+    /* 16 MiB more than what this process has pinned so far. */
+    REQUIRE_RESULT(pm_set_pinned_budget(16 * MiB + pm__budget_pinned()), PM_SUCCESS);
+    pm_mem_pool_t pool = make_pool(0);
+    void *p = NULL;
+    if (pool) {
+        CHECK_RESULT(pm_mem_alloc_from_pool(&p, 100, pool), PM_SUCCESS);
+        CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) <= 16 * MiB);
+        if (p)
+            CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    }
+    CHECK_RESULT(pm_set_pinned_budget(0), PM_SUCCESS);
+}
+
+/* A request that grows the pool by a chunk and then fails to pin it leaves
+ * no chunk behind: its address space goes back at once, not at a trim. */
+static void failed_growth_keeps_no_chunk(void)
+{
+    NEED_PINNABLE(256 * MiB);
+    pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
+    /* A block too large for a thread cache: a cache holding blocks would
+     * be emptied and the growth tried again, past the one-off fault. */
+    void *first = NULL, *big = NULL;
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&first, 2 * MiB, pool), PM_SUCCESS);
+    for (int round = 0; round < 3; round++) {
+        ((pm__pool *)pool)->fail_pin_countdown = 1;
+        CHECK_RESULT(pm_mem_alloc_from_pool(&big, 96 * MiB, pool), PM_ERROR_OUT_OF_MEMORY);
+        CHECK(strstr(pm_last_error_detail(), "injected") != NULL);
+    }
+    ((pm__pool *)pool)->fail_pin_countdown = 0;
+    pm_pool_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
+    printf("after three failed growths: %llu chunks added, %llu given back\n",
+           st.chunks_pinned, st.chunks_released);
+    CHECK(st.chunks_pinned - st.chunks_released == 1);
+    CHECK_RESULT(pm_mem_free(first), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 int main(void)
 {
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
@@ -493,5 +589,8 @@ int main(void)
     stats();
     stale_run_memo();
     max_size_room();
+    cached_blocks_serve_a_full_pool();
+    first_chunk_within_budget();
+    failed_growth_keeps_no_chunk();
     return check_finish("pool");
 }

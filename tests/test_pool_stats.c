@@ -3,12 +3,14 @@
  * for PINMEM_STATS=1 at exit. Pools of 4 MiB, pinned as the backend pins
  * them and in whole chunks (as CUDA pins pools that keep their memory). */
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "copy_util.h"
 #include "pool/pool_internal.h"
 #include "pool_util.h"
+#include "test_hooks.h"
 
 static pm_pool_stats all_pools(void)
 {
@@ -56,6 +58,30 @@ static void destroyed_pool_counted(void)
     CHECK(during.reserved > before.reserved);
     CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
     pm_pool_stats after = all_pools();
+    CHECK(after.live == before.live && after.reserved == before.reserved);
+}
+
+static pm_pool_stats midway;
+
+static void read_all_pools(void) { midway = all_pools(); }
+
+/* A pool that a destroy has listed and not yet taken out of the live set is
+ * counted once by the statistics of all pools, not twice. */
+static void destroy_midway_counted_once(void)
+{
+    const pm_pool_stats before = all_pools();
+    pm_mem_pool_t pool = make_pool(4u << 20);
+    REQUIRE(pool != NULL);
+    void *p = NULL;
+    REQUIRE_RESULT(pm_mem_alloc_from_pool(&p, 1000, pool), PM_SUCCESS);
+    atomic_store(&pm__test_destroy_midway, read_all_pools);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+    atomic_store(&pm__test_destroy_midway, NULL);
+    printf("all pools while one is destroyed: live %llu, used %llu (before %llu, %llu)\n",
+           midway.live, midway.used, before.live, before.used);
+    CHECK(midway.live == before.live + 1 && midway.used == before.used + 1024);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS);
+    const pm_pool_stats after = all_pools();
     CHECK(after.live == before.live && after.reserved == before.reserved);
 }
 
@@ -111,5 +137,6 @@ int main(void)
     atomic_store(&pm__pool_whole_chunks, true);
     destroyed_pool_counted();
     atomic_store(&pm__pool_whole_chunks, false);
+    destroy_midway_counted_once();
     return check_finish("pool_stats");
 }

@@ -225,13 +225,29 @@ static pm__cache **snapshot_caches(pm__pool *pool, size_t *n)
     return all;
 }
 
-void pm__caches_flush_pool(pm__pool *pool, bool detach)
+bool pm__caches_flush_pool(pm__pool *pool, bool detach)
 {
+    bool held = false;
+    if (detach) {
+        /* No snapshot, which could fail: each detach unlinks its cache. */
+        for (;;) {
+            pthread_mutex_lock(&pool->lock);
+            pm__cache *c = pool->caches;
+            pthread_mutex_unlock(&pool->lock);
+            if (!c)
+                return held;
+            lock_cache(c);
+            if (c->pool == pool)
+                detach_locked(pool, c);
+            unlock_cache(c);
+        }
+    }
     size_t n;
     pm__cache **all = snapshot_caches(pool, &n);
     for (size_t i = 0; all && i < n; i++) {
         lock_cache(all[i]);
         if (all[i]->pool == pool) {
+            held |= load(&all[i]->held) != 0;
             if (detach)
                 detach_locked(pool, all[i]);
             else
@@ -240,6 +256,7 @@ void pm__caches_flush_pool(pm__pool *pool, bool detach)
         unlock_cache(all[i]);
     }
     free(all);
+    return held;
 }
 
 void pm__caches_reset_peaks(pm__pool *pool)
@@ -421,6 +438,11 @@ static pm_result not_pool_memory(void *p)
 pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
     pm_result r = alloc_once(pool, pp, bytesize, async, s);
+    /* Free blocks may sit in threads' caches (this one's too): back to the
+     * pool, where this allocation can take them, and try again. */
+    if (r == PM_ERROR_OUT_OF_MEMORY && pool->slot < PM__MAX_CACHED_POOLS &&
+        pm__caches_flush_pool(pool, false))
+        r = alloc_once(pool, pp, bytesize, async, s);
     /* Destroyed pools waiting for the reaper may hold the memory it needs. */
     if (r == PM_ERROR_OUT_OF_MEMORY && pm__retire_reap_here())
         r = alloc_once(pool, pp, bytesize, async, s);

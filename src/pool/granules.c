@@ -20,6 +20,18 @@
 
 static size_t granule_bytes(const pm__chunk *c) { return c->granule_pages * PM__POOL_PAGE; }
 
+size_t pm__pool_pinnable(const pm__pool *pool)
+{
+    size_t can = pool->backend->pinnable_bytes();
+    const unsigned long long cap = pm__budget_cap(), pinned = pm__budget_pinned();
+    if (cap != 0) {
+        const unsigned long long left = pinned < cap ? cap - pinned : 0;
+        if (left < can)
+            can = (size_t)left;
+    }
+    return can;
+}
+
 size_t pm__granule_to_fit(const pm__chunk_ops *ops, size_t pinnable, size_t max_size)
 {
     size_t granule = ops->granule;

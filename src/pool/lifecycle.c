@@ -6,6 +6,7 @@
 
 #include "../errors.h"
 #include "../instance.h"
+#include "../test_hooks.h"
 #include "fast.h"
 
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
@@ -157,17 +158,22 @@ pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
         return r;
     if (pool->is_default)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_destroy: the default pool lives on");
-    if (!pm__pools_remove(pool))
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
     /* Until every thread cache is flushed, live counts only part of the
-     * blocks in use: no free may finish the pool before then. */
+     * blocks in use: no free may finish the pool before then. The flag also
+     * lets one destroy through when two race. */
     pthread_mutex_lock(&pool->lock);
+    const bool first = !pool->destroyed;
     pool->destroyed = pool->destroying = true;
     pthread_mutex_unlock(&pool->lock);
-    pm__caches_flush_pool(pool, true);
+    if (!first)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%p is not a live memory pool", (void *)pool);
     /* Memory in use stays until its last free, which finishes the pool;
-     * meanwhile statistics still count it. */
+     * meanwhile statistics still count it. Listed before it leaves the live
+     * set, so that statistics of all pools always find it in one or both. */
     pm__retire_list(pool);
+    PM__TEST_DESTROY_MIDWAY();
+    pm__pools_remove(pool);
+    pm__caches_flush_pool(pool, true);
     pthread_mutex_lock(&pool->lock);
     pool->destroying = false;
     bool finish = pm__retire_claim(pool);

@@ -301,7 +301,7 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
                         "%zu more needed",
                         pool->props.max_size, pool->reserved, need);
 
-    const size_t pinnable = pool->backend->pinnable_bytes();
+    const size_t pinnable = pm__pool_pinnable(pool);
     const size_t granule = pm__granule_to_fit(ops, pinnable, pool->props.max_size);
     const size_t len = chunk_length(need, granule, room, pinnable);
     pm__span *span = NULL;
@@ -395,7 +395,16 @@ pm__span *pm__pages_alloc(pm__pool *pool, size_t npages, pm_result *why)
     pm__granules_mark(pool, s->chunk, s->first, npages, true);
     *why = pm__granules_commit(pool, s->chunk, s->first, npages, true);
     if (*why != PM_SUCCESS) {
+        pm__chunk *c = s->chunk;
         pm__pages_free(pool, s);
+        /* A chunk left free and unpinned (one added for this request) goes
+         * back now rather than hold address space until a trim. */
+        if (c->free_pages == c->npages && c->committed_granules == 0)
+            for (size_t i = 0; i < pool->n_chunks; i++)
+                if (pool->chunks[i] == c) {
+                    release_chunk(pool, i);
+                    break;
+                }
         return NULL;
     }
     return s;

@@ -409,7 +409,7 @@ static void add_stats(void *handle, void *stats)
     st->chunks_pinned += pool->chunks_pinned;
     st->chunks_released += pool->chunks_released;
     st->pin_ns += pool->pin_ns;
-    st->granule = pm__granule_to_fit(pm__pages_chunk_ops(pool), pool->backend->pinnable_bytes(),
+    st->granule = pm__granule_to_fit(pm__pages_chunk_ops(pool), pm__pool_pinnable(pool),
                                      pool->props.max_size);
     st->granules_pinned += pool->granules_pinned;
     st->granules_released += pool->granules_released;
@@ -417,6 +417,28 @@ static void add_stats(void *handle, void *stats)
     st->idle_granules += pool->idle_bytes;
     pm__pages_free_bytes(pool, &st->free_in_empty_chunks, &st->free_in_holes);
     pthread_mutex_unlock(&pool->lock);
+}
+
+/* All pools: a destroyed pool is listed before it leaves the live set, so
+ * each walk finds it in one set or both; each walk's ticket counts it once.
+ * Walks take turns, so that no other walk's ticket replaces one mid-walk. */
+typedef struct stats_walk {
+    pm_pool_stats *st;
+    unsigned long long ticket;
+} stats_walk;
+static pthread_mutex_t stats_walk_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long stats_tickets; /* stats_walk_lock */
+
+static void add_stats_once(void *handle, void *arg)
+{
+    pm__pool *pool = handle;
+    stats_walk *w = arg;
+    pthread_mutex_lock(&pool->lock);
+    bool seen = pool->stats_ticket == w->ticket;
+    pool->stats_ticket = w->ticket;
+    pthread_mutex_unlock(&pool->lock);
+    if (!seen)
+        add_stats(pool, w->st);
 }
 
 pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
@@ -435,9 +457,12 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
     } else {
         /* Pools are only torn down after leaving the set, which waits for
          * this walk, and the list of destroyed ones still in use, whose walk
-         * holds its lock. */
-        pm__pools_for_each(add_stats, &st);
-        pm__retire_for_each_listed(add_stats, &st);
+         * holds its lock. Between the walks a destroy may move a pool. */
+        pthread_mutex_lock(&stats_walk_lock);
+        stats_walk w = {&st, ++stats_tickets};
+        pm__pools_for_each(add_stats_once, &w);
+        pm__retire_for_each_listed(add_stats_once, &w);
+        pthread_mutex_unlock(&stats_walk_lock);
     }
     size_t n = stats->struct_size;
     st.struct_size = n;

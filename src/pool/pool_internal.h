@@ -162,6 +162,7 @@ struct pm__pool {
     unsigned slot;                 /* thread-cache slot, or PM__MAX_CACHED_POOLS */
     unsigned long long generation; /* tells a reused slot from its old pool */
     bool is_default;
+    unsigned long long stats_ticket; /* the all-pools statistics walk that counted it last (lock) */
     /* guarded by lock (as everything below) */
     bool destroyed;
     bool destroying; /* the destroy is still flushing thread caches */
@@ -275,6 +276,9 @@ bool pm__pools_contains(const pm__pool *pool);
 void pm__pools_for_each(void (*visit)(void *pool, void *arg), void *arg);
 
 /* granules.c: committing and giving back chunk memory (pool->lock held). */
+/* What the pool may still pin: the backend's limit (the memlock headroom on
+ * POSIX) or what the pinned budget leaves, whichever is less. */
+size_t pm__pool_pinnable(const pm__pool *pool);
 /* The granule for a new chunk of ops in a pool of max_size (0: none) when
  * pinnable bytes can still be pinned: the ops' own, or where they take
  * smaller ones (granule_min) and a memlock limit or max_size leaves less
@@ -386,8 +390,9 @@ extern int pm__retire_fail_starts;
 bool pm__retire_reaper_running(void);
 
 /* cache.c: per-thread caches and the allocation paths. */
-/* Empties every cache of the pool into it; detach also unhooks them. */
-void pm__caches_flush_pool(pm__pool *pool, bool detach);
+/* Empties every cache of the pool into it; detach also unhooks them.
+ * Whether any held a block. */
+bool pm__caches_flush_pool(pm__pool *pool, bool detach);
 /* Forgets the highest use each cache of the pool saw (USED_MEM_HIGH reset). */
 void pm__caches_reset_peaks(pm__pool *pool);
 /* Moves blocks freed on s out of every cache of the pool into pending. */
