@@ -402,7 +402,8 @@ PM_API pm_result pm_mem_free(void *p);
 /* p is reusable once the stream's work before this call is done. p as for
  * pm_mem_free; the stream is checked. */
 PM_API pm_result pm_mem_free_async(void *p, pm_stream_t stream);
-/* Gives back free memory until at most min_bytes_to_keep stay reserved. */
+/* Gives back free memory while more than min_bytes_to_keep stay reserved,
+ * never leaving less than that reserved (as the driver keeps it). */
 PM_API pm_result pm_mem_pool_trim_to(pm_mem_pool_t pool, size_t min_bytes_to_keep);
 /* value must not be NULL. The REUSE_* attributes and RELEASE_THRESHOLD can be
  * set; the high-water marks only reset to 0; other attributes are

@@ -32,6 +32,7 @@ struct procmap_query_v1 {
 #define PROCMAP_QUERY_REQUEST _IOWR('f', 17, struct procmap_query_v1)
 #define VMA_READABLE 0x1u
 #define VMA_WRITABLE 0x2u
+#define VMA_SHARED 0x8u
 
 int pm__proc_maps_query(int fd, uintptr_t address, pm__mapping *m)
 {
@@ -46,7 +47,8 @@ int pm__proc_maps_query(int fd, uintptr_t address, pm__mapping *m)
     *m = (pm__mapping){.start = (uintptr_t)q.vma_start,
                        .end = (uintptr_t)q.vma_end,
                        .readable = (q.vma_flags & VMA_READABLE) != 0,
-                       .writable = (q.vma_flags & VMA_WRITABLE) != 0};
+                       .writable = (q.vma_flags & VMA_WRITABLE) != 0,
+                       .shared = (q.vma_flags & VMA_SHARED) != 0};
     return 0;
 }
 
@@ -163,7 +165,7 @@ int pm__maps_text_next(pm__maps_text *t, pm__mapping *m)
         return 0;
     size_t at = t->pos;
     uintptr_t start, end;
-    if (!parse_hex(t, &at, '-', &start) || !parse_hex(t, &at, ' ', &end) || at + 2 > t->len ||
+    if (!parse_hex(t, &at, '-', &start) || !parse_hex(t, &at, ' ', &end) || at + 4 > t->len ||
         end < start) {
         errno = EIO;
         return -1;
@@ -171,7 +173,8 @@ int pm__maps_text_next(pm__maps_text *t, pm__mapping *m)
     *m = (pm__mapping){.start = start,
                        .end = end,
                        .readable = t->buf[at] == 'r',
-                       .writable = t->buf[at + 1] == 'w'};
+                       .writable = t->buf[at + 1] == 'w',
+                       .shared = t->buf[at + 3] == 's'};
     read_name_head(t, at);
     /* The rest of the line (a file's name may outgrow the buffer). */
     for (;;) {

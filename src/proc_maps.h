@@ -12,6 +12,7 @@
 typedef struct pm__mapping {
     uintptr_t start, end;
     bool readable, writable;
+    bool shared; /* MAP_SHARED, or a file's or shmem's shared mapping */
 } pm__mapping;
 
 /* /proc/self/maps opened for queries, or -1 where the kernel cannot answer

@@ -4,7 +4,8 @@
  * where they touch cached memory. An invalidation, or a user's registration,
  * that dooms an entry whose registration then fails returns. A cached buffer
  * moved or grown with mremap leaves nothing behind in the cache's
- * userfaultfd that could make a read(2) into its missing pages fail. And a
+ * userfaultfd that could make a read(2) into its missing pages fail. Shared
+ * memory is not cached, and unmaps are heard while an undo waits. And a
  * fault sweep: the k-th backend copy fails, or the staging ring cannot be
  * pinned: clean errors or the backend's own path, correct data after, no
  * thread left waiting, nothing left pinned. */
@@ -617,6 +618,62 @@ static void unified_copies_of_cached_memory(pm_deviceptr dev, uint8_t *back)
     CHECK(!"munmap + mmap at the same address: the range was taken by someone else every time");
 }
 
+/* An unmap's event is read while a registration is being undone: the thread
+ * that reads events never waits on that work (the allocator, or a driver
+ * call, can block it behind the very unmap that waits for its event). With
+ * one undo held back, unmapping a second cached buffer returns at once,
+ * where it would wait for the hold to end (10 s). */
+static void events_read_while_undoing(pm_deviceptr dev, uint8_t *back)
+{
+    pm_result ignored;
+    pm__backend *b = &pm__instance_get(&ignored)->backend;
+    real_cache_unregister = b->cache_unregister;
+    uint8_t *first = map_at(NULL), *second = map_at(NULL);
+    REQUIRE(first && second);
+    const unsigned long long registered = stats().cache_registrations;
+    fill(first, buffer_bytes, 21);
+    send_and_check(first, dev, 21, back);
+    fill(second, buffer_bytes, 22);
+    send_and_check(second, dev, 22, back);
+    if (stats().cache_registrations < registered + 2) {
+        printf("events read while undoing: skipped, nothing cached here\n");
+        munmap(first, buffer_bytes);
+        munmap(second, buffer_bytes);
+        return;
+    }
+    atomic_store(&undo_held, 1);
+    set_cache_unregister(b, held_cache_unregister, first);
+    CHECK(munmap(first, buffer_bytes) == 0); /* its undo starts, and is held */
+    const unsigned long long t0 = now_ms();
+    CHECK(munmap(second, buffer_bytes) == 0);
+    const unsigned long long took = now_ms() - t0;
+    atomic_store(&undo_held, 0);
+    printf("an unmap while another registration's undo is held: %llu ms\n", took);
+    CHECK(took < 5000);
+    set_cache_unregister(b, real_cache_unregister, back);
+}
+
+/* Shared memory is never cached: its pages can be dropped with no event in
+ * this process (here the file is cut to nothing and grown again, and the
+ * mapping reads zeros), so a registration of it would send old bytes. */
+static void shared_memory_not_cached(pm_deviceptr dev, uint8_t *back)
+{
+    int fd = memfd_create("pinmem-test", MFD_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, buffer_bytes) == 0);
+    uint8_t *p = mmap(NULL, buffer_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    REQUIRE(p != MAP_FAILED);
+    const pm_copy_stats before = stats();
+    fill(p, buffer_bytes, 31);
+    send_and_check(p, dev, 31, back);
+    CHECK(stats().cache_registrations == before.cache_registrations);
+    CHECK(ftruncate(fd, 0) == 0 && ftruncate(fd, buffer_bytes) == 0);
+    fill(p, buffer_bytes, 32);
+    send_and_check(p, dev, 32, back);
+    munmap(p, buffer_bytes);
+    close(fd);
+}
+
 static void stale_scenarios(void)
 {
     SCOPED_DEVICE pm_deviceptr dev = device_alloc(buffer_bytes);
@@ -630,6 +687,8 @@ static void stale_scenarios(void)
     explicit_invalidate(dev, back);
     small_copies_of_cached_memory(dev, back);
     unified_copies_of_cached_memory(dev, back);
+    events_read_while_undoing(dev, back);
+    shared_memory_not_cached(dev, back);
     pm_copy_stats st = stats();
     printf("registration cache: %s; %llu registrations, %llu hits, %llu invalidations\n",
            st.cache_listening ? "hears unmaps" : "off (no userfaultfd here)",

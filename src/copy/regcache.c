@@ -10,13 +10,22 @@
  *
  * A reported change dooms the entries it touches: no new copy uses them, and
  * copies that would reach the driver with those addresses are staged
- * instead, until a monitor thread has undone the registration (which waits
+ * instead, until a thread of the cache has undone the registration (which waits
  * for all device work, so it never happens on a copy's path).
  *
  * The monitor reads events while holding the cache lock. munmap and madvise
  * return only once their event has been read, so by the time the user can map
  * new memory at an address, the entry there is doomed, and any copy that
- * looks it up afterwards waits for the lock and sees that. */
+ * looks it up afterwards waits for the lock and sees that.
+ *
+ * Since the allocator itself unmaps and discards memory (a heap trimmed by
+ * free), nothing calls it under the cache lock, and the monitor never calls
+ * it at all: undoing registrations (the driver, then free) runs on a thread
+ * of its own, so that an unmap's event is read even while that thread waits
+ * for an allocator lock held by the thread that unmaps.
+ *
+ * Only private memory is cached: a shared mapping's pages can be dropped
+ * (truncated, punched, removed by another process) with no event here. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -45,10 +54,11 @@ struct pm__regcache_entry {
     int refs;          /* copies using it */
     bool ready;        /* registered with the driver and the userfaultfd */
     bool doomed;       /* no new copy may use it; undone once refs is 0 */
-    bool undoing;      /* the monitor is unregistering it */
+    bool undoing;      /* the undoer is unregistering it */
     bool in_uffd;      /* still registered with the userfaultfd */
     unsigned long long last_use;
     struct pm__regcache_entry *next;
+    struct pm__regcache_entry *undo_next; /* the undoer's own list, while undoing */
 };
 typedef struct pm__regcache_entry entry;
 
@@ -64,8 +74,10 @@ static struct {
     size_t bytes;         /* live, not doomed */
     unsigned long long tick;
     int uffd, wake_fd;
+    pthread_cond_t undo_wanted; /* wakes the undoer */
+    bool undo_pending, undoer_running;
 } rc = {.lock = PTHREAD_MUTEX_INITIALIZER, .undone = PTHREAD_COND_INITIALIZER, .uffd = -1,
-        .wake_fd = -1};
+        .wake_fd = -1, .undo_wanted = PTHREAD_COND_INITIALIZER};
 
 /* Whether the cache hears unmaps: the userfaultfd and the monitor start on
  * first use; a start that failed for want of descriptors or threads is
@@ -221,35 +233,31 @@ static void read_events_locked(void)
     }
 }
 
-/* Undoes the registrations of doomed entries nobody uses. Only the monitor
- * removes entries that are ready, so the ones it marks stay put meanwhile. */
+/* Undoes the registrations of doomed entries nobody uses. Only the undoer
+ * marks entries undoing and removes ready ones, so those it marks stay put
+ * meanwhile, and its own list of them can be walked without the lock. */
 static void undo_doomed(void)
 {
+    entry *todo = NULL;
     pthread_mutex_lock(&rc.lock);
-    size_t n = 0;
     for (entry *e = rc.entries; e; e = e->next)
-        n += e->doomed && e->refs == 0 && e->ready;
-    entry **todo = n ? malloc(n * sizeof *todo) : NULL;
-    n = 0;
-    for (entry *e = rc.entries; todo && e; e = e->next)
         if (e->doomed && e->refs == 0 && e->ready) {
             e->undoing = true;
-            todo[n++] = e;
+            e->undo_next = todo;
+            todo = e;
         }
     pthread_mutex_unlock(&rc.lock);
     if (!todo)
         return;
-    for (size_t i = 0; i < n; i++) {
-        pm__instance_backend()->cache_unregister((void *)todo[i]->lo, todo[i]->hi - todo[i]->lo);
-        pm__budget_give(todo[i]->hi - todo[i]->lo);
+    for (entry *e = todo; e; e = e->undo_next) {
+        pm__instance_backend()->cache_unregister((void *)e->lo, e->hi - e->lo);
+        pm__budget_give(e->hi - e->lo);
     }
-    free(todo);
     pthread_mutex_lock(&rc.lock);
     for (entry **link = &rc.entries; *link;) {
         entry *e = *link;
         if (e->undoing) {
             *link = e->next;
-            free(e);
             atomic_fetch_sub(&rc.count, 1);
         } else {
             link = &e->next;
@@ -257,13 +265,34 @@ static void undo_doomed(void)
     }
     pthread_cond_broadcast(&rc.undone);
     pthread_mutex_unlock(&rc.lock);
+    while (todo) {
+        entry *next = todo->undo_next;
+        free(todo);
+        todo = next;
+    }
 }
 
-static void *monitor_main(void *unused)
+static void *undoer_main(void *unused)
 {
     (void)unused;
     pm__thread_begin("pinmem-cache");
     pm__instance_backend()->own_thread_start();
+    for (;;) {
+        pthread_mutex_lock(&rc.lock);
+        while (!rc.undo_pending)
+            pthread_cond_wait(&rc.undo_wanted, &rc.lock);
+        rc.undo_pending = false;
+        pthread_mutex_unlock(&rc.lock);
+        undo_doomed();
+    }
+    return NULL;
+}
+
+/* The monitor: reads events and dooms entries, and hands the undoing over. */
+static void *monitor_main(void *unused)
+{
+    (void)unused;
+    pm__thread_begin("pinmem-cache");
     for (;;) {
         struct pollfd fds[2] = {{.fd = rc.uffd, .events = POLLIN}, {.fd = rc.wake_fd, .events = POLLIN}};
         if (poll(fds, 2, -1) < 0 && errno != EINTR)
@@ -274,8 +303,9 @@ static void *monitor_main(void *unused)
         }
         pthread_mutex_lock(&rc.lock);
         read_events_locked();
+        rc.undo_pending = true;
+        pthread_cond_signal(&rc.undo_wanted);
         pthread_mutex_unlock(&rc.lock);
-        undo_doomed();
     }
     return NULL;
 }
@@ -314,7 +344,11 @@ static int start_listening(void)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t thread;
-    bool started = rc.wake_fd >= 0 && pm__thread_start(&thread, &attr, monitor_main, NULL) == 0;
+    /* The undoer, once started, waits for work across a failed start of the monitor. */
+    if (rc.wake_fd >= 0 && !rc.undoer_running)
+        rc.undoer_running = pm__thread_start(&thread, &attr, undoer_main, NULL) == 0;
+    bool started = rc.wake_fd >= 0 && rc.undoer_running &&
+                   pm__thread_start(&thread, &attr, monitor_main, NULL) == 0;
     pthread_attr_destroy(&attr);
     if (started)
         return LISTEN_YES;
@@ -367,8 +401,28 @@ static bool make_room_locked(size_t want, size_t max)
  * and of whatever a mapping grows by in place (mremap gives no event for
  * that), goes through the monitor, and in user-mode-only mode a system
  * call that writes into such a page fails with EFAULT. */
+/* Whether every page of [lo, hi) lies in private mappings. */
+static bool all_private(uintptr_t lo, uintptr_t hi)
+{
+    pm__maps_text t;
+    pm__mapping m;
+    bool ok = true;
+    uintptr_t covered = lo;
+    if (pm__maps_text_open(&t) != 0)
+        return false;
+    while (ok && covered < hi && pm__maps_text_next(&t, &m) == 1 && m.start < hi)
+        if (lo < m.end) {
+            ok = !m.shared && m.start <= covered;
+            covered = m.end;
+        }
+    pm__maps_text_close(&t);
+    return ok && covered >= hi;
+}
+
 static bool register_range(uintptr_t lo, uintptr_t hi)
 {
+    if (!all_private(lo, hi))
+        return false;
     if (pm__budget_take(hi - lo, "registration cache") != PM_SUCCESS)
         return false;
     const pm__backend *b = pm__instance_backend();
@@ -392,9 +446,11 @@ static bool register_range(uintptr_t lo, uintptr_t hi)
 }
 
 /* Under the lock: the ready entry that covers [lo, hi) (*hit), else a
- * fresh one reserved for it, or NULL where another registration is in the
- * way, the range does not fit, or memory runs out. */
-static entry *lookup_locked(const pm__copy_settings *set, uintptr_t lo, uintptr_t hi, bool *hit)
+ * fresh one reserved for it (*spare, allocated before the lock was taken),
+ * or NULL where another registration is in the way, the range does not fit,
+ * or memory ran out. */
+static entry *lookup_locked(const pm__copy_settings *set, uintptr_t lo, uintptr_t hi, bool *hit,
+                            entry **spare)
 {
     bool blocked = false;
     for (entry *e = rc.entries; e; e = e->next) {
@@ -407,7 +463,7 @@ static entry *lookup_locked(const pm__copy_settings *set, uintptr_t lo, uintptr_
             return e;
         }
         /* A smaller or shifted registration is in the way: replace it once
-         * the monitor has undone it; until then this copy is staged. */
+         * the undoer has undone it; until then this copy is staged. */
         if (!e->doomed && e->ready && e->refs == 0)
             doom_range_locked(e->lo, e->hi);
         blocked = true;
@@ -417,8 +473,10 @@ static entry *lookup_locked(const pm__copy_settings *set, uintptr_t lo, uintptr_
      * that a cached copy's single DMA must not cross. */
     size_t piece = pm__instance_backend()->registration_piece;
     bool fits = hi - lo <= set->cache_max_bytes && (piece == 0 || hi - lo <= piece);
-    if (!blocked && fits && make_room_locked(hi - lo, set->cache_max_bytes))
-        fresh = calloc(1, sizeof *fresh);
+    if (!blocked && fits && make_room_locked(hi - lo, set->cache_max_bytes)) {
+        fresh = *spare;
+        *spare = NULL;
+    }
     if (fresh) {
         *fresh = (entry){.lo = lo, .hi = hi, .refs = 1, .last_use = ++rc.tick, .next = rc.entries};
         rc.entries = fresh;
@@ -454,12 +512,14 @@ static entry *settle_fresh(entry *fresh, uintptr_t lo, uintptr_t hi, bool ok)
         if (!fresh->doomed)
             rc.bytes -= hi - lo;
         atomic_fetch_sub(&rc.count, 1);
-        free(fresh);
-        fresh = NULL;
         /* An invalidation may be waiting for this entry to go. */
         pthread_cond_broadcast(&rc.undone);
     }
     pthread_mutex_unlock(&rc.lock);
+    if (!ok) {
+        free(fresh);
+        fresh = NULL;
+    }
     if (fresh)
         atomic_fetch_add_explicit(&pm__copy_count.cache_registrations, 1, memory_order_relaxed);
     return fresh;
@@ -471,11 +531,13 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         return NULL;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
     const uintptr_t lo = (uintptr_t)p & ~page, hi = ((uintptr_t)p + bytes + page) & ~page;
+    entry *spare = calloc(1, sizeof *spare);
     pthread_mutex_lock(&rc.lock);
     read_events_locked(); /* as fresh as the lock allows */
     bool hit = false;
-    entry *e = lookup_locked(set, lo, hi, &hit);
+    entry *e = lookup_locked(set, lo, hi, &hit, &spare);
     pthread_mutex_unlock(&rc.lock);
+    free(spare);
     if (hit) {
         atomic_fetch_add_explicit(&pm__copy_count.cache_hits, 1, memory_order_relaxed);
         return e;
@@ -522,7 +584,7 @@ void pm__regcache_invalidate(uintptr_t lo, uintptr_t hi, bool wait)
     read_events_locked();
     doom_range_locked(lo, hi);
     wake_monitor();
-    /* Until nothing overlaps: each entry goes when the monitor has undone
+    /* Until nothing overlaps: each entry goes when the undoer has undone
      * it, or when its registration failed. An entry another copy added
      * meanwhile is doomed in turn, or nothing would ever undo it. */
     for (bool pending = wait; pending;) {

@@ -195,7 +195,7 @@ pm_result pm_mem_free_async(void *p, pm_stream_t stream)
     return pm__pool_free(p, true, stream);
 }
 
-/* pool->lock held: gives back free memory until at most keep bytes remain. */
+/* pool->lock held: gives back free memory down to, and not below, keep bytes. */
 static void release_down_to(pm__pool *pool, unsigned long long keep)
 {
     pm__pending_reclaim(pool, NULL, false);
