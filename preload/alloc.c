@@ -95,7 +95,7 @@ static bool try_register(pm__attempt *a, void *ptr, size_t size, unsigned flags)
 PM__PRELOAD_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags)
 {
     pm__attempt a = {.fn = PM__FN_cudaHostRegister, .feature = PM__PRELOAD_ALLOC};
-    if (size && (in_allocation(ptr) || in_allocation((const char *)ptr + (size - 1))))
+    if (ptr && size && pm__owned_any() && pm__owned_overlaps(ptr, size, PM__OWNED_ALLOC))
         return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostRegister, NULL, 0, 0));
     if (try_register(&a, ptr, size, flags))
         return cudaSuccess;

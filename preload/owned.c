@@ -64,6 +64,18 @@ bool pm__owned_take(void *p, pm__owned_kind kind, size_t *bytes)
     return true;
 }
 
+bool pm__owned_overlaps(const void *p, size_t bytes, pm__owned_kind kind)
+{
+    const uintptr_t lo = (uintptr_t)p, n = bytes;
+    bool hit = false;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < BUCKETS && !hit; i++)
+        for (entry *e = buckets[i]; e && !hit; e = e->next)
+            hit = e->kind == kind && lo < e->p + e->bytes && (e->p < lo || e->p - lo < n);
+    pthread_mutex_unlock(&lock);
+    return hit;
+}
+
 bool pm__owned_any(void)
 {
     return atomic_load_explicit(&count, memory_order_relaxed) != 0;

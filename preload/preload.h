@@ -140,6 +140,8 @@ bool pm__owned_add(void *p, size_t bytes, pm__owned_kind kind);
 bool pm__owned_take(void *p, pm__owned_kind kind, size_t *bytes);
 /* p lies in an entry's memory (interior pointers included): its kind, or 0. */
 pm__owned_kind pm__owned_find(const pm__pinmem_api *pm, const void *p);
+/* Whether [p, p + bytes) overlaps an entry of that kind (a scan: for the rare calls). */
+bool pm__owned_overlaps(const void *p, size_t bytes, pm__owned_kind kind);
 /* Whether there are any entries: a load, for the calls that check first. */
 bool pm__owned_any(void);
 

@@ -1,12 +1,14 @@
 /* What the preload says on stderr, and what it counts: per interposed
  * function, the calls pinmem served (and their bytes), the calls passed on
  * to the runtime, and the calls pinmem failed and the runtime then served.
- * PINMEM_STATS=1 prints them at exit, in the process that counted them. */
+ * PINMEM_STATS=1 prints them at exit, in the process that counted them (a
+ * forked child counts its own). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "preload.h"
@@ -47,7 +49,7 @@ void pm__attempt_failed(pm__attempt *a, const pm__pinmem_api *pm, pm_result r)
 
 cudaError_t pm__attempt_settle(const pm__attempt *a, cudaError_t real_rc)
 {
-    static atomic_uint said;
+    static atomic_uint said, said_off; /* features told of a fallback, of turning off */
     counts *c = &table[a->fn];
     if (!a->tried) {
         atomic_fetch_add_explicit(&c->passed, 1, memory_order_relaxed);
@@ -59,7 +61,8 @@ cudaError_t pm__attempt_settle(const pm__attempt *a, cudaError_t real_rc)
     const bool off = a->r != PM_ERROR_OUT_OF_MEMORY;
     if (off)
         pm__preload_turn_off(a->feature);
-    if (atomic_fetch_or(&said, a->feature) & a->feature)
+    /* Turning a feature off is told even where a fallback of it was told before. */
+    if (atomic_fetch_or(off ? &said_off : &said, a->feature) & a->feature)
         return real_rc;
     const pm__pinmem_api *pm = pm__pinmem();
     pm__preload_say("pinmem could not serve %s (%s: %s); the CUDA runtime's own call did%s",
@@ -105,11 +108,19 @@ static void print_stats(void)
     }
 }
 
+/* A forked child counts its own calls from nothing, and prints them at its exit. */
+static void count_in_child(void)
+{
+    memset(table, 0, sizeof table);
+    counted_in = getpid();
+}
+
 static void arm(void)
 {
     if (!pm__preload_stats_wanted())
         return;
     counted_in = getpid();
+    pthread_atfork(NULL, NULL, count_in_child);
     atexit(print_stats);
 }
 
