@@ -58,21 +58,24 @@ static bool try_alloc(pm__attempt *a, void **p, size_t size, unsigned flags)
     return true;
 }
 
-PM__PRELOAD_EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned flags)
+static cudaError_t host_alloc(pm__runtime runtime, void **pHost, size_t size, unsigned flags)
 {
-    pm__attempt a = {.fn = PM__FN_cudaHostAlloc, .feature = PM__PRELOAD_ALLOC};
+    pm__attempt a = {.fn = PM__FN_cudaHostAlloc, .runtime = runtime, .feature = PM__PRELOAD_ALLOC};
     if (try_alloc(&a, pHost, size, flags))
         return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostAlloc, pHost, size, flags));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaHostAlloc, pHost, size, flags));
 }
+PM__PRELOAD_ENTRIES(cudaHostAlloc, host_alloc, (void **pHost, size_t size, unsigned flags),
+                    (pHost, size, flags))
 
-PM__PRELOAD_EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+static cudaError_t malloc_host(pm__runtime runtime, void **ptr, size_t size)
 {
-    pm__attempt a = {.fn = PM__FN_cudaMallocHost, .feature = PM__PRELOAD_ALLOC};
+    pm__attempt a = {.fn = PM__FN_cudaMallocHost, .runtime = runtime, .feature = PM__PRELOAD_ALLOC};
     if (try_alloc(&a, ptr, size, 0))
         return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMallocHost, ptr, size));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaMallocHost, ptr, size));
 }
+PM__PRELOAD_ENTRIES(cudaMallocHost, malloc_host, (void **ptr, size_t size), (ptr, size))
 
 static bool try_register(pm__attempt *a, void *ptr, size_t size, unsigned flags)
 {
@@ -92,15 +95,17 @@ static bool try_register(pm__attempt *a, void *ptr, size_t size, unsigned flags)
     return true;
 }
 
-PM__PRELOAD_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags)
+static cudaError_t host_register(pm__runtime runtime, void *ptr, size_t size, unsigned flags)
 {
-    pm__attempt a = {.fn = PM__FN_cudaHostRegister, .feature = PM__PRELOAD_ALLOC};
+    pm__attempt a = {.fn = PM__FN_cudaHostRegister, .runtime = runtime, .feature = PM__PRELOAD_ALLOC};
     if (ptr && size && pm__owned_any() && pm__owned_overlaps(ptr, size, PM__OWNED_ALLOC))
-        return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostRegister, NULL, 0, 0));
+        return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaHostRegister, NULL, 0, 0));
     if (try_register(&a, ptr, size, flags))
         return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostRegister, ptr, size, flags));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaHostRegister, ptr, size, flags));
 }
+PM__PRELOAD_ENTRIES(cudaHostRegister, host_register, (void *ptr, size_t size, unsigned flags),
+                    (ptr, size, flags))
 
 /* Memory pinmem pinned here goes back to pinmem, whatever the mode says now
  * (a feature turned off keeps serving what it handed out). Should pinmem
@@ -123,25 +128,27 @@ static bool try_give_back(pm__attempt *a, void *p, pm__owned_kind kind)
     return true;
 }
 
-PM__PRELOAD_EXPORT cudaError_t cudaFreeHost(void *ptr)
+static cudaError_t free_host(pm__runtime runtime, void *ptr)
 {
-    pm__attempt a = {.fn = PM__FN_cudaFreeHost, .feature = PM__PRELOAD_ALLOC};
+    pm__attempt a = {.fn = PM__FN_cudaFreeHost, .runtime = runtime, .feature = PM__PRELOAD_ALLOC};
     if (try_give_back(&a, ptr, PM__OWNED_ALLOC))
         return cudaSuccess;
     if (!a.tried && in_allocation(ptr)) /* inside one, not its start */
-        return pm__attempt_settle(&a, PM__REAL_CALL(cudaFreeHost, &not_pinned));
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaFreeHost, ptr));
+        return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaFreeHost, &not_pinned));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaFreeHost, ptr));
 }
+PM__PRELOAD_ENTRIES(cudaFreeHost, free_host, (void *ptr), (ptr))
 
-PM__PRELOAD_EXPORT cudaError_t cudaHostUnregister(void *ptr)
+static cudaError_t host_unregister(pm__runtime runtime, void *ptr)
 {
-    pm__attempt a = {.fn = PM__FN_cudaHostUnregister, .feature = PM__PRELOAD_ALLOC};
+    pm__attempt a = {.fn = PM__FN_cudaHostUnregister, .runtime = runtime, .feature = PM__PRELOAD_ALLOC};
     if (try_give_back(&a, ptr, PM__OWNED_REGISTERED))
         return cudaSuccess;
     if (!a.tried && in_allocation(ptr))
-        return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostUnregister, NULL));
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostUnregister, ptr));
+        return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaHostUnregister, NULL));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaHostUnregister, ptr));
 }
+PM__PRELOAD_ENTRIES(cudaHostUnregister, host_unregister, (void *ptr), (ptr))
 
 /* The queries, for memory pinmem pinned here: pinmem answers as the driver
  * does for the allocation the program asked for (its flags, not those pinmem
@@ -153,9 +160,9 @@ static const pm__pinmem_api *owner_of(const void *p)
     return pm && pm__owned_find(pm, p) ? pm : NULL;
 }
 
-PM__PRELOAD_EXPORT cudaError_t cudaHostGetFlags(unsigned *pFlags, void *pHost)
+static cudaError_t host_get_flags(pm__runtime runtime, unsigned *pFlags, void *pHost)
 {
-    pm__attempt a = {.fn = PM__FN_cudaHostGetFlags, .feature = PM__PRELOAD_ALLOC};
+    pm__attempt a = {.fn = PM__FN_cudaHostGetFlags, .runtime = runtime, .feature = PM__PRELOAD_ALLOC};
     const pm__pinmem_api *pm = pFlags ? owner_of(pHost) : NULL;
     unsigned flags = 0;
     if (pm && pm->pm_mem_host_get_flags(&flags, pHost) == PM_SUCCESS) {
@@ -163,13 +170,16 @@ PM__PRELOAD_EXPORT cudaError_t cudaHostGetFlags(unsigned *pFlags, void *pHost)
         pm__preload_count_served(a.fn, 0);
         return cudaSuccess;
     }
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostGetFlags, pFlags, pHost));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaHostGetFlags, pFlags, pHost));
 }
+PM__PRELOAD_ENTRIES(cudaHostGetFlags, host_get_flags, (unsigned *pFlags, void *pHost),
+                    (pFlags, pHost))
 
-PM__PRELOAD_EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost,
-                                                        unsigned flags)
+static cudaError_t host_get_device_pointer(pm__runtime runtime, void **pDevice, void *pHost,
+                                           unsigned flags)
 {
-    pm__attempt a = {.fn = PM__FN_cudaHostGetDevicePointer, .feature = PM__PRELOAD_ALLOC};
+    pm__attempt a = {.fn = PM__FN_cudaHostGetDevicePointer, .runtime = runtime,
+                     .feature = PM__PRELOAD_ALLOC};
     const pm__pinmem_api *pm = pDevice && flags == 0 ? owner_of(pHost) : NULL;
     pm_deviceptr d = 0;
     if (pm && pm->pm_mem_host_get_device_pointer(&d, pHost, 0) == PM_SUCCESS) {
@@ -177,5 +187,8 @@ PM__PRELOAD_EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pH
         pm__preload_count_served(a.fn, 0);
         return cudaSuccess;
     }
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaHostGetDevicePointer, pDevice, pHost, flags));
+    return pm__attempt_settle(
+        &a, PM__REAL_CALL(runtime, cudaHostGetDevicePointer, pDevice, pHost, flags));
 }
+PM__PRELOAD_ENTRIES(cudaHostGetDevicePointer, host_get_device_pointer,
+                    (void **pDevice, void *pHost, unsigned flags), (pDevice, pHost, flags))

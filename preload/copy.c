@@ -18,44 +18,44 @@
 
 #include "preload.h"
 
-static bool attributes(const void *p, struct cudaPointerAttributes *attr)
+static bool attributes(pm__runtime runtime, const void *p, struct cudaPointerAttributes *attr)
 {
     *attr = (struct cudaPointerAttributes){0};
-    return PM__REAL_CALL(cudaPointerGetAttributes, attr, p) == cudaSuccess;
+    return PM__REAL_CALL(runtime, cudaPointerGetAttributes, attr, p) == cudaSuccess;
 }
 
-static bool pageable(const void *p, size_t count)
+static bool pageable(pm__runtime runtime, const void *p, size_t count)
 {
     struct cudaPointerAttributes first, last;
-    return attributes(p, &first) && first.type == cudaMemoryTypeUnregistered &&
-           attributes((const char *)p + (count - 1), &last) &&
+    return attributes(runtime, p, &first) && first.type == cudaMemoryTypeUnregistered &&
+           attributes(runtime, (const char *)p + (count - 1), &last) &&
            last.type == cudaMemoryTypeUnregistered;
 }
 
-static bool on_device(const pm__pinmem_api *pm, const void *p)
+static bool on_device(pm__runtime runtime, const pm__pinmem_api *pm, const void *p)
 {
     struct cudaPointerAttributes attr;
-    return attributes(p, &attr) && attr.type == cudaMemoryTypeDevice &&
+    return attributes(runtime, p, &attr) && attr.type == cudaMemoryTypeDevice &&
            (pm->device_ordinal < 0 || attr.device == pm->device_ordinal);
 }
 
 /* Which side is the host one: the kind names the direction, or (Default)
  * the pointers do. false: a copy pinmem does not take. */
-static bool host_to_device(const pm__pinmem_api *pm, void *dst, const void *src, size_t count,
-                           enum cudaMemcpyKind kind, bool *htod)
+static bool host_to_device(pm__runtime rt, const pm__pinmem_api *pm, void *dst, const void *src,
+                           size_t count, enum cudaMemcpyKind kind, bool *htod)
 {
     switch (kind) {
     case cudaMemcpyHostToDevice:
         *htod = true;
-        return pageable(src, count) && on_device(pm, dst);
+        return pageable(rt, src, count) && on_device(rt, pm, dst);
     case cudaMemcpyDeviceToHost:
         *htod = false;
-        return pageable(dst, count) && on_device(pm, src);
+        return pageable(rt, dst, count) && on_device(rt, pm, src);
     case cudaMemcpyDefault:
-        if (on_device(pm, dst) && pageable(src, count))
+        if (on_device(rt, pm, dst) && pageable(rt, src, count))
             return *htod = true;
         *htod = false;
-        return on_device(pm, src) && pageable(dst, count);
+        return on_device(rt, pm, src) && pageable(rt, dst, count);
     default:
         return false;
     }
@@ -63,17 +63,18 @@ static bool host_to_device(const pm__pinmem_api *pm, void *dst, const void *src,
 
 /* The legacy default stream is the current device's: pinmem's device must be
  * current for pinmem's threads to queue on the same one. */
-static bool stream_serves(const pm__pinmem_api *pm, cudaStream_t stream, bool per_thread)
+static bool stream_serves(pm__runtime runtime, const pm__pinmem_api *pm, cudaStream_t stream,
+                          bool per_thread)
 {
     enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     cudaStream_t asked = stream ? stream : per_thread ? cudaStreamPerThread : cudaStreamLegacy;
-    if (PM__REAL_CALL(cudaStreamIsCapturing, asked, &status) != cudaSuccess ||
+    if (PM__REAL_CALL(runtime, cudaStreamIsCapturing, asked, &status) != cudaSuccess ||
         status != cudaStreamCaptureStatusNone)
         return false;
     if (pm->device_ordinal < 0 || (asked != cudaStreamLegacy && asked != cudaStreamPerThread))
         return true;
     int current = -1;
-    return PM__REAL_CALL(cudaGetDevice, &current) == cudaSuccess && current == pm->device_ordinal;
+    return PM__REAL_CALL(runtime, cudaGetDevice, &current) == cudaSuccess && current == pm->device_ordinal;
 }
 
 /* The calling thread's per-thread default stream, named or implied. */
@@ -92,8 +93,8 @@ static bool move(pm__attempt *a, const pm__pinmem_api *pm, void *dst, const void
     /* The runtime's synchronous copy from pageable memory waits for the
      * stream's earlier work first. */
     if (sync && htod &&
-        PM__REAL_CALL(cudaStreamSynchronize, thread_stream ? cudaStreamPerThread : stream) !=
-            cudaSuccess)
+        PM__REAL_CALL(a->runtime, cudaStreamSynchronize,
+                      thread_stream ? cudaStreamPerThread : stream) != cudaSuccess)
         return false;
     if (thread_stream) {
         /* pinmem keeps the copy in the per-thread stream's order (the
@@ -102,7 +103,7 @@ static bool move(pm__attempt *a, const pm__pinmem_api *pm, void *dst, const void
          * copy again, in its order. */
         r = pm->pm_memcpy_async(to, from, count, PM_STREAM_PER_THREAD);
         if (r == PM_SUCCESS && sync &&
-            PM__REAL_CALL(cudaStreamSynchronize, cudaStreamPerThread) != cudaSuccess)
+            PM__REAL_CALL(a->runtime, cudaStreamSynchronize, cudaStreamPerThread) != cudaSuccess)
             return false;
     } else if (sync && stream == NULL)
         r = pm->pm_memcpy(to, from, count);
@@ -123,57 +124,73 @@ static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
     bool htod = false;
     if (count == 0 || !dst || !src || !pm__preload_wants(PM__PRELOAD_COPY) ||
         !(pm = pm__pinmem()) || (count <= pm->direct_max && count <= pm->dtoh_direct_max) ||
-        !host_to_device(pm, dst, src, count, kind, &htod) ||
+        !host_to_device(a->runtime, pm, dst, src, count, kind, &htod) ||
         count <= (htod ? pm->direct_max : pm->dtoh_direct_max) ||
-        !stream_serves(pm, stream, per_thread))
+        !stream_serves(a->runtime, pm, stream, per_thread))
         return false;
     /* A synchronous copy waits on this thread for the stream before it
      * (from the host) or for the per-thread stream after it: in
      * relaxed mode, so that neither disturbs another thread's capture. */
     enum cudaStreamCaptureMode mode;
     const bool relaxed =
-        sync && (htod || on_thread_stream(stream, per_thread)) && pm__capture_relax(&mode);
+        sync && (htod || on_thread_stream(stream, per_thread)) && pm__capture_relax(a->runtime, &mode);
     const bool served = move(a, pm, dst, src, count, stream, sync, htod, per_thread);
     if (relaxed)
-        pm__capture_restore(mode);
+        pm__capture_restore(a->runtime, mode);
     if (served)
         pm__preload_count_served(a->fn, count);
     return served;
 }
 
-PM__PRELOAD_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
-                                          enum cudaMemcpyKind kind)
+static cudaError_t memcpy_sync(pm__runtime runtime, void *dst, const void *src, size_t count,
+                               enum cudaMemcpyKind kind)
 {
-    pm__attempt a = {.fn = PM__FN_cudaMemcpy, .feature = PM__PRELOAD_COPY};
+    pm__attempt a = {.fn = PM__FN_cudaMemcpy, .runtime = runtime, .feature = PM__PRELOAD_COPY};
     if (try_copy(&a, dst, src, count, kind, NULL, true, false))
         return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpy, dst, src, count, kind));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaMemcpy, dst, src, count, kind));
 }
+PM__PRELOAD_ENTRIES(cudaMemcpy, memcpy_sync,
+                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind),
+                    (dst, src, count, kind))
 
-PM__PRELOAD_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count,
-                                               enum cudaMemcpyKind kind)
+static cudaError_t memcpy_sync_ptds(pm__runtime runtime, void *dst, const void *src, size_t count,
+                                    enum cudaMemcpyKind kind)
 {
-    pm__attempt a = {.fn = PM__FN_cudaMemcpy_ptds, .feature = PM__PRELOAD_COPY};
+    pm__attempt a = {.fn = PM__FN_cudaMemcpy_ptds, .runtime = runtime, .feature = PM__PRELOAD_COPY};
     if (try_copy(&a, dst, src, count, kind, NULL, true, true))
         return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpy_ptds, dst, src, count, kind));
+    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaMemcpy_ptds, dst, src, count, kind));
 }
+PM__PRELOAD_ENTRIES(cudaMemcpy_ptds, memcpy_sync_ptds,
+                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind),
+                    (dst, src, count, kind))
 
-PM__PRELOAD_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
-                                               enum cudaMemcpyKind kind, cudaStream_t stream)
+static cudaError_t memcpy_async(pm__runtime runtime, void *dst, const void *src, size_t count,
+                                enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync, .feature = PM__PRELOAD_COPY};
+    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync, .runtime = runtime, .feature = PM__PRELOAD_COPY};
     if (try_copy(&a, dst, src, count, kind, stream, false, false))
         return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(cudaMemcpyAsync, dst, src, count, kind, stream));
+    return pm__attempt_settle(
+        &a, PM__REAL_CALL(runtime, cudaMemcpyAsync, dst, src, count, kind, stream));
 }
+PM__PRELOAD_ENTRIES(cudaMemcpyAsync, memcpy_async,
+                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                     cudaStream_t stream),
+                    (dst, src, count, kind, stream))
 
-PM__PRELOAD_EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count,
-                                                    enum cudaMemcpyKind kind, cudaStream_t stream)
+static cudaError_t memcpy_async_ptsz(pm__runtime runtime, void *dst, const void *src,
+                                     size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync_ptsz, .feature = PM__PRELOAD_COPY};
+    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync_ptsz, .runtime = runtime,
+                     .feature = PM__PRELOAD_COPY};
     if (try_copy(&a, dst, src, count, kind, stream, false, true))
         return cudaSuccess;
-    return pm__attempt_settle(&a,
-                              PM__REAL_CALL(cudaMemcpyAsync_ptsz, dst, src, count, kind, stream));
+    return pm__attempt_settle(
+        &a, PM__REAL_CALL(runtime, cudaMemcpyAsync_ptsz, dst, src, count, kind, stream));
 }
+PM__PRELOAD_ENTRIES(cudaMemcpyAsync_ptsz, memcpy_async_ptsz,
+                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                     cudaStream_t stream),
+                    (dst, src, count, kind, stream))

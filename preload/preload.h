@@ -40,6 +40,22 @@ void pm__preload_turn_off(unsigned feature);
 
 /* --------------------------------------------- the runtime's own functions */
 
+/* The runtime a caller reached the preload from. The runtime names its
+ * functions with a version (cudaMemcpy@libcudart.so.12), and so does every
+ * caller linked against it; the preload defines each function once per
+ * version (PM__PRELOAD_ENTRIES), so that in a process with two runtimes (a
+ * program on one, a plugin on another) each caller's calls go on to its own
+ * runtime, with its own last-error state. A reference without a version
+ * (dlsym, a program linked against an unversioned runtime) reaches ANY: the
+ * first runtime found. */
+typedef enum {
+    PM__RUNTIME_ANY,
+    PM__RUNTIME_11,
+    PM__RUNTIME_12,
+    PM__RUNTIME_13,
+    PM__RUNTIME_COUNT
+} pm__runtime;
+
 /* X(name, parameter list): the interposed functions, then those the
  * interposed ones call. */
 #define PM__REAL_LIST(X)                                                                   \
@@ -64,11 +80,11 @@ void pm__preload_turn_off(unsigned feature);
 #define PM__REAL_OPTIONAL_LIST(X) \
     X(cudaThreadExchangeStreamCaptureMode, (enum cudaStreamCaptureMode *))
 
-/* pm__real_NAME(): the runtime's NAME, or NULL when no runtime in the
- * process has it (said once for those of PM__REAL_LIST). */
+/* pm__real_NAME(runtime): that runtime's NAME, or NULL when no runtime in
+ * the process has it (said once for those of PM__REAL_LIST). */
 #define PM__REAL_DECLARE_(name, params)            \
     typedef cudaError_t(*pm__real_##name##_t) params; \
-    pm__real_##name##_t pm__real_##name(void);
+    pm__real_##name##_t pm__real_##name(pm__runtime runtime);
 PM__REAL_LIST(PM__REAL_DECLARE_)
 PM__REAL_OPTIONAL_LIST(PM__REAL_DECLARE_)
 #undef PM__REAL_DECLARE_
@@ -78,8 +94,27 @@ PM__REAL_OPTIONAL_LIST(PM__REAL_DECLARE_)
 #define PM__PRELOAD_NO_RUNTIME cudaErrorInitializationError
 
 /* Calls the runtime's name(args...), or returns PM__PRELOAD_NO_RUNTIME. */
-#define PM__REAL_CALL(name, ...) \
-    (pm__real_##name() ? pm__real_##name()(__VA_ARGS__) : PM__PRELOAD_NO_RUNTIME)
+#define PM__REAL_CALL(runtime, name, ...)                                          \
+    (pm__real_##name(runtime) ? pm__real_##name(runtime)(__VA_ARGS__) \
+                              : PM__PRELOAD_NO_RUNTIME)
+
+/* Defines the interposed function name, with parameters params and their
+ * names args, as serve(runtime, args...): name@libcudart.so.11.0, .12 and
+ * .13 for callers of each runtime, and name@@PINMEM_PRELOAD (the default,
+ * preload/versions.map) for references without a version. */
+#define PM__PRELOAD_ENTRIES(name, serve, params, args)                                  \
+    PM__PRELOAD_ENTRY_(name, serve, params, args, any, PM__RUNTIME_ANY, "@@PINMEM_PRELOAD") \
+    PM__PRELOAD_ENTRY_(name, serve, params, args, 11, PM__RUNTIME_11, "@libcudart.so.11.0") \
+    PM__PRELOAD_ENTRY_(name, serve, params, args, 12, PM__RUNTIME_12, "@libcudart.so.12")   \
+    PM__PRELOAD_ENTRY_(name, serve, params, args, 13, PM__RUNTIME_13, "@libcudart.so.13")
+#define PM__PRELOAD_ARGS_(...) __VA_ARGS__
+#define PM__PRELOAD_ENTRY_(name, serve, params, args, tag, runtime, version)        \
+    PM__PRELOAD_EXPORT cudaError_t pm__##name##_##tag params;                      \
+    PM__PRELOAD_EXPORT cudaError_t pm__##name##_##tag params                       \
+    {                                                                               \
+        return serve(runtime, PM__PRELOAD_ARGS_ args);                              \
+    }                                                                               \
+    __asm__(".symver pm__" #name "_" #tag ", " #name version);
 
 /* While another thread captures a graph in global mode, the driver refuses
  * a synchronization from a thread in global mode, and the refusal
@@ -88,8 +123,8 @@ PM__REAL_OPTIONAL_LIST(PM__REAL_DECLARE_)
  * mode: pm__capture_relax sets it and keeps the caller's mode in *was, for
  * pm__capture_restore. false: the mode is unchanged (a runtime without the
  * exchange), and nothing is to be restored. */
-bool pm__capture_relax(enum cudaStreamCaptureMode *was);
-void pm__capture_restore(enum cudaStreamCaptureMode was);
+bool pm__capture_relax(pm__runtime runtime, enum cudaStreamCaptureMode *was);
+void pm__capture_restore(pm__runtime runtime, enum cudaStreamCaptureMode was);
 
 /* ----------------------------------------------------------------- pinmem */
 
@@ -167,6 +202,7 @@ void pm__preload_count_served(pm__preload_fn fn, size_t bytes);
  * overwrite pinmem's per-thread detail). */
 typedef struct pm__attempt {
     pm__preload_fn fn;
+    pm__runtime runtime; /* whose functions answer what pinmem does not serve */
     unsigned feature;
     bool tried;
     pm_result r;

@@ -83,15 +83,28 @@ stats)
     grep -Eq "^  cudaMallocHost +3 +9\.0 MiB +0 +0$" "$err" || fail "cudaMallocHost's line"
     grep -Eq "^  cudaFreeHost +3 +9\.0 MiB +1 +0$" "$err" || fail "cudaFreeHost's line"
     ;;
+runtimes)
+    "$bin/test_preload_loader" runtimes || fail "without the preload"
+    for mode in all off; do
+        PINMEM_PRELOAD=$mode preloaded "$bin/test_preload_loader" runtimes || fail "PINMEM_PRELOAD=$mode"
+        said
+    done
+    ;;
 elf)
     # No dependency on the runtime or on libpinmem, and exactly the
-    # interposed functions exported.
+    # interposed functions exported: by default (PINMEM_PRELOAD) and for
+    # each runtime version.
     if readelf -d "$preload" | grep NEEDED | grep -Eq 'cudart|pinmem\.so'; then
         readelf -d "$preload" | grep NEEDED
         fail "the preload declares a dependency it must not"
     fi
     exported=$(nm -D --defined-only "$preload" | awk '$2 == "T" {print $3}' | sort | tr '\n' ' ')
-    want="cudaFreeHost cudaHostAlloc cudaHostGetDevicePointer cudaHostGetFlags cudaHostRegister cudaHostUnregister cudaMallocHost cudaMemcpy cudaMemcpyAsync cudaMemcpyAsync_ptsz cudaMemcpy_ptds "
+    want=
+    for f in cudaFreeHost cudaHostAlloc cudaHostGetDevicePointer cudaHostGetFlags cudaHostRegister \
+        cudaHostUnregister cudaMallocHost cudaMemcpy cudaMemcpyAsync cudaMemcpyAsync_ptsz cudaMemcpy_ptds; do
+        want+="$f@@PINMEM_PRELOAD $f@libcudart.so.11.0 $f@libcudart.so.12 $f@libcudart.so.13 "
+    done
+    want=$(tr ' ' '\n' <<<"$want" | sed '/^$/d' | sort | tr '\n' ' ')
     [ "$exported" = "$want" ] || fail "exported: $exported"
     ;;
 install)
