@@ -150,9 +150,11 @@ static cudaError_t host_unregister(pm__runtime runtime, void *ptr)
 }
 PM__PRELOAD_ENTRIES(cudaHostUnregister, host_unregister, (void *ptr), (ptr))
 
-/* The queries, for memory pinmem pinned here: pinmem answers as the driver
- * does for the allocation the program asked for (its flags, not those pinmem
- * pinned with). Anything else, and argument errors, the runtime answers. */
+/* The queries, for memory pinmem pinned here: the runtime answers first,
+ * so that an error it must give (the context's sticky error) is the one the
+ * program sees; for memory the preload allocated, pinmem then answers as
+ * the driver does for the allocation the program asked for (its flags, not
+ * those of pinmem's registration). Anything else the runtime answers. */
 static const pm__pinmem_api *owner_of(const void *p)
 {
     pm__preload_stats_arm();
@@ -163,14 +165,15 @@ static const pm__pinmem_api *owner_of(const void *p)
 static cudaError_t host_get_flags(pm__runtime runtime, unsigned *pFlags, void *pHost)
 {
     pm__attempt a = {.fn = PM__FN_cudaHostGetFlags, .runtime = runtime, .feature = PM__PRELOAD_ALLOC};
-    const pm__pinmem_api *pm = pFlags ? owner_of(pHost) : NULL;
+    const cudaError_t rc = PM__REAL_CALL(runtime, cudaHostGetFlags, pFlags, pHost);
+    const pm__pinmem_api *pm = rc == cudaSuccess ? owner_of(pHost) : NULL;
     unsigned flags = 0;
     if (pm && pm->pm_mem_host_get_flags(&flags, pHost) == PM_SUCCESS) {
         *pFlags = flags;
         pm__preload_count_served(a.fn, 0);
         return cudaSuccess;
     }
-    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaHostGetFlags, pFlags, pHost));
+    return pm__attempt_settle(&a, rc);
 }
 PM__PRELOAD_ENTRIES(cudaHostGetFlags, host_get_flags, (unsigned *pFlags, void *pHost),
                     (pFlags, pHost))
@@ -180,15 +183,15 @@ static cudaError_t host_get_device_pointer(pm__runtime runtime, void **pDevice, 
 {
     pm__attempt a = {.fn = PM__FN_cudaHostGetDevicePointer, .runtime = runtime,
                      .feature = PM__PRELOAD_ALLOC};
-    const pm__pinmem_api *pm = pDevice && flags == 0 ? owner_of(pHost) : NULL;
+    const cudaError_t rc = PM__REAL_CALL(runtime, cudaHostGetDevicePointer, pDevice, pHost, flags);
+    const pm__pinmem_api *pm = rc == cudaSuccess ? owner_of(pHost) : NULL;
     pm_deviceptr d = 0;
     if (pm && pm->pm_mem_host_get_device_pointer(&d, pHost, 0) == PM_SUCCESS) {
         *pDevice = (void *)(uintptr_t)d;
         pm__preload_count_served(a.fn, 0);
         return cudaSuccess;
     }
-    return pm__attempt_settle(
-        &a, PM__REAL_CALL(runtime, cudaHostGetDevicePointer, pDevice, pHost, flags));
+    return pm__attempt_settle(&a, rc);
 }
 PM__PRELOAD_ENTRIES(cudaHostGetDevicePointer, host_get_device_pointer,
                     (void **pDevice, void *pHost, unsigned flags), (pDevice, pHost, flags))

@@ -71,7 +71,22 @@ static cudaError_t ret(cudaError_t e)
     return e;
 }
 
-#define ENTER() count(__func__)
+/* The context's sticky error (fake_set_sticky): once set, every call
+ * returns it, as the runtime does after a kernel's fault. */
+static _Atomic cudaError_t sticky;
+
+EXPORT void fake_set_sticky(cudaError_t e)
+{
+    sticky = e;
+}
+
+#define ENTER()                  \
+    do {                         \
+        count(__func__);         \
+        cudaError_t sticky_ = sticky; \
+        if (sticky_ != cudaSuccess) \
+            return ret(sticky_); \
+    } while (0)
 
 /* A potentially unsafe call returns the runtime's refusal where another
  * thread's capture forbids it (see capture_allows). */

@@ -44,6 +44,7 @@ cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
 int fake_calls(const char *name);
 int fake_replay(cudaStream_t s);
+void fake_set_sticky(cudaError_t e);
 
 /* What this run expects pinmem to serve. */
 static bool alloc_on, copy_on;
@@ -191,6 +192,23 @@ static void case_alloc_errors(void)
     CHECK(pinmem_knows(p) == alloc_on);
     CHECK(cudaFreeHost(p) == cudaSuccess);
     CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+/* After a fault the context's error is sticky: the queries pinmem answers
+ * for its memory give it too. */
+static void case_sticky_error(void)
+{
+    void *p = NULL, *dev = NULL;
+    unsigned flags = 0;
+    REQUIRE(cudaMallocHost(&p, 1 << 20) == cudaSuccess && p);
+    fake_set_sticky(cudaErrorIllegalAddress);
+    CHECK(cudaHostGetFlags(&flags, p) == cudaErrorIllegalAddress);
+    CHECK(cudaHostGetDevicePointer(&dev, p, 0) == cudaErrorIllegalAddress);
+    CHECK(cudaPeekAtLastError() == cudaErrorIllegalAddress);
+    fake_set_sticky(cudaSuccess);
+    (void)cudaGetLastError();
+    CHECK(cudaHostGetFlags(&flags, p) == cudaSuccess && flags == cudaHostAllocMapped);
+    CHECK(cudaFreeHost(p) == cudaSuccess);
 }
 
 static void case_register(void)
@@ -606,6 +624,7 @@ static const struct {
 } cases[] = {
     {"alloc", case_alloc},
     {"alloc_errors", case_alloc_errors},
+    {"sticky_error", case_sticky_error},
     {"register", case_register},
     {"copy_sync", case_copy_sync},
     {"copy_async", case_copy_async},
