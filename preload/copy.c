@@ -142,55 +142,39 @@ static bool try_copy(pm__attempt *a, void *dst, const void *src, size_t count,
     return served;
 }
 
-static cudaError_t memcpy_sync(pm__runtime runtime, void *dst, const void *src, size_t count,
-                               enum cudaMemcpyKind kind)
+/* The four entries: pinmem serves the copy, else the runtime's own function
+ * (the per-thread stream's form where the caller used it). */
+static cudaError_t copy_sync(pm__runtime runtime, bool per_thread, void *dst, const void *src,
+                             size_t count, enum cudaMemcpyKind kind)
 {
-    pm__attempt a = {.fn = PM__FN_cudaMemcpy, .runtime = runtime, .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, NULL, true, false))
+    pm__attempt a = {.fn = per_thread ? PM__FN_cudaMemcpy_ptds : PM__FN_cudaMemcpy,
+                     .runtime = runtime, .feature = PM__PRELOAD_COPY};
+    if (try_copy(&a, dst, src, count, kind, NULL, true, per_thread))
         return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaMemcpy, dst, src, count, kind));
+    return pm__attempt_settle(&a, per_thread
+                                      ? PM__REAL_CALL(runtime, cudaMemcpy_ptds, dst, src, count, kind)
+                                      : PM__REAL_CALL(runtime, cudaMemcpy, dst, src, count, kind));
 }
-PM__PRELOAD_ENTRIES(cudaMemcpy, memcpy_sync,
-                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind),
-                    (dst, src, count, kind))
 
-static cudaError_t memcpy_sync_ptds(pm__runtime runtime, void *dst, const void *src, size_t count,
-                                    enum cudaMemcpyKind kind)
+static cudaError_t copy_async(pm__runtime runtime, bool per_thread, void *dst, const void *src,
+                              size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    pm__attempt a = {.fn = PM__FN_cudaMemcpy_ptds, .runtime = runtime, .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, NULL, true, true))
-        return cudaSuccess;
-    return pm__attempt_settle(&a, PM__REAL_CALL(runtime, cudaMemcpy_ptds, dst, src, count, kind));
-}
-PM__PRELOAD_ENTRIES(cudaMemcpy_ptds, memcpy_sync_ptds,
-                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind),
-                    (dst, src, count, kind))
-
-static cudaError_t memcpy_async(pm__runtime runtime, void *dst, const void *src, size_t count,
-                                enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync, .runtime = runtime, .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, stream, false, false))
+    pm__attempt a = {.fn = per_thread ? PM__FN_cudaMemcpyAsync_ptsz : PM__FN_cudaMemcpyAsync,
+                     .runtime = runtime, .feature = PM__PRELOAD_COPY};
+    if (try_copy(&a, dst, src, count, kind, stream, false, per_thread))
         return cudaSuccess;
     return pm__attempt_settle(
-        &a, PM__REAL_CALL(runtime, cudaMemcpyAsync, dst, src, count, kind, stream));
+        &a, per_thread
+                ? PM__REAL_CALL(runtime, cudaMemcpyAsync_ptsz, dst, src, count, kind, stream)
+                : PM__REAL_CALL(runtime, cudaMemcpyAsync, dst, src, count, kind, stream));
 }
-PM__PRELOAD_ENTRIES(cudaMemcpyAsync, memcpy_async,
-                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                     cudaStream_t stream),
-                    (dst, src, count, kind, stream))
 
-static cudaError_t memcpy_async_ptsz(pm__runtime runtime, void *dst, const void *src,
-                                     size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    pm__attempt a = {.fn = PM__FN_cudaMemcpyAsync_ptsz, .runtime = runtime,
-                     .feature = PM__PRELOAD_COPY};
-    if (try_copy(&a, dst, src, count, kind, stream, false, true))
-        return cudaSuccess;
-    return pm__attempt_settle(
-        &a, PM__REAL_CALL(runtime, cudaMemcpyAsync_ptsz, dst, src, count, kind, stream));
-}
-PM__PRELOAD_ENTRIES(cudaMemcpyAsync_ptsz, memcpy_async_ptsz,
-                    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                     cudaStream_t stream),
-                    (dst, src, count, kind, stream))
+#define PM__COPY_SYNC_PARAMS (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+#define PM__COPY_ASYNC_PARAMS                                                    \
+    (void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
+PM__PRELOAD_ENTRIES(cudaMemcpy, copy_sync, PM__COPY_SYNC_PARAMS, (false, dst, src, count, kind))
+PM__PRELOAD_ENTRIES(cudaMemcpy_ptds, copy_sync, PM__COPY_SYNC_PARAMS, (true, dst, src, count, kind))
+PM__PRELOAD_ENTRIES(cudaMemcpyAsync, copy_async, PM__COPY_ASYNC_PARAMS,
+                    (false, dst, src, count, kind, stream))
+PM__PRELOAD_ENTRIES(cudaMemcpyAsync_ptsz, copy_async, PM__COPY_ASYNC_PARAMS,
+                    (true, dst, src, count, kind, stream))

@@ -98,8 +98,8 @@ PM__REAL_OPTIONAL_LIST(PM__REAL_DECLARE_)
     (pm__real_##name(runtime) ? pm__real_##name(runtime)(__VA_ARGS__) \
                               : PM__PRELOAD_NO_RUNTIME)
 
-/* Defines the interposed function name, with parameters params and their
- * names args, as serve(runtime, args...): name@libcudart.so.11.0, .12 and
+/* Defines the interposed function name, with parameters params, as
+ * serve(runtime, args...), args being expressions of the parameters: name@libcudart.so.11.0, .12 and
  * .13 for callers of each runtime, and name@@PINMEM_PRELOAD (the default,
  * preload/versions.map) for references without a version. */
 #define PM__PRELOAD_ENTRIES(name, serve, params, args)                                  \
