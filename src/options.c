@@ -378,7 +378,7 @@ bool pm__option_env(pm__option id, unsigned long long *value)
 unsigned long long pm__option_value(pm__option id)
 {
     pthread_once(&load_once, load);
-    return state[id].in_env ? state[id].env : table[id].fallback;
+    return named_in_env(id) ? state[id].env : table[id].fallback;
 }
 
 void pm__option_publish(pm__option id, unsigned long long value, unsigned long long default_value,
@@ -402,7 +402,7 @@ bool pm__option_describe(unsigned index, pm_setting *s)
     const spec *o = &table[index];
     pthread_mutex_lock(&state_lock);
     unsigned long long v = state[index].published ? state[index].value
-                           : state[index].in_env ? state[index].env
+                           : named_in_env(index) ? state[index].env
                                                  : o->fallback;
     const char *source = state[index].published ? state[index].source
                          : named_in_env(index)  ? from_environment

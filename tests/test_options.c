@@ -154,6 +154,9 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_KERNEL_MAX", "64K", GOOD, NO_FIELD, 0},
     {"PINMEM_COPY_KERNEL_MAX", "-1", GOOD, NO_FIELD, 0},
     {"PINMEM_COPY_KERNEL_MAX", "512M", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_KERNEL_MAX", "0", GOOD, NO_FIELD, 0},
+    {"PINMEM_COPY_KERNEL_PER_SM", "0", GOOD, NO_FIELD, 0},
+    {"PINMEM_COPY_KERNEL_PER_SM", "2", GOOD, NO_FIELD, 0},
     {"PINMEM_STATS", "yes", BAD, NO_FIELD, 0},
     {"PINMEM_POOL_VMM", "2", BAD, NO_FIELD, 0},
     {"PINMEM_POOL_VMM", "1", GOOD, NO_FIELD, 0},
@@ -164,6 +167,28 @@ static const env_case env_cases[] = {
     {"PINMEM_THREAD_CPUS", "caller", GOOD, NO_FIELD, 0},
     {"PINMEM_THREAD_CPUS", "all", BAD, NO_FIELD, 0},
 };
+
+/* What pm_get_setting says of a good case, for settings no field shows. */
+static const struct {
+    const char *name, *value, *reads;
+} setting_reads[] = {
+    {"PINMEM_COPY_KERNEL_MAX", "0", "512K"}, /* 0: the default */
+    {"PINMEM_COPY_KERNEL_MAX", "-1", "-1"},
+    {"PINMEM_COPY_KERNEL_PER_SM", "0", "4"},
+    {"PINMEM_COPY_KERNEL_PER_SM", "2", "2"},
+};
+
+static void check_setting_reads(const env_case *k, const pm_setting *st)
+{
+    for (size_t i = 0; i < sizeof setting_reads / sizeof *setting_reads; i++) {
+        if (strcmp(setting_reads[i].name, k->name) || strcmp(setting_reads[i].value, k->value))
+            continue;
+        if (strcmp(st->value, setting_reads[i].reads) != 0)
+            fprintf(stderr, "%s=%s reads %s, expected %s\n", k->name, k->value, st->value,
+                    setting_reads[i].reads);
+        CHECK(strcmp(st->value, setting_reads[i].reads) == 0);
+    }
+}
 
 static unsigned long long field_value(const pm_copy_config *c, size_t offset, size_t width)
 {
@@ -212,6 +237,7 @@ static int run_env_case(const env_case *k)
     CHECK(setting(k->name, &st));
     bool zero = strcmp(k->value, "0") == 0;
     CHECK(strcmp(st.source, zero ? "default" : "environment") == 0);
+    check_setting_reads(k, &st);
     return check_failures;
 }
 
@@ -342,6 +368,32 @@ static void code(void)
     round_trip();
 }
 
+/* A round trip leaves the staging engine running, and the workers that fill
+ * buffers for copies to the device follow the worker count. */
+static void engine_kept(void)
+{
+    enum { BYTES = 16 << 20 };
+    char *host = malloc(BYTES);
+    pm_deviceptr dev = 0;
+    REQUIRE(host);
+    memset(host, 1, BYTES);
+    REQUIRE_RESULT(pm_device_alloc(&dev, BYTES), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod(dev, host, BYTES), PM_SUCCESS);
+    pm_copy_stats before = {.struct_size = sizeof before}, after = before;
+    CHECK_RESULT(pm_copy_get_stats(&before), PM_SUCCESS);
+    round_trip();
+    CHECK_RESULT(pm_copy_get_stats(&after), PM_SUCCESS);
+    CHECK(before.staging_threads > 0 && after.staging_threads == before.staging_threads);
+    pm_copy_config c = current();
+    c.workers = c.workers + 2;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    CHECK(current().htod_workers == c.workers);
+    c.workers = c.htod_workers = 0;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    CHECK_RESULT(pm_device_free(dev), PM_SUCCESS);
+    free(host);
+}
+
 static void settings_list(void)
 {
     pm_setting st = {.struct_size = sizeof st};
@@ -397,6 +449,7 @@ int main(void)
         return 1;
     }
     settings_list();
+    engine_kept();
     code();
     budget();
     return check_finish("test_options");

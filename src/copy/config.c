@@ -63,6 +63,10 @@ pm_result pm_copy_set_config(const pm_copy_config *given)
     /* An older, smaller struct leaves the fields it lacks as they are. */
     pm_copy_config whole = config_of(settings), resolved;
     memcpy(&whole, given, given->struct_size);
+    /* All workers filling is reported as their count; that count given back
+     * still means all, so that it follows a new worker count. */
+    if (!settings->htod_workers && whole.htod_workers == pm__copy_htod_workers(settings))
+        whole.htod_workers = 0;
     pm__copy_settings fresh;
     r = pm__copy_resolve(&whole, "pm_copy_set_config", &resolved, &fresh);
     if (r != PM_SUCCESS) {
