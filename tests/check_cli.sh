@@ -1,7 +1,8 @@
 #!/bin/sh
 # The pinmem command's conventions: help and the version on stdout with
 # status 0; a command or option it does not know named on stderr, with the
-# usage, and status 2; --plot refused where nothing is plotted.
+# usage, and status 2; --plot refused where nothing is plotted, or under a
+# name gnuplot cannot quote; output that cannot be written fails.
 set -u
 pinmem=$1 # and $2, the version it should print
 dir=$(mktemp -d "${TMPDIR:-/tmp}/pinmem-cli.XXXXXX")
@@ -49,9 +50,20 @@ expect 2 err "--plot" bench pool --plot "$dir/pool.png"
 expect 2 err "--plot" bench --quick --plot "$dir/host.png"
 expect 2 err "--plot" bench copy --plot
 expect 2 err "--plot" bench copy --plot "$dir/no/such/dir/copy.png"
+expect 2 err "quotes" bench copy --plot "$dir/x';touch $dir/INJECTED;'.png"
+[ ! -e "$dir/INJECTED" ] || fail "bench copy --plot" "ran a command from the file name"
+export PINMEM_BENCH_COPY="sizes sizez"
+expect 2 err "'sizez'" bench copy
+unset PINMEM_BENCH_COPY
 expect 2 err "--quick" bench footprint --quick
 expect 2 err "one benchmark" bench copy pool
 [ ! -e "$dir/pool.png" ] && [ ! -e "$dir/pool.png.dat" ] || fail "bench pool --plot" "wrote a file"
+# Output that cannot be written fails the command.
+for cmd in version preload-path; do
+    if [ -w /dev/full ] && "$pinmem" $cmd >/dev/full 2>"$dir/err"; then
+        fail "$cmd >/dev/full" "status 0"
+    fi
+done
 
 if [ $failures -ne 0 ]; then
     echo "$failures CLI check(s) failed"

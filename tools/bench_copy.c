@@ -14,10 +14,13 @@
  * stream of their own), own-both (both at once, each thread on its own
  * stream), and summary (a last line of key=value figures for
  * scripts that compare settings, bench/gpu-copy.sh). */
+#include <libgen.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench_copy.h"
 
@@ -135,6 +138,26 @@ static bool names(const char *list, const char *word)
     for (const char *p = list; (p = strstr(p, word)) != NULL; p += n)
         if ((p == list || strchr(" ,", p[-1])) && (p[n] == '\0' || strchr(" ,", p[n])))
             return true;
+    return false;
+}
+
+/* The first word of list (words between spaces and commas) that names no
+ * section, copied into out; false when every word names one. */
+static bool unknown_section(const char *list, char *out, size_t cap)
+{
+    static const char *const known[] = {"sizes", "mid", "small", "cache", "both",
+                                        "own-both", "batch", "streams", "summary"};
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, " ,");
+        bool found = n == 0;
+        for (size_t k = 0; !found && k < sizeof known / sizeof known[0]; k++)
+            found = strlen(known[k]) == n && strncmp(p, known[k], n) == 0;
+        if (!found) {
+            snprintf(out, cap, "%.*s", (int)n, p);
+            return true;
+        }
+        p += n + (p[n] != '\0');
+    }
     return false;
 }
 
@@ -301,8 +324,28 @@ static void plot_batches(FILE *f, const char *base, int index)
             base, index, index, index, index);
 }
 
-/* Writes FILE.dat and FILE.gp beside FILE and runs gnuplot on them; where
- * gnuplot is missing (the GPU machine), the two stay to be drawn elsewhere.
+/* Runs gnuplot on script in the directory of file (whose paths the script
+ * names relative to it), its messages on stdout; true when it drew. */
+static bool run_gnuplot(const char *file, const char *script)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", file);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(STDOUT_FILENO, STDERR_FILENO);
+        if (chdir(dirname(dir)) == 0)
+            execlp("gnuplot", "gnuplot", script, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+}
+
+/* Writes FILE.png.dat and FILE.png.gp beside FILE.png and runs gnuplot on
+ * them; where gnuplot is missing (the GPU machine), the two stay to be drawn
+ * elsewhere.
  * Above, bandwidth against size both ways with the pinned ceilings; below,
  * the batches (each panel where its section ran). The sizes on the x axis
  * read in KiB, MiB and GiB, and the legends sit below their plots, where
@@ -354,16 +397,23 @@ static void plot(const char *file, const char *subtitle, const size_row *to, con
         plot_batches(f, base, n_rows ? 1 : 0);
     fputs("unset multiplot\n", f);
     fclose(f);
-    char cmd[2300];
-    snprintf(cmd, sizeof cmd, "cd \"$(dirname '%s')\" && gnuplot '%s.gp' 2>&1", file, base);
-    int rc = system(cmd);
-    printf(rc == 0 ? "plot: wrote %s\n"
+    snprintf(path, sizeof path, "%s.gp", base);
+    printf(run_gnuplot(file, path) ? "plot: wrote %s\n"
                    : "plot: gnuplot is missing or failed; %s.dat and %s.gp are there to draw it\n",
            file, file);
 }
 
 int bench_copy(bool quick, const char *plot_file)
 {
+    const char *asked = getenv("PINMEM_BENCH_COPY");
+    char word[64];
+    if (asked && unknown_section(asked, word, sizeof word)) {
+        fprintf(stderr,
+                "pinmem bench copy: PINMEM_BENCH_COPY names '%s', not one of sizes, mid, "
+                "small, cache, both, own-both, batch, streams, summary\n",
+                word);
+        return 2;
+    }
     const sections sec = sections_asked();
     copy_buffers cb;
     if (!copy_buffers_open(&cb, "bench copy", quick))

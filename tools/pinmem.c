@@ -130,6 +130,12 @@ static int bench(int argc, char **argv)
             plot = arg[6] == '=' ? arg + 7 : i + 1 < argc ? argv[++i] : "";
             if (!plot[0] || plot[0] == '-')
                 return refuse(bench_usage_text, "pinmem bench: --plot needs a file name (FILE.png)");
+            /* The name goes into gnuplot's quoted strings. */
+            if (strpbrk(plot, "'\"\\\n"))
+                return refuse(bench_usage_text,
+                              "pinmem bench: --plot %s: the name may not hold quotes, "
+                              "backslashes or newlines",
+                              plot);
         } else if (strcmp(arg, "--devices") == 0 || strncmp(arg, "--devices=", 10) == 0) {
             devices = arg[9] == '=' ? arg + 10 : i + 1 < argc ? argv[++i] : "";
             if (!devices[0] || devices[0] == '-')
@@ -192,7 +198,7 @@ static int print_version(void)
     return 0;
 }
 
-int main(int argc, char **argv)
+static int run_command(int argc, char **argv)
 {
     if (argc < 2)
         return refuse(usage_text, "pinmem: no command given");
@@ -212,4 +218,16 @@ int main(int argc, char **argv)
     if (cmd[0] == '-')
         return refuse(usage_text, "pinmem: unknown option '%s'", cmd);
     return refuse(usage_text, "pinmem: unknown command '%s'", cmd);
+}
+
+/* Output that could not be written (a full disk, a closed pipe) fails the
+ * command: LD_PRELOAD=$(pinmem preload-path) must not take half a path. */
+int main(int argc, char **argv)
+{
+    int rc = run_command(argc, argv);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "pinmem: writing the output failed: %s\n", strerror(errno));
+        return rc ? rc : 1;
+    }
+    return rc;
 }
