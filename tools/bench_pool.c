@@ -253,6 +253,7 @@ static void steady_state(bool holding, bool threshold_zero)
         return;
     }
     double worst = 0, sum = 0, t0 = now_ns();
+    int sampled = 0;
     uint64_t rng = 12345;
     size_t n = 0, bytes = 0;
     bool failed = false;
@@ -277,6 +278,7 @@ static void steady_state(bool holding, bool threshold_zero)
             pm_mem_pool_get_attribute(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
             double ratio = (double)reserved / (double)used;
             sum += ratio;
+            sampled++;
             worst = ratio > worst ? ratio : worst;
         }
     }
@@ -300,17 +302,23 @@ static void steady_state(bool holding, bool threshold_zero)
            st.requested / mib, used / mib, used_high / mib, reserved / mib,
            (double)reserved / (double)used, (double)reserved / (double)used_high,
            (double)reserved / (double)st.requested);
-    printf("  reserved/used sampled %d times over the second half: mean %.3f, worst %.3f\n", samples,
-           sum / samples, worst);
+    if (sampled)
+        printf("  reserved/used sampled %d times over the second half: mean %.3f, worst %.3f\n",
+               sampled, sum / sampled, worst);
+    else
+        printf("  reserved/used not sampled: the steps stopped at the failed allocation\n");
     printf("  reserved, not used: %.1f MiB in wholly free chunks, %.1f MiB in holes of chunks in "
            "use, %.1f MiB in free small blocks\n",
            st.free_in_empty_chunks / mib, st.free_in_holes / mib,
            (double)(reserved - used - st.free_in_empty_chunks - st.free_in_holes) / mib);
     printf("  of those, %.1f MiB in granules no allocation touches; granules of %s: %llu "
            "pinned, %llu given back (%llu moved where allocations needed them), %.1f ms pinning "
-           "and giving back; %.2f us a step\n",
+           "and giving back",
            st.idle_granules / mib, st.granule ? "2 MiB" : "whole chunks", st.granules_pinned,
-           st.granules_released, st.granules_moved, st.pin_ns / 1e6, step_us);
+           st.granules_released, st.granules_moved, st.pin_ns / 1e6);
+    if (!failed)
+        printf("; %.2f us a step", step_us);
+    printf("\n");
     for (size_t s = 0; s < n; s++)
         pm_mem_free(live[s]);
     pm_mem_pool_destroy(pool);
@@ -318,9 +326,12 @@ static void steady_state(bool holding, bool threshold_zero)
 
 /* The first allocation from a fresh pool: best of three. *granule: the
  * pool's (0: chunks pinned whole). */
+/* The best time of rounds none of which succeeded. */
+static const double no_time = 1e30;
+
 static double first_alloc_ns(size_t bytes, bool threshold_zero, unsigned long long *granule)
 {
-    double best = 1e30;
+    double best = no_time;
     for (int round = 0; round < 3; round++) {
         pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
         pm_mem_pool_t pool = NULL;
@@ -369,7 +380,7 @@ static void cold_first_alloc(const baseline *b)
         unsigned long long keep_granule = 0, zero_granule = 0;
         double best = first_alloc_ns(sizes[i], false, &keep_granule),
                zero_best = first_alloc_ns(sizes[i], true, &zero_granule);
-        double base_best = 1e30;
+        double base_best = no_time;
         for (int round = 0; round < 3; round++) {
             void *bp = NULL, *q = NULL;
             if (b->pool_open(&bp) == PM_SUCCESS) {
@@ -385,6 +396,14 @@ static void cold_first_alloc(const baseline *b)
             }
         }
         char sz[32], keep[48], zero[48];
+        if (best >= no_time || zero_best >= no_time || base_best >= no_time) {
+            printf("  %-8s not measured: an allocation failed (pinmem %s, with release "
+                   "threshold 0 %s, %s %s)\n",
+                   human_size(sizes[i], sz, sizeof sz), best < no_time ? "ok" : "failed",
+                   zero_best < no_time ? "ok" : "failed", b->pool_name,
+                   base_best < no_time ? "ok" : "failed");
+            continue;
+        }
         printf("  %-8s pinmem %9.3f ms (%s), with release threshold 0 %9.3f ms (%s); %s %9.3f ms "
                "(%.1fx, %.1fx faster)\n",
                human_size(sizes[i], sz, sizeof sz), best / 1e6,
