@@ -55,6 +55,8 @@ expect 2 err "quotes" bench copy --plot "$dir/x';touch $dir/INJECTED;'.png"
 export PINMEM_BENCH_COPY="sizes sizez"
 expect 2 err "'sizez'" bench copy
 unset PINMEM_BENCH_COPY
+expect 2 err "each once" bench copy --devices 0,0
+expect 2 err "each once" bench copy --devices 0,
 expect 2 err "--quick" bench footprint --quick
 expect 2 err "one benchmark" bench copy pool
 [ ! -e "$dir/pool.png" ] && [ ! -e "$dir/pool.png.dat" ] || fail "bench pool --plot" "wrote a file"

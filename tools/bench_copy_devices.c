@@ -130,15 +130,19 @@ static int parse_devices(const char *list, int total, int *ordinals)
         return total < MAX_DEVICES ? total : MAX_DEVICES;
     }
     int count = 0;
-    for (const char *p = list; *p && count < MAX_DEVICES;) {
+    for (const char *p = list;; p++) {
         char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v >= total || (*end && *end != ','))
+        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+        if (v < 0 || v >= total || count == MAX_DEVICES || (*end && *end != ','))
             return -1;
+        for (int i = 0; i < count; i++)
+            if (ordinals[i] == v)
+                return -1; /* each device once */
         ordinals[count++] = (int)v;
-        p = *end ? end + 1 : end;
+        if (!*end)
+            return count;
+        p = end;
     }
-    return count;
 }
 
 static void close_sides(device_side *sides, int count)
@@ -162,7 +166,7 @@ int bench_copy_devices(bool quick, const char *list)
     if (count <= 0) {
         fprintf(stderr,
                 "pinmem bench copy --devices %s: give 'all' or ordinals below %d, comma "
-                "separated\n",
+                "separated, each once\n",
                 list, total);
         return 2;
     }
