@@ -63,10 +63,6 @@ pm_result pm_copy_set_config(const pm_copy_config *given)
     /* An older, smaller struct leaves the fields it lacks as they are. */
     pm_copy_config whole = config_of(settings), resolved;
     memcpy(&whole, given, given->struct_size);
-    /* All workers filling is reported as their count; that count given back
-     * still means all, so that it follows a new worker count. */
-    if (!settings->htod_workers && whole.htod_workers == pm__copy_htod_workers(settings))
-        whole.htod_workers = 0;
     pm__copy_settings fresh;
     r = pm__copy_resolve(&whole, "pm_copy_set_config", &resolved, &fresh);
     if (r != PM_SUCCESS) {
@@ -74,8 +70,11 @@ pm_result pm_copy_set_config(const pm_copy_config *given)
         return r;
     }
     /* A new shape of engine starts with the next staged copy; otherwise the
-     * ring stays (it keeps staged copies working under a new budget). */
-    if (fresh.workers != settings->workers || fresh.htod_workers != settings->htod_workers ||
+     * ring stays (it keeps staged copies working under a new budget). The
+     * filling workers compare as counts: all of them is reported as their
+     * number, which a round trip gives back. */
+    if (fresh.workers != settings->workers ||
+        pm__copy_htod_workers(&fresh) != pm__copy_htod_workers(settings) ||
         fresh.chunk_bytes != settings->chunk_bytes || fresh.buffers != settings->buffers)
         pm__staging_stop();
     *settings = fresh;

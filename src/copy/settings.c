@@ -138,8 +138,6 @@ static void fill_config(const unsigned long long v[F_COUNT], pm_copy_config *out
     *out = (pm_copy_config){.struct_size = sizeof *out};
     out->workers = (unsigned)pick(v[F_WORKERS], e->workers, machine_workers());
     out->htod_workers = (unsigned)pick(v[F_HTOD_WORKERS], e->htod_workers, 0); /* 0: all */
-    if (out->htod_workers >= out->workers)
-        out->htod_workers = 0; /* all, however named: pm_copy_get_config reports all as workers */
     out->chunk_bytes = pick(v[F_CHUNK], e->chunk_bytes, (size_t)4 << 20);
     out->slice_bytes = pick(v[F_SLICE], e->slice_bytes, (size_t)512 << 10);
     out->dtoh_slice_bytes = pick(v[F_DTOH_SLICE], e->dtoh_slice_bytes, (size_t)128 << 10);
