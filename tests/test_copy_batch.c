@@ -430,6 +430,13 @@ static void host_inside_device(void)
     CHECK(stats().direct_bytes - before.direct_bytes == page);
     CHECK_RESULT(pm_memcpy((pm_deviceptr)(uintptr_t)back, dev + page, page), PM_SUCCESS);
     CHECK(first_mismatch(back, page, 32) == page);
+    /* One destination as device memory, one as the host memory inside it:
+     * the same bytes, so the batch is refused, naming both elements. */
+    pm_deviceptr overlapping[2] = {dev + page, dev + 2 * page};
+    srcs[1] = (pm_deviceptr)(uintptr_t)back;
+    sizes[0] = 2 * page;
+    CHECK_RESULT(pm_memcpy_batch_async(overlapping, srcs, sizes, 2, s), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "element 1") && strstr(pm_last_error_detail(), "element 0"));
     CHECK_RESULT(pm_mem_host_unregister(pinned), PM_SUCCESS);
     device_free(dev);
 }

@@ -113,6 +113,10 @@ typedef struct pm__backend {
      * their first page (0: one piece), and a DMA must stay inside one piece:
      * the driver refuses a copy that runs past a registration's end. */
     size_t registration_piece;
+    /* Device memory is ordinary memory of the process (posix), so a host
+     * registration may lie inside a device allocation and an address can be
+     * both kinds; on a GPU the two never share an address. */
+    bool device_is_host_memory;
     /* Bytes that can still be pinned before the system refuses (posix: the
      * RLIMIT_MEMLOCK headroom); SIZE_MAX when nothing binds (cuda: the driver
      * ignores the limit). Pools and the staging ring size themselves by it. */

@@ -521,6 +521,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
                         device);
     memset(out, 0, sizeof *out);
     out->name = "posix";
+    out->device_is_host_memory = true;
     pm_capabilities *c = &out->caps;
     c->struct_size = sizeof *c;
     snprintf(c->backend, sizeof c->backend, "posix");

@@ -79,8 +79,8 @@ static pm_result posix_pointer_extent(pm_deviceptr p, size_t bytes, pm__memory_k
         return PM_SUCCESS;
     if (bytes > r.base + r.size - (uintptr_t)p)
         return pm__fail(PM_ERROR_INVALID_VALUE,
-                        "pm_memcpy: %zu bytes from 0x%llx run past the end of the device "
-                        "allocation at 0x%llx (%zu bytes)",
+                        "%zu bytes from 0x%llx run past the end of the device allocation at "
+                        "0x%llx (%zu bytes)",
                         bytes, p, (unsigned long long)r.base, r.size);
     *kind = PM__MEMORY_DEVICE;
     *lo = r.base;

@@ -425,6 +425,15 @@ static pm_result plan_elements(batch *c, const pm_deviceptr *dsts, const pm_devi
             r = take_element(c, i, dsts[i], srcs[i], sizes[i]);
         (*copies)++;
     }
+    /* Where the kinds share addresses, every range is checked against every
+     * other: the device list has room for all of them. */
+    if (r == PM_SUCCESS && c->b->device_is_host_memory) {
+        for (size_t k = 0; k < c->host.n; k++)
+            pm__spans_add(&c->device, c->host.v[k].lo, c->host.v[k].hi, c->host.v[k].tag >> 1,
+                          c->host.v[k].tag & 1);
+        c->host.n = 0;
+        c->host.has_dst = false;
+    }
     if (r == PM_SUCCESS)
         r = pm__batch_check_overlaps(&c->device, c->host.v + c->host.n);
     if (r == PM_SUCCESS)

@@ -5,6 +5,7 @@
  * copy, as the driver does it. pm_device_alloc / pm_device_free give the
  * device memory both backends recognise. */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../errors.h"
 #include "../instance.h"
@@ -87,8 +88,11 @@ static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_devic
         return r;
     pm__memory_kind to, from;
     if ((r = kind_of(inst, dst, bytes, &to)) != PM_SUCCESS ||
-        (r = kind_of(inst, src, bytes, &from)) != PM_SUCCESS)
-        return r;
+        (r = kind_of(inst, src, bytes, &from)) != PM_SUCCESS) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", pm_last_error_detail());
+        return pm__fail_driver(r, pm_last_driver_error(), "%s: %s", name, why);
+    }
     /* A capture takes page-locked host memory only (copy.c says why), and
      * says so before anything is captured. */
     if (capturing && ((to == PM__MEMORY_HOST &&
