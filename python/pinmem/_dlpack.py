@@ -80,19 +80,32 @@ def _release(address):
         _live.pop(address, None)
 
 
-@_Deleter
-def _deleter(managed):
-    # Called by the consumer (any thread; ctypes takes the GIL) when done.
-    _release(ctypes.addressof(managed.contents))
+def _deleter(managed, _live=_live, _lock=_live_lock, _addr=ctypes.addressof):
+    # Called by the consumer (any thread; ctypes takes the GIL) when done;
+    # possibly after this module's globals were cleared at shutdown.
+    with _lock:
+        _live.pop(_addr(managed.contents), None)
 
 
-@_Destructor
-def _capsule_destructor(capsule):
+_deleter = _Deleter(_deleter)
+
+
+def _capsule_destructor(capsule, _valid=_is_valid_raw, _get=_get_pointer_raw, _name=_NAME,
+                        _live=_live, _lock=_live_lock):
     # A capsule never consumed still owns its tensor.
-    if _is_valid_raw(capsule, _NAME):
-        address = _get_pointer_raw(capsule, _NAME)
+    if _valid(capsule, _name):
+        address = _get(capsule, _name)
         if address:
-            _release(address)
+            with _lock:
+                _live.pop(address, None)
+
+
+_capsule_destructor = _Destructor(_capsule_destructor)
+# Immortal: consumers may call them during interpreter shutdown, after this
+# module's globals are gone (and with them, otherwise, the thunks and _live).
+_api.Py_IncRef.argtypes = [ctypes.py_object]
+_api.Py_IncRef(_deleter)
+_api.Py_IncRef(_capsule_destructor)
 
 
 def dtype_code(dtype):

@@ -34,7 +34,8 @@ class PinmemMemoryResource(_MemoryResource):
     def pool(self):
         return self._pool
 
-    def allocate(self, size, *, stream=None):
+    # cuda.core passes stream by position (Buffer.close, copy_to) or by name.
+    def allocate(self, size, stream=None):
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ValueError(f"PinmemMemoryResource.allocate: size must be a size in bytes, not {size!r}")
         lib = _lib.load()
@@ -49,11 +50,13 @@ class PinmemMemoryResource(_MemoryResource):
             check(lib.pm_mem_alloc_from_pool_async(ctypes.byref(p), size, self._pool.handle,
                                                    handle or None), "PinmemMemoryResource.allocate")
         ptr = p.value or 0
-        if stream is not None:
-            return _Buffer.from_handle(ptr, size, mr=self, stream=stream)
-        return _Buffer.from_handle(ptr, size, mr=self)
+        try:
+            return _Buffer.from_handle(ptr, size, mr=self)
+        except BaseException:
+            self.deallocate(ptr, size, stream)
+            raise
 
-    def deallocate(self, ptr, size, *, stream=None):
+    def deallocate(self, ptr, size, stream=None):
         ptr = int(ptr)
         if not ptr:
             return

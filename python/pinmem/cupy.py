@@ -52,5 +52,6 @@ def install(pool=None):
 
 
 def uninstall():
-    """Puts CuPy's own pinned-memory allocator back."""
-    _cupy.cuda.set_pinned_memory_allocator(None)
+    """Puts CuPy's own pinned-memory allocator back: its default pinned pool
+    (None would select CuPy's unpooled allocation instead)."""
+    _cupy.cuda.set_pinned_memory_allocator(_cupy.get_default_pinned_memory_pool().malloc)

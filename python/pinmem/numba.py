@@ -37,6 +37,12 @@ def _unregister(pointer):
     check(_lib.load().pm_mem_host_unregister(pointer), "pinmem.numba unpin")
 
 
+def _host_pointer(pointer):
+    """The pointer as Numba's memory objects take it: an int with the NVIDIA
+    binding, a c_void_p with Numba's ctypes binding (it reads .value)."""
+    return pointer if getattr(_driver, "USE_NV_BINDING", True) else ctypes.c_void_p(pointer)
+
+
 def _retry_after_flush(manager, allocate):
     """As Numba does: on out-of-memory, flush the deferred frees and try once more."""
     try:
@@ -66,10 +72,10 @@ class PinmemMemoryManager(_driver.NumbaCUDAMemoryManager):
 
         ctx = weakref.proxy(self.context)
         if mapped:
-            mem = _driver.MappedMemory(ctx, pointer, size, finalizer=finalizer)
+            mem = _driver.MappedMemory(ctx, _host_pointer(pointer), size, finalizer=finalizer)
             self.allocations[pointer] = mem
             return mem.own()
-        return _driver.PinnedMemory(ctx, pointer, size, finalizer=finalizer)
+        return _driver.PinnedMemory(ctx, _host_pointer(pointer), size, finalizer=finalizer)
 
     def mempin(self, owner, pointer, size, mapped=False):
         if isinstance(pointer, ctypes.c_void_p):
@@ -91,10 +97,12 @@ class PinmemMemoryManager(_driver.NumbaCUDAMemoryManager):
 
         ctx = weakref.proxy(self.context)
         if mapped:
-            mem = _driver.MappedMemory(ctx, pointer, size, owner=owner, finalizer=finalizer)
+            mem = _driver.MappedMemory(ctx, _host_pointer(pointer), size, owner=owner,
+                                       finalizer=finalizer)
             self.allocations[pointer] = mem
             return mem.own()
-        return _driver.PinnedMemory(ctx, pointer, size, owner=owner, finalizer=finalizer)
+        return _driver.PinnedMemory(ctx, _host_pointer(pointer), size, owner=owner,
+                                    finalizer=finalizer)
 
 
 # The name NUMBA_CUDA_MEMORY_MANAGER=pinmem.numba looks for.

@@ -35,3 +35,9 @@ def test_resource_hands_out_pinmem_memory():
         assert pool.stats()["live"] == 0
         sync_buf = mr.allocate(4096)
         sync_buf.close()
+        # cuda.core passes the stream by position too (Buffer.close, copy_to).
+        positional = mr.allocate(4096, stream)
+        assert pool.stats()["live"] == 1
+        positional.close(stream)
+        stream.sync()
+        assert pool.stats()["live"] == 0

@@ -28,6 +28,10 @@ def test_install_and_pinned_arrays():
             del a, b, d
         finally:
             pc.uninstall()
+    # CuPy's own pooled allocator is back: a freed block stays in its pool.
+    x = cupyx.empty_pinned((1024,), dtype=np.float32)
+    del x
+    assert cupy.get_default_pinned_memory_pool().n_free_blocks() >= 1
 
 
 def test_copy_cupy_arrays():

@@ -262,3 +262,22 @@ def test_a_crash_would_show():
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(pinmem.__file__))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and "survived" in run.stdout, run.stderr
+
+
+@pytest.mark.parametrize("keep", [
+    "import builtins; builtins.kept = b.__dlpack__()",
+    "import json; json.kept = b.__dlpack__()",
+    "torch.kept = torch.utils.dlpack.from_dlpack(b)",
+])
+def test_dlpack_outlives_the_module(keep):
+    """A capsule, or a tensor made from one, that lives until the interpreter
+    shuts down: its deleter may run after pinmem's modules are cleared."""
+    if "torch" in keep:
+        pytest.importorskip("torch", reason="PyTorch is not installed here")
+    import os
+    code = ("import pinmem\n" + ("import torch, torch.utils.dlpack\n" if "torch" in keep else "")
+            + "b = pinmem.empty(4096)\n" + keep + "\nprint('kept')\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(pinmem.__file__))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "kept" in run.stdout, (run.returncode, run.stderr[-2000:])
