@@ -92,7 +92,7 @@ class Buffer(Closing):
             if self._exports:
                 raise BufferError(
                     f"cannot close the buffer: {self._exports} memoryview(s), array(s), "
-                    f"tensor(s) or capsule(s) made from it are still alive")
+                    f"tensor(s), capsule(s) or copies running in other threads still use it")
             ptr, self._ptr = self._ptr, None
             disown(ptr)
         _free(ptr, self._pool)
@@ -107,10 +107,18 @@ class Buffer(Closing):
             pass
 
     def _copy_side(self, writable, what, consumer_stream=None):
-        ptr = self._ptr
-        if ptr is None:
-            raise ValueError(f"{what}: the buffer is closed")
-        return (ptr, self._nbytes, HOST, None, None)
+        # A copy counts as an export while it runs: close() from another
+        # thread must not free the memory under it.
+        with _close_lock:
+            ptr = self._ptr
+            if ptr is None:
+                raise ValueError(f"{what}: the buffer is closed")
+            self._exports += 1
+        return (ptr, self._nbytes, HOST, None, self._copy_done)
+
+    def _copy_done(self):
+        with _close_lock:
+            self._exports -= 1
 
     # ------------------------------------------------------- sharing memory
 
@@ -335,6 +343,7 @@ class DeviceBuffer(Closing):
         check(lib.pm_device_alloc(ctypes.byref(d), nbytes), "pinmem.device_empty")
         self._ptr = d.value
         self._nbytes = nbytes
+        self._copies = 0
         own(d.value, nbytes)
 
     @property
@@ -362,13 +371,22 @@ class DeviceBuffer(Closing):
                 "strides": None, "version": 3, "stream": None}
 
     def _copy_side(self, writable, what, consumer_stream=None):
-        ptr = self._ptr
-        if ptr is None:
-            raise ValueError(f"{what}: the device buffer is closed")
-        return (ptr, self._nbytes, DEVICE, None, None)
+        with _close_lock:
+            ptr = self._ptr
+            if ptr is None:
+                raise ValueError(f"{what}: the device buffer is closed")
+            self._copies += 1
+        return (ptr, self._nbytes, DEVICE, None, self._copy_done)
+
+    def _copy_done(self):
+        with _close_lock:
+            self._copies -= 1
 
     def close(self):
         with _close_lock:
+            if self._ptr is not None and self._copies:
+                raise BufferError("cannot close the device buffer: copies running in other "
+                                  "threads still use it")
             ptr, self._ptr = self._ptr, None
             if ptr is not None:
                 disown(ptr)

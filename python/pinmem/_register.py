@@ -46,15 +46,26 @@ class Registration(Closing):
         return self._side is None
 
     def _copy_side(self, writable, what, consumer_stream=None):
-        if self._side is None:
-            raise ValueError(f"{what}: the registration is closed")
-        if writable and self._flags & READ_ONLY:
-            raise ValueError(f"{what}: the memory was registered read-only")
-        return (self._address, self._nbytes, HOST, None, None)
+        # A copy running holds the registration: close() from another thread
+        # would let the object (and its memory) go under it.
+        with _lock:
+            if self._side is None:
+                raise ValueError(f"{what}: the registration is closed")
+            if writable and self._flags & READ_ONLY:
+                raise ValueError(f"{what}: the memory was registered read-only")
+            self._copies += 1
+        return (self._address, self._nbytes, HOST, None, self._copy_done)
+
+    def _copy_done(self):
+        with _lock:
+            self._copies -= 1
 
     def close(self):
         """Unregisters the memory and lets the object go (a second close does nothing)."""
         with _lock:
+            if self._side is not None and self._copies:
+                raise BufferError("cannot close the registration: copies running in other "
+                                  "threads still use it")
             side, self._side = self._side, None
         if side is None:
             return
@@ -105,6 +116,7 @@ def register(obj, *, flags=0):
     reg._nbytes = side.nbytes
     reg._obj = obj
     reg._flags = flags
+    reg._copies = 0
     reg._side = side
     own(side.address, side.nbytes, read_only=bool(flags & READ_ONLY))
     return reg

@@ -109,3 +109,44 @@ def test_closed_registration_cannot_be_copied():
         pinmem.copy(bytearray(64), r)
     with pytest.raises(ValueError, match="closed"):
         r.ptr
+
+
+def test_close_waits_for_copies_in_other_threads():
+    """close() from one thread while another copies: refused (BufferError)
+    until the copy returns, never freeing memory under it. In a child, where
+    a failure would be a crash."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import threading, pinmem
+        n = 4 << 20
+        outcomes = []
+        for round in range(40):
+            for kind in ("buffer", "registration"):
+                data = bytearray(n)
+                owner = pinmem.empty(n) if kind == "buffer" else pinmem.register(bytearray(n))
+                def copy():
+                    try:
+                        pinmem.copy(data, owner)
+                        outcomes.append("copied")
+                    except ValueError as e:
+                        assert "closed" in str(e), e  # closed before it began
+                        outcomes.append("closed first")
+                t = threading.Thread(target=copy)
+                t.start()
+                while True:
+                    try:
+                        owner.close()
+                        break
+                    except BufferError:
+                        outcomes.append("refused")
+                t.join()
+        print("survived", sorted(set(outcomes)))
+    """)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(pinmem.__file__))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "survived" in run.stdout, (run.returncode, run.stderr[-2000:])
