@@ -43,7 +43,10 @@ class Buffer(Closing):
     otherwise it goes back when the buffer is garbage collected. On Python
     3.12 and later, close() raises BufferError while a memoryview, array,
     tensor or capsule made from the buffer is still alive; on older Pythons
-    pinmem cannot see those, and they must not be used after close().
+    pinmem cannot see those, and they must not be used after close(), nor
+    may memoryview(), numpy.asarray() or bytes() be taken of a closed buffer
+    there (Python's buffer protocol reaches the freed memory without asking
+    pinmem; pinmem's own methods raise).
     """
 
     def __init__(self, *args, **kwargs):
@@ -127,6 +130,7 @@ class Buffer(Closing):
 
     def __getitem__(self, index):
         if isinstance(index, slice):
+            self.ptr  # closed buffers raise here
             # A slice is a view that must hold the buffer (and, from 3.12,
             # count as an export): the raw view holds nothing.
             return memoryview(self).cast("B")[index]

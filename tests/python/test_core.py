@@ -174,6 +174,8 @@ def test_close_twice_and_use_after_close():
     with pytest.raises(ValueError, match="closed"):
         b[0] = 1
     with pytest.raises(ValueError, match="closed"):
+        b[0:16]
+    with pytest.raises(ValueError, match="closed"):
         b.__array_interface__
     with pytest.raises(ValueError, match="closed"):
         b.__dlpack__()
