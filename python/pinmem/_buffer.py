@@ -95,7 +95,8 @@ class Buffer(Closing):
             if self._exports:
                 raise BufferError(
                     f"cannot close the buffer: {self._exports} memoryview(s), array(s), "
-                    f"tensor(s), capsule(s) or copies running in other threads still use it")
+                    f"tensor(s) or capsule(s) made from it, or copies running in other "
+                    f"threads, are still alive")
             ptr, self._ptr = self._ptr, None
             disown(ptr)
         _free(ptr, self._pool)
