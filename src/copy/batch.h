@@ -18,8 +18,9 @@ typedef struct pm__span {
     size_t tag;
 } pm__span;
 
-/* The ranges of a batch in one kind of memory, host or device (they never
- * share an address, so each kind is checked alone). */
+/* The ranges of a batch in one kind of memory, host or device (on a GPU they
+ * never share an address, so each kind is checked alone; where device memory
+ * is host memory, posix, the two lists are checked as one). */
 typedef struct pm__spans {
     pm__span *v; /* room for two ranges an element */
     size_t n;
