@@ -141,17 +141,19 @@ static bool names(const char *list, const char *word)
     return false;
 }
 
+static const char *const section_names[] = {"sizes", "mid",   "small",   "cache",  "both",
+                                            "own-both", "batch", "streams", "summary"};
+enum { SECTION_COUNT = sizeof section_names / sizeof section_names[0] };
+
 /* The first word of list (words between spaces and commas) that names no
  * section, copied into out; false when every word names one. */
 static bool unknown_section(const char *list, char *out, size_t cap)
 {
-    static const char *const known[] = {"sizes", "mid", "small", "cache", "both",
-                                        "own-both", "batch", "streams", "summary"};
     for (const char *p = list; *p;) {
         size_t n = strcspn(p, " ,");
         bool found = n == 0;
-        for (size_t k = 0; !found && k < sizeof known / sizeof known[0]; k++)
-            found = strlen(known[k]) == n && strncmp(p, known[k], n) == 0;
+        for (size_t k = 0; !found && k < SECTION_COUNT; k++)
+            found = strlen(section_names[k]) == n && strncmp(p, section_names[k], n) == 0;
         if (!found) {
             snprintf(out, cap, "%.*s", (int)n, p);
             return true;
@@ -345,11 +347,10 @@ static bool run_gnuplot(const char *file, const char *script)
 
 /* Writes FILE.png.dat and FILE.png.gp beside FILE.png and runs gnuplot on
  * them; where gnuplot is missing (the GPU machine), the two stay to be drawn
- * elsewhere.
- * Above, bandwidth against size both ways with the pinned ceilings; below,
- * the batches (each panel where its section ran). The sizes on the x axis
- * read in KiB, MiB and GiB, and the legends sit below their plots, where
- * they cover nothing. */
+ * elsewhere. Above, bandwidth against size both ways with the pinned
+ * ceilings; below, the batches (each panel where its section ran). The sizes
+ * on the x axis read in KiB, MiB and GiB, and the legends sit below their
+ * plots, where they cover nothing. */
 static void plot(const char *file, const char *subtitle, const size_row *to, const size_row *from,
                  size_t n_rows, const char *batch_rows)
 {
@@ -408,10 +409,10 @@ int bench_copy(bool quick, const char *plot_file)
     const char *asked = getenv("PINMEM_BENCH_COPY");
     char word[64];
     if (asked && unknown_section(asked, word, sizeof word)) {
-        fprintf(stderr,
-                "pinmem bench copy: PINMEM_BENCH_COPY names '%s', not one of sizes, mid, "
-                "small, cache, both, own-both, batch, streams, summary\n",
-                word);
+        fprintf(stderr, "pinmem bench copy: PINMEM_BENCH_COPY names '%s', not one of", word);
+        for (size_t k = 0; k < SECTION_COUNT; k++)
+            fprintf(stderr, "%s %s", k ? "," : "", section_names[k]);
+        fputc('\n', stderr);
         return 2;
     }
     const sections sec = sections_asked();

@@ -75,11 +75,6 @@ _live = {}
 _live_lock = threading.Lock()
 
 
-def _release(address):
-    with _live_lock:
-        _live.pop(address, None)
-
-
 def _deleter(managed, _live=_live, _lock=_live_lock, _addr=ctypes.addressof):
     # Called by the consumer (any thread; ctypes takes the GIL) when done;
     # possibly after this module's globals were cleared at shutdown.
