@@ -2,6 +2,7 @@
  * order pools learn from them (stream_order.h). Handles are checked against
  * the live events, so a stale or made-up one is refused, not followed. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "errors.h"
@@ -9,9 +10,13 @@
 #include "instance.h"
 #include "pool/pool.h"
 #include "stream_order.h"
+#include "test_hooks.h"
 
 struct pm_event_s {
-    pthread_mutex_t lock; /* the marker and the order point change together */
+    /* The marker and the order point change together, under the write lock
+     * (a record); queries, waits and synchronizations share the read lock,
+     * so that none blocks another (a synchronization holds it while it waits). */
+    pthread_rwlock_t lock;
     pm__marker marker;    /* handle NULL until first recorded */
     pm__order_set order;  /* what the recorded point's stream had waited for, and the point */
 };
@@ -33,12 +38,12 @@ pm_result pm_event_create(pm_event_t *event)
     if (!event)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_event_create: event is NULL");
     pm_event_t e = calloc(1, sizeof *e);
-    if (!e || pthread_mutex_init(&e->lock, NULL) != 0) {
+    if (!e || pthread_rwlock_init(&e->lock, NULL) != 0) {
         free(e);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_create: out of memory");
     }
     if (!pm__handle_set_add(&live_events, e)) {
-        pthread_mutex_destroy(&e->lock);
+        pthread_rwlock_destroy(&e->lock);
         free(e);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_create: out of memory");
     }
@@ -54,7 +59,7 @@ pm_result pm_event_destroy(pm_event_t event)
                         (void *)event);
     inst->backend.marker_release(&event->marker);
     pm__order_set_free(&event->order);
-    pthread_mutex_destroy(&event->lock);
+    pthread_rwlock_destroy(&event->lock);
     free(event);
     return PM_SUCCESS;
 }
@@ -82,11 +87,25 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
     /* Blocks freed on the stream until now join their pools' batches before
      * the event's tick, so that the event is known to follow them. */
     pm__pools_flush_stream(stream);
-    pthread_mutex_lock(&event->lock);
+    /* The tick and what the stream waits for are taken before the marker:
+     * a batch freed or a wait queued on the stream by another thread while
+     * this records must not be claimed unless the marker follows it (a
+     * batch's tick is taken after its marker, a wait is learned after it is
+     * queued). Taken after the marker, either could land in between and be
+     * claimed though the marker came first. */
+    pm__order_set order = {0};
+    pthread_rwlock_wrlock(&event->lock);
+    if (!pm__order_snapshot(id, pm__order_next(), &order))
+        order.n = 0; /* out of memory: waits on it teach nothing, which is safe */
+    PM__TEST_RECORD_MIDWAY();
     r = b->marker_rerecord(stream, &event->marker);
-    if (r == PM_SUCCESS && !pm__order_snapshot(id, pm__order_next(), &event->order))
-        event->order.n = 0; /* out of memory: waits on it teach nothing, which is safe */
-    pthread_mutex_unlock(&event->lock);
+    if (r == PM_SUCCESS) {
+        pm__order_set old = event->order;
+        event->order = order;
+        order = old;
+    }
+    pthread_rwlock_unlock(&event->lock);
+    pm__order_set_free(&order);
     return r;
 }
 
@@ -96,9 +115,9 @@ pm_result pm_event_query(pm_event_t event)
     pm_result r = check_event("pm_event_query", event);
     if (r != PM_SUCCESS)
         return r;
-    pthread_mutex_lock(&event->lock);
+    pthread_rwlock_rdlock(&event->lock);
     bool done = !event->marker.handle || inst->backend.marker_done(&event->marker);
-    pthread_mutex_unlock(&event->lock);
+    pthread_rwlock_unlock(&event->lock);
     return done ? PM_SUCCESS : PM_ERROR_NOT_READY;
 }
 
@@ -110,11 +129,44 @@ pm_result pm_event_synchronize(pm_event_t event)
         return r;
     /* Held while waiting: a record from another thread would release the
      * marker this waits on. Such a record waits until this wait is over. */
-    pthread_mutex_lock(&event->lock);
+    pthread_rwlock_rdlock(&event->lock);
     if (event->marker.handle)
         r = inst->backend.marker_synchronize(&event->marker);
-    pthread_mutex_unlock(&event->lock);
+    pthread_rwlock_unlock(&event->lock);
     return r;
+}
+
+/* What a thread's own stream (PM_STREAM_PER_THREAD) learned is forgotten
+ * when the thread exits, with its stream, as pm_stream_destroy forgets what
+ * a stream the user made learned: else every thread that ever waited there
+ * would stay in stream_order.c's list. The key holds the id learned last;
+ * forgetting an id early only misses reuse. */
+static pthread_key_t own_order_key;
+static pthread_once_t own_order_once = PTHREAD_ONCE_INIT;
+static bool have_own_order_key;
+
+static void forget_own_order(void *id)
+{
+    pm_result ignored;
+    if (pm__instance_get(&ignored)) /* not in a forked child: its locks may be held */
+        pm__order_forget((unsigned long long)(uintptr_t)id);
+}
+
+static void make_own_order_key(void)
+{
+    have_own_order_key = pthread_key_create(&own_order_key, forget_own_order) == 0;
+}
+
+static void forget_at_thread_exit(unsigned long long id)
+{
+    pthread_once(&own_order_once, make_own_order_key);
+    if (!have_own_order_key)
+        return;
+    void *old = pthread_getspecific(own_order_key);
+    if ((uintptr_t)old == id)
+        return;
+    if (pthread_setspecific(own_order_key, (void *)(uintptr_t)id) == 0 && old)
+        pm__order_forget((unsigned long long)(uintptr_t)old);
 }
 
 pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
@@ -125,11 +177,13 @@ pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
     pm_result r = check_pair("pm_stream_wait_event", b, event, stream, &id);
     if (r != PM_SUCCESS)
         return r;
-    pthread_mutex_lock(&event->lock);
+    pthread_rwlock_rdlock(&event->lock);
     if (event->marker.handle)
         r = b->marker_wait(stream, &event->marker);
     if (r == PM_SUCCESS)
         pm__order_learn(id, &event->order); /* out of memory: nothing learned, which is safe */
-    pthread_mutex_unlock(&event->lock);
+    pthread_rwlock_unlock(&event->lock);
+    if (r == PM_SUCCESS && pm__stream_is_threads_own(stream))
+        forget_at_thread_exit(id);
     return r;
 }

@@ -124,3 +124,11 @@ void pm__order_forget(unsigned long long stream_id)
     }
     pthread_mutex_unlock(&lock);
 }
+
+size_t pm__order_known_streams(void)
+{
+    pthread_mutex_lock(&lock);
+    size_t n = n_waiters;
+    pthread_mutex_unlock(&lock);
+    return n;
+}

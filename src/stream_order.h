@@ -41,5 +41,7 @@ bool pm__order_follows(unsigned long long stream_id, unsigned long long other_id
 /* stream_id is gone: drop what is known of it. */
 void pm__order_forget(unsigned long long stream_id);
 void pm__order_set_free(pm__order_set *set);
+/* How many streams have learned something (what the tests count). */
+size_t pm__order_known_streams(void);
 
 #endif

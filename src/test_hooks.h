@@ -71,6 +71,16 @@ extern void (*_Atomic pm__test_destroy_midway)(void);
         if (midway_)                                                                     \
             midway_();                                                                   \
     } while (0)
+/* Where set, pm_event_record calls it between taking the stream's order and
+ * recording the marker, so that work another thread queues on the stream in
+ * between can be placed there. */
+extern void (*_Atomic pm__test_record_midway)(void);
+#define PM__TEST_RECORD_MIDWAY()                                                         \
+    do {                                                                                 \
+        void (*midway_)(void) = atomic_load(&pm__test_record_midway);                    \
+        if (midway_)                                                                     \
+            midway_();                                                                   \
+    } while (0)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -87,6 +97,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_RING_ON_NODE() false
 #define PM__TEST_POLICIES_REFUSED() false
 #define PM__TEST_DESTROY_MIDWAY() ((void)0)
+#define PM__TEST_RECORD_MIDWAY() ((void)0)
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include "pool_util.h"
+#include "stream_order.h"
 #include "stream_util.h"
+#include "test_hooks.h"
 
 static void bad_arguments(void)
 {
@@ -86,7 +88,63 @@ typedef enum {
     RECORD_THEN_FREE, /* the event comes before the free: no reuse */
     NO_WAIT,          /* b never waits for the event: no reuse */
     THROUGH_C,        /* b waits for c, which waited for a: reuse */
+    /* While the event is being recorded on a (the test hook between its
+     * steps), another call queues work on a and frees the block there; or a
+     * waits for an event f of c, on which the block was freed. Neither may be
+     * taken as before the event: no reuse. */
+    FREE_WHILE_RECORDING,
+    WAIT_WHILE_RECORDING,
 } scenario;
+
+/* What the record hook does on a, for the two scenarios above. */
+static pm_stream_t midway_stream;
+static pm_event_t midway_event;
+static void *midway_block;
+
+static void free_midway(void)
+{
+    atomic_store(&pm__test_record_midway, NULL);
+    CHECK_RESULT(pm_stream_launch_host_func(midway_stream, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(midway_stream, mark_a_done, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(midway_block, midway_stream), PM_SUCCESS);
+}
+
+static void wait_midway(void)
+{
+    atomic_store(&pm__test_record_midway, NULL);
+    CHECK_RESULT(pm_stream_wait_event(midway_stream, midway_event), PM_SUCCESS);
+}
+
+/* Queues the free of p and the event e on a in the order sc gives (on c and
+ * f for WAIT_WHILE_RECORDING), with work before the free that holds a (or c)
+ * until the gate opens. */
+static void free_and_record(scenario sc, void *p, pm_stream_t a, pm_stream_t c, pm_event_t e,
+                            pm_event_t f)
+{
+    midway_stream = a;
+    midway_event = f;
+    midway_block = p;
+    if (sc == FREE_WHILE_RECORDING) {
+        atomic_store(&pm__test_record_midway, free_midway);
+        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+        return;
+    }
+    pm_stream_t holder = sc == WAIT_WHILE_RECORDING ? c : a;
+    CHECK_RESULT(pm_stream_launch_host_func(holder, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(holder, mark_a_done, NULL), PM_SUCCESS);
+    if (sc == WAIT_WHILE_RECORDING) {
+        CHECK_RESULT(pm_mem_free_async(p, c), PM_SUCCESS);
+        CHECK_RESULT(pm_event_record(f, c), PM_SUCCESS);
+        atomic_store(&pm__test_record_midway, wait_midway);
+        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+        return;
+    }
+    if (sc == RECORD_THEN_FREE)
+        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
+    if (sc != RECORD_THEN_FREE)
+        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+}
 
 /* A pool that holds one block of `size` and room for nothing more (a
  * `filler` takes the rest), so that an allocation on b is served either by
@@ -116,13 +174,7 @@ static void follow(scenario sc, int follow_on, size_t size)
     size_t room = max - pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT);
     REQUIRE_RESULT(pm_mem_alloc_from_pool(&filler, room, pool), PM_SUCCESS);
     reset_gate();
-    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_launch_host_func(a, mark_a_done, NULL), PM_SUCCESS);
-    if (sc == RECORD_THEN_FREE)
-        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_free_async(p, a), PM_SUCCESS);
-    if (sc != RECORD_THEN_FREE)
-        CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    free_and_record(sc, p, a, c, e, f);
     if (sc == THROUGH_C) {
         CHECK_RESULT(pm_stream_wait_event(c, e), PM_SUCCESS);
         CHECK_RESULT(pm_event_record(f, c), PM_SUCCESS);
@@ -151,11 +203,14 @@ static void follow(scenario sc, int follow_on, size_t size)
     } else {
         CHECK_RESULT(r, PM_ERROR_OUT_OF_MEMORY);
         CHECK(atomic_load(&a_done) == 0); /* and the free's work still runs */
+        if (r == PM_SUCCESS)
+            CHECK_RESULT(pm_mem_free_async(q, b), PM_SUCCESS);
         atomic_store(&gate_open, 1);
     }
     CHECK_RESULT(pm_mem_free(filler), PM_SUCCESS);
     CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
     CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(c), PM_SUCCESS);
     CHECK(pool_attr(pool, PM_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
     CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
     CHECK_RESULT(pm_event_destroy(f), PM_SUCCESS);
@@ -245,6 +300,77 @@ static void event_race(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* ----------------------------------------- calls beside a synchronization */
+
+static void *synchronize_event(void *event)
+{
+    CHECK_RESULT(pm_event_synchronize(event), PM_SUCCESS);
+    return NULL;
+}
+
+/* While one thread waits in pm_event_synchronize, a query of the same event
+ * answers NOT_READY at once and a wait on it is queued at once, as the
+ * driver's do: the thread asking may be the one that would end the work. */
+static void query_while_synchronizing(void)
+{
+    pm_stream_t a = NULL, b = NULL;
+    pm_event_t e = NULL;
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
+    reset_gate();
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    pthread_t syncer, opener;
+    REQUIRE(pthread_create(&opener, NULL, open_gate_if_stuck, NULL) == 0);
+    if (pthread_create(&syncer, NULL, synchronize_event, e) != 0) {
+        atomic_store(&gate_open, 1);
+        pthread_join(opener, NULL);
+        REQUIRE(!"a thread to synchronize");
+    }
+    usleep(50000); /* the synchronization waits by now */
+    CHECK_RESULT(pm_event_query(e), PM_ERROR_NOT_READY);
+    CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS);
+    CHECK(atomic_load(&gate_open) == 0); /* neither waited for the work */
+    atomic_store(&gate_open, 1);
+    pthread_join(syncer, NULL);
+    pthread_join(opener, NULL);
+    CHECK_RESULT(pm_event_query(e), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+}
+
+/* -------------------------------------------- threads' own streams' order */
+
+static void *wait_on_own_stream(void *event)
+{
+    CHECK_RESULT(pm_stream_wait_event(PM_STREAM_PER_THREAD, event), PM_SUCCESS);
+    return NULL;
+}
+
+/* What a thread's own stream learned goes with the thread, as what a stream
+ * the user made learned goes with pm_stream_destroy. */
+static void own_streams_forgotten(void)
+{
+    enum { threads = 32 };
+    pm_stream_t a = NULL;
+    pm_event_t e = NULL;
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    size_t before = pm__order_known_streams();
+    for (int i = 0; i < threads; i++) {
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, wait_on_own_stream, e) == 0);
+        pthread_join(t, NULL);
+    }
+    CHECK(pm__order_known_streams() == before);
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+}
+
 static void follow_scenarios(void)
 {
     NEED_PINNABLE((size_t)64 << 20); /* pools of 32 MiB, full */
@@ -256,6 +382,8 @@ static void follow_scenarios(void)
         }
         follow(RECORD_THEN_FREE, 1, sizes[i]);
         follow(NO_WAIT, 1, sizes[i]);
+        follow(FREE_WHILE_RECORDING, 1, sizes[i]);
+        follow(WAIT_WHILE_RECORDING, 1, sizes[i]);
     }
 }
 
@@ -266,6 +394,8 @@ int main(void)
     bad_arguments();
     capture();
     follow_scenarios();
+    query_while_synchronizing();
+    own_streams_forgotten();
     event_race();
     return check_finish("events");
 }
