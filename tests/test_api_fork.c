@@ -227,6 +227,46 @@ static void used_parent(void)
     close(st.release[1]);
 }
 
+/* A thread with work queued on its own stream forks, and the child's only
+ * thread (a copy of that one) ends: its thread-exit handlers run in the
+ * child, where the stream's thread is not, and must not wait for that work. */
+static void *fork_with_own_work(void *arg)
+{
+    parent_state *st = arg;
+    CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_PER_THREAD, wait_for_parent, st),
+                 PM_SUCCESS);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        return NULL; /* the last thread ends: the child exits with 0 */
+    }
+    int status = 0;
+    if (pid > 0)
+        waitpid(pid, &status, 0);
+    CHECK(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (pid > 0 && WIFSIGNALED(status))
+        fprintf(stderr, "child ended by signal %d%s\n", WTERMSIG(status),
+                WTERMSIG(status) == SIGALRM ? " (it hung at its thread's exit)" : "");
+    CHECK(write(st->release[1], "x", 1) == 1);
+    CHECK_RESULT(pm_stream_synchronize(PM_STREAM_PER_THREAD), PM_SUCCESS);
+    return NULL;
+}
+
+static void own_stream_at_fork(void)
+{
+    parent_state st = {0};
+    REQUIRE(pipe(st.release) == 0);
+    pthread_t t;
+    if (pthread_create(&t, NULL, fork_with_own_work, &st) == 0)
+        pthread_join(t, NULL);
+    else
+        CHECK(!"a thread to fork from");
+    close(st.release[0]);
+    close(st.release[1]);
+}
+
 /* Descriptors the process holds without close-on-exec, as a bitmap of the first 1,024. */
 enum { FD_SCAN = 1024 };
 static void open_without_cloexec(uint64_t *set)
@@ -294,6 +334,7 @@ int main(void)
         SKIP("forks a process that has used pinmem: only on the POSIX backend (the driver "
              "forbids use after fork)");
     used_parent();
+    own_stream_at_fork();
     descriptors_stay_private();
     return check_finish("fork");
 }

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../errors.h"
 #include "../handle_set.h"
@@ -31,6 +32,7 @@ typedef struct posix_stream {
     bool stopping;
     bool released; /* the thread drops the creator's reference as it ends */
     pthread_t thread;
+    pid_t pid; /* the process whose thread runs it (a forked child has none) */
 } posix_stream;
 
 static void drop_ref(posix_stream *s);
@@ -90,6 +92,7 @@ static pm_result create(posix_stream **out)
     s->cap = 64;
     s->ring = malloc(s->cap * sizeof *s->ring);
     s->refs = 1;
+    s->pid = getpid();
     atomic_init(&s->completed, 0);
     if (!s->ring || pthread_mutex_init(&s->lock, NULL) != 0) {
         free(s->ring);
@@ -157,9 +160,16 @@ static _Thread_local posix_stream *own_stream __attribute__((tls_model("initial-
 
 /* At the thread's exit. Another exit handler that runs later and uses the
  * handle gets a new stream, ended in the next round of handlers. */
-static void end_own(void *s)
+static void end_own(void *arg)
 {
+    posix_stream *s = arg;
     own_stream = NULL;
+    /* In a child forked from this thread the stream's thread is not there:
+     * waiting for its work or joining it would never end (pinmem.h: in such
+     * a child nothing waits). Left as it is, as the rest of the parent's
+     * state. */
+    if (s->pid != getpid())
+        return;
     destroy_stream(s);
 }
 
