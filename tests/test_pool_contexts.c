@@ -1,7 +1,9 @@
 /* Legacy-stream frees and allocations by threads in a context the user made
  * (cuCtxCreate) on the CUDA backend: each context has a legacy stream of its
  * own, so a block freed on one must not wait in a thread cache for another's,
- * nor be handed to an allocation on another's before its work is done. */
+ * nor be handed to an allocation on another's before its work is done. And
+ * the flag words that serve as markers in such a context: many released
+ * before their values arrive, and waited for from a thread with no context. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -159,10 +161,75 @@ static void frees_in_a_context_destroyed_at_once(void)
 }
 #endif
 
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+enum { many_events = 2500 }; /* flag words on more than two pages */
+
+/* Events recorded on the user's context's legacy stream while it waits at
+ * the gate, each a flag word whose value has not arrived, all destroyed
+ * before it opens: every word is released before it drains. Then as many
+ * again once the values are there, taken from the drained words. */
+static void many_flags_released_early(void)
+{
+    static pm_event_t events[many_events];
+    REQUIRE(api.push(theirs) == CUDA_SUCCESS);
+    atomic_store(&gate_open, 0);
+    CHECK_RESULT(pm_stream_launch_host_func(NULL, wait_gate_a_while, NULL), PM_SUCCESS);
+    for (int round = 0; round < 2; round++) {
+        int made = 0;
+        for (; made < many_events; made++) {
+            if (pm_event_create(&events[made]) != PM_SUCCESS)
+                break;
+            if (pm_event_record(events[made], NULL) != PM_SUCCESS) {
+                made++;
+                break;
+            }
+        }
+        CHECK(made == many_events);
+        if (round == 0)
+            CHECK_RESULT(pm_event_query(events[0]), PM_ERROR_NOT_READY);
+        for (int i = 0; i < made; i++)
+            CHECK_RESULT(pm_event_destroy(events[i]), PM_SUCCESS);
+        atomic_store(&gate_open, 1);
+        CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    }
+    CUcontext popped;
+    CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
+}
+
+static void *wait_without_context(void *event)
+{
+    CHECK_RESULT(pm_stream_wait_event(NULL, event), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_wait_event(PM_STREAM_PER_THREAD, event), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    return NULL;
+}
+
+/* A thread with no current context makes its legacy and own streams wait
+ * for an event of the user's context (a flag word): pinmem's context
+ * serves them, as it does for an event of its own. */
+static void flag_waited_without_context(void)
+{
+    pm_event_t ev = NULL;
+    REQUIRE_RESULT(pm_event_create(&ev), PM_SUCCESS);
+    REQUIRE(api.push(theirs) == CUDA_SUCCESS);
+    CHECK_RESULT(pm_event_record(ev, NULL), PM_SUCCESS);
+    CUcontext popped;
+    CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == theirs);
+    pthread_t t;
+    if (pthread_create(&t, NULL, wait_without_context, ev) == 0)
+        pthread_join(t, NULL);
+    else
+        CHECK(!"a thread with no context");
+    CHECK_RESULT(pm_event_synchronize(ev), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(ev), PM_SUCCESS);
+}
+#endif
+
 int main(void)
 {
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     static const context_case cases[] = {flushed_from_their_context, freed_in_their_context,
+                                         many_flags_released_early, flag_waited_without_context,
                                          frees_in_a_context_destroyed_at_once};
     return their_context_main("pool_contexts", cases, sizeof cases / sizeof cases[0]);
 #else

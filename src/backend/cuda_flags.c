@@ -42,6 +42,7 @@ static word_ref *spare; /* words whose last value has arrived, or never used */
 static size_t n_spare, cap_spare;
 static word_ref *draining; /* released, spare again once their last value has arrived */
 static size_t n_draining, cap_draining;
+static size_t n_words; /* on every page: each list has room for them all */
 
 void pm__cuda_flags_open(const pm__cuda_api *api, CUcontext in_use)
 {
@@ -82,8 +83,8 @@ static bool reserve(word_ref **list, size_t n, size_t *cap, size_t more)
 static bool add_page_locked(void)
 {
     flag_page *page = calloc(1, sizeof *page);
-    if (!page || !reserve(&spare, n_spare, &cap_spare, WORDS_PER_PAGE) ||
-        !reserve(&draining, n_draining, &cap_draining, WORDS_PER_PAGE)) {
+    if (!page || !reserve(&spare, n_words, &cap_spare, WORDS_PER_PAGE) ||
+        !reserve(&draining, n_words, &cap_draining, WORDS_PER_PAGE)) {
         free(page);
         return false;
     }
@@ -110,6 +111,7 @@ static bool add_page_locked(void)
         atomic_init(&page->words[i], 0);
     for (unsigned i = WORDS_PER_PAGE; i-- > 0;)
         spare[n_spare++] = (word_ref){page, i};
+    n_words += WORDS_PER_PAGE;
     page->next = pages;
     pages = page;
     return true;
@@ -169,9 +171,16 @@ pm_result pm__cuda_flag_wait(CUstream s, const pm__marker *m)
     pthread_mutex_lock(&lock);
     const word_ref w = ref_of(m);
     pthread_mutex_unlock(&lock);
+    /* As the event path (cuStreamWaitEvent): the legacy and per-thread
+     * handles need a current context, pinmem's where the thread has none. */
+    pm__place_scope scope;
+    pm_result r = pm__cuda_home_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
     const CUresult rc =
         cu->stream_wait_value32(s, w.page->dev + w.index * sizeof(uint32_t), (uint32_t)m->seq,
                                 CU_STREAM_WAIT_VALUE_GEQ);
+    pm__cuda_place_leave(&scope);
     return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuStreamWaitValue32");
 }
 
