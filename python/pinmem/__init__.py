@@ -19,7 +19,7 @@ from ._lib import LibraryNotFound
 from ._pool import Pool, stats
 from ._register import Registration, register
 from ._settings import settings
-from ._stream import Stream
+from ._stream import STREAM_LEGACY, STREAM_PER_THREAD, Stream
 
 __version__ = "0.1.0"
 
@@ -39,10 +39,6 @@ HOSTREGISTER_PORTABLE = 0x01
 HOSTREGISTER_DEVICEMAP = 0x02
 HOSTREGISTER_IOMEMORY = 0x04
 HOSTREGISTER_READ_ONLY = 0x08
-# The driver's named stream handles (PM_STREAM_LEGACY, PM_STREAM_PER_THREAD):
-# the legacy default stream and the calling thread's own default stream.
-STREAM_LEGACY = 0x1
-STREAM_PER_THREAD = 0x2
 
 _ADAPTERS = {"torch": "torch", "cupy": "cupy", "numba": "numba", "cuda_core": "cuda.core"}
 

@@ -6,6 +6,11 @@ from . import _lib
 from ._closing import Closing
 from ._errors import check
 
+# The driver's named stream handles (PM_STREAM_LEGACY, PM_STREAM_PER_THREAD):
+# the legacy default stream and the calling thread's own default stream.
+STREAM_LEGACY = 0x1
+STREAM_PER_THREAD = 0x2
+
 
 class Stream(Closing):
     """A pinmem stream (pm_stream_create): a CUDA stream on the cuda backend,

@@ -17,7 +17,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 from . import _lib
 from ._errors import check
-from ._stream import stream_handle
+from ._stream import STREAM_LEGACY, STREAM_PER_THREAD, stream_handle, wait_for
 
 __all__ = ["to_device", "to_host", "install", "uninstall", "installed"]
 
@@ -64,7 +64,15 @@ def to_device(t, device=None, *, stream=None):
     device), queued on stream (default: that device's current torch
     stream). As with t.to("cuda"): a pageable t may be changed as soon as
     this returns; a page-locked t must stay unchanged until the stream has
-    done the copy (as with non_blocking=True)."""
+    done the copy (as with non_blocking=True).
+
+    The result is allocated on the stream the copy is queued on (a stream
+    that is not torch's is wrapped in torch.cuda.ExternalStream, and must
+    outlive the copy), so PyTorch's caching allocator orders the reuse of
+    its memory after the copy, as for any tensor made under
+    torch.cuda.stream(stream): to use it on another stream, make that
+    stream wait for this one, and call record_stream when it is freed
+    there first."""
     t = _tensor(t, "pinmem.torch.to_device")
     if t.device.type != "cpu":
         raise ValueError(f"pinmem.torch.to_device copies CPU tensors; this one is on {t.device}")
@@ -82,16 +90,37 @@ def to_device(t, device=None, *, stream=None):
         torch_stream = _torch.cuda.current_stream(device)
     handle = stream_handle(torch_stream if torch_stream is not None else stream,
                            "pinmem.torch.to_device: stream")
+    fence = None
+    if torch_stream is None:
+        # Another framework's stream or a raw handle. The destination must
+        # not come from the pool of torch's current stream: a block freed
+        # there may still be in use by work queued on that stream, and the
+        # copy on this stream would not wait for it; and once the result is
+        # freed, that stream would reuse the block while the copy may still
+        # write to it. Allocate on the copy's own stream instead.
+        if handle in (0, STREAM_LEGACY):  # the legacy default stream: torch's default
+            torch_stream = _torch.cuda.default_stream(device)
+        elif handle == STREAM_PER_THREAD:  # no torch stream stands for it
+            fence = _torch.cuda.current_stream(device)
+        else:
+            torch_stream = _torch.cuda.ExternalStream(handle, device=device)
     with _torch.cuda.device(device):
-        if torch_stream is not None:
+        n = _nbytes(t)
+        if fence is not None:
+            # Allocated on torch's current stream: the copy waits for the
+            # work queued there, and that stream's later work (which may
+            # reuse the block once the result is freed) waits for the copy.
+            out = _torch.empty(t.shape, dtype=t.dtype, device=device)
+            if n:
+                wait_for(handle, fence.cuda_stream)
+        else:
             with _torch.cuda.stream(torch_stream):
                 out = _torch.empty(t.shape, dtype=t.dtype, device=device)
-        else:
-            out = _torch.empty(t.shape, dtype=t.dtype, device=device)
-        n = _nbytes(t)
         if n:
             check(_lib.load().pm_memcpy_async(out.data_ptr(), t.data_ptr(), n, handle or None),
                   "pinmem.torch.to_device")
+            if fence is not None:
+                wait_for(fence.cuda_stream, handle)
     return out
 
 

@@ -71,6 +71,26 @@ def test_to_device_on_a_side_stream():
 
 
 @requires_cuda
+@pytest.mark.parametrize("kind", ["torch stream handle", "per-thread stream"])
+def test_to_device_on_a_foreign_stream_keeps_torch_order(kind):
+    # A block freed on torch's current stream while that stream's work still
+    # writes it must not become the result of a copy queued on a stream
+    # given as a handle: the copy would land first and the old work after.
+    n = 1 << 22
+    t = torch.randn(n)
+    current, side = torch.cuda.Stream(), torch.cuda.Stream()
+    handle = side.cuda_stream if kind == "torch stream handle" else pinmem.STREAM_PER_THREAD
+    with torch.cuda.stream(current):
+        x = torch.empty(n, device="cuda")
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of the stream's time
+        x.fill_(7.0)
+        del x  # back to the current stream's pool, its fill still queued
+        d = pt.to_device(t, stream=handle)
+    torch.cuda.synchronize()
+    assert torch.equal(d.cpu(), t)
+
+
+@requires_cuda
 def test_copy_with_cuda_tensors():
     t = torch.randn(1 << 20)
     d = torch.empty_like(t, device="cuda")
