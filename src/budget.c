@@ -1,5 +1,6 @@
 #include "budget.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -9,6 +10,8 @@
 
 static _Atomic unsigned long long pinned;
 static _Atomic unsigned long long cap; /* 0: none */
+/* Orders setters, so that the value pm_get_setting reports is the cap in effect. */
+static pthread_mutex_t set_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void pm__budget_init_from_env(void)
 {
@@ -43,10 +46,12 @@ unsigned long long pm__budget_cap(void) { return atomic_load(&cap); }
 
 void pm__budget_set_cap(unsigned long long c, bool by_code)
 {
-    atomic_store(&cap, c);
     unsigned long long from_env = 0;
     pm__option_env(PM__OPT_PINNED_BUDGET, &from_env);
+    pthread_mutex_lock(&set_lock);
+    atomic_store(&cap, c);
     pm__option_publish(PM__OPT_PINNED_BUDGET, c, from_env, by_code);
+    pthread_mutex_unlock(&set_lock);
 }
 
 pm_result pm_set_pinned_budget(unsigned long long bytes)

@@ -26,6 +26,9 @@ static char init_detail[512];
  * every call refuses. The pid is the process that initialised. */
 static atomic_bool forked_child;
 static pid_t init_pid;
+/* Initialisation ran and failed: nothing was started, and a forked child
+ * gives the parent's answer rather than the forked child's. */
+static atomic_bool init_failed;
 /* The modules' hooks, newest first: pushed with a compare-and-swap and read
  * without a lock, so that the child of a fork can walk them. */
 static _Atomic(pm__instance_hooks *) hooks;
@@ -42,6 +45,8 @@ void pm__instance_add_hooks(pm__instance_hooks *h)
  * parent's other threads may have held any). */
 static void after_fork_in_child(void)
 {
+    if (atomic_load_explicit(&init_failed, memory_order_acquire))
+        return; /* every call keeps failing as in the parent */
     atomic_store_explicit(&ready, false, memory_order_relaxed);
     atomic_store_explicit(&forked_child, true, memory_order_relaxed);
     for (pm__instance_hooks *h = atomic_load_explicit(&hooks, memory_order_acquire); h; h = h->next)
@@ -97,8 +102,10 @@ static void initialise(void)
         if (!instance.ranges)
             init_result = pm__fail(PM_ERROR_OUT_OF_MEMORY, "cannot allocate the range registry");
     }
-    if (init_result != PM_SUCCESS)
+    if (init_result != PM_SUCCESS) {
         snprintf(init_detail, sizeof init_detail, "%s", pm_last_error_detail());
+        atomic_store_explicit(&init_failed, true, memory_order_release);
+    }
     pm__budget_init_from_env();
     if (init_result == PM_SUCCESS)
         atomic_store_explicit(&ready, true, memory_order_release);

@@ -56,6 +56,24 @@ static int fresh_child(void *arg)
     return check_finish("fork: child of a parent that never used pinmem");
 }
 
+/* A parent whose initialisation failed started nothing: its child gives the
+ * same answer, not a refusal that says pinmem was initialised. */
+static int grandchild_of_failure(void *arg)
+{
+    CHECK_RESULT(pm_init(0), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "PINMEM_BACKEND") != NULL);
+    (void)arg;
+    return check_finish("fork: child of a parent whose initialisation failed");
+}
+
+static int failed_parent(void *arg)
+{
+    setenv("PINMEM_BACKEND", "bogus", 1);
+    CHECK_RESULT(pm_init(0), PM_ERROR_INVALID_VALUE);
+    CHECK(in_child(grandchild_of_failure, arg) == 0);
+    return check_finish("fork: a parent whose initialisation failed");
+}
+
 /* What the parent holds when it forks. */
 typedef struct parent_state {
     void *host;             /* pm_mem_alloc_host */
@@ -328,6 +346,7 @@ int main(void)
 {
     /* Before the parent's first call: the child initialises on its own. */
     CHECK(in_child(fresh_child, NULL) == 0);
+    CHECK(in_child(failed_parent, NULL) == 0);
     initialiser = getpid();
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     if (!on_backend("posix"))

@@ -4,6 +4,7 @@
  * exactly what the models hold, with its invariants intact. */
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -118,6 +119,40 @@ static void *run(void *arg)
     return NULL;
 }
 
+/* Two threads setting the pinned budget at once: the value pm_get_setting
+ * reports must be the one in effect (pm_get_pinned_budget). */
+static pthread_barrier_t budget_start;
+
+static void *set_budget(void *arg)
+{
+    pthread_barrier_wait(&budget_start);
+    pm_set_pinned_budget((unsigned long long)(uintptr_t)arg);
+    return NULL;
+}
+
+static void budget_setters(void)
+{
+    int mismatches = 0;
+    for (int round = 0; round < 5000 && !mismatches; round++) {
+        pthread_t a, b;
+        pthread_barrier_init(&budget_start, NULL, 2);
+        pthread_create(&a, NULL, set_budget, (void *)(uintptr_t)(1u << 20));
+        pthread_create(&b, NULL, set_budget, (void *)(uintptr_t)(2u << 20));
+        pthread_join(a, NULL);
+        pthread_join(b, NULL);
+        pthread_barrier_destroy(&budget_start);
+        unsigned long long cap = 0;
+        CHECK_RESULT(pm_get_pinned_budget(&cap), PM_SUCCESS);
+        pm_setting s = {.struct_size = sizeof s};
+        for (unsigned i = 0; pm_get_setting(i, &s) == PM_SUCCESS; i++, s.struct_size = sizeof s)
+            if (strcmp(s.name, "PINMEM_PINNED_BUDGET") == 0)
+                break;
+        mismatches += strcmp(s.value, cap == (1u << 20) ? "1M" : "2M") != 0;
+    }
+    CHECK(mismatches == 0);
+    CHECK_RESULT(pm_set_pinned_budget(0), PM_SUCCESS);
+}
+
 static void count_range(const pm__range *r, void *ctx)
 {
     (void)r;
@@ -170,5 +205,6 @@ int main(void)
         munmap(workers[t].reg_area, slots * reg_pages * page);
     }
     CHECK(pm__ranges_count(inst->ranges) == 0);
+    budget_setters();
     return check_finish("threads");
 }
