@@ -5,7 +5,7 @@ to_device(t) is t.to("cuda") and to_host(t) is t.cpu(), with pageable
 memory moved by pinmem's staging engine instead of the driver's own
 pageable path; dtype and shape are kept.
 
-install() replaces PyTorch's CUDA host allocator (PyTorch 2.8 and later) with
+install() replaces PyTorch's CUDA host allocator (PyTorch 2.11 and later) with
 one served by a pinmem pool (pinmem.torch_host); uninstall() puts PyTorch's
 back.
 """

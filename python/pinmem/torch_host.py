@@ -23,8 +23,10 @@ from ._pool import Pool
 
 __all__ = ["install", "uninstall", "installed", "pool", "NEEDED_TORCH"]
 
-#: The oldest PyTorch with a replaceable CUDA host allocator.
-NEEDED_TORCH = (2, 8)
+#: The oldest PyTorch the allocator builds against: 2.8-2.10 can replace the
+#: allocator too, but their at::HostAllocator has no graph-pool calls and
+#: names its statistics differently, and the extension is not built there.
+NEEDED_TORCH = (2, 11)
 
 _SOURCE = Path(__file__).with_name("torch_host_allocator.cpp")
 _FUNCTIONS = ("pm_mem_alloc_from_pool", "pm_mem_free", "pm_mem_pool_create", "pm_mem_pool_destroy",
@@ -47,7 +49,8 @@ def _check_torch():
     if have < NEEDED_TORCH:
         raise RuntimeError(
             f"pinmem.torch.install() needs PyTorch {NEEDED_TORCH[0]}.{NEEDED_TORCH[1]} or later, "
-            f"whose CUDA host allocator an extension can replace (at::setHostAllocator); this is "
+            f"whose CUDA host allocator an extension can replace (at::setHostAllocator) with "
+            f"CUDA graphs' private pools; this is "
             f"PyTorch {_torch.__version__}. pinmem.torch.to_device / to_host and the preload "
             f"library (python -m pinmem preload-path) work with it.")
     if _torch.version.cuda is None:
@@ -74,7 +77,7 @@ def install(pool=None):
     """Makes pinmem serve PyTorch's CUDA host allocator, from pool (a
     pinmem.Pool; default: a new pool of its own, which keeps what it pins).
     Returns the pool. Calling it again changes nothing. Raises RuntimeError,
-    saying what is needed, on a PyTorch without the hook (before 2.8), a
+    saying what is needed, on a PyTorch older than NEEDED_TORCH, a
     build without CUDA, or no CUDA backend for pinmem."""
     global _extension, _pool
     with _lock:

@@ -90,6 +90,10 @@ bool stream_capturing(cudaStream_t s) {
 
 void deleter(void* ctx);
 
+// The allocator PyTorch had before install(): graphs captured before it
+// was installed hold pools of that allocator's, released into this one.
+at::HostAllocator* previous = nullptr;
+
 class PinmemHostAllocator final : public at::HostAllocator {
  public:
   PinmemHostAllocator(const Pinmem& pm, void* pool) : pm_(pm), pool_(pool) {}
@@ -264,11 +268,18 @@ class PinmemHostAllocator final : public at::HostAllocator {
   }
 
   void end_allocate_to_pool(c10::MempoolId_t id) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    auto it = std::find_if(captures_.begin(), captures_.end(),
-                           [&](const auto& c) { return c.first == id; });
-    TORCH_CHECK(it != captures_.end(), "pinmem: not allocating to this graph's pool");
-    captures_.erase(it);
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      auto it = std::find_if(captures_.begin(), captures_.end(),
+                             [&](const auto& c) { return c.first == id; });
+      if (it != captures_.end()) {
+        captures_.erase(it);
+        return;
+      }
+    }
+    // A capture begun before install(): the allocator it began in ends it.
+    TORCH_CHECK(previous, "pinmem: not allocating to this graph's pool");
+    previous->end_allocate_to_pool(id);
   }
 
   // Whether a CUDA graph still holds one of this allocator's private pools:
@@ -284,12 +295,21 @@ class PinmemHostAllocator final : public at::HostAllocator {
     return false;
   }
 
+  // Called as a graph dies, from its destructor: a pool this allocator does
+  // not know (a graph captured before install()) goes to the allocator that
+  // made it, as throwing here would end the process.
   void release_pool(c10::MempoolId_t id) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    auto it = private_.find(id);
-    TORCH_CHECK(it != private_.end() && it->second.use_count > 0,
-                "pinmem: release of a graph pool not in use");
-    it->second.use_count--;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      auto it = private_.find(id);
+      if (it != private_.end()) {
+        if (it->second.use_count > 0)
+          it->second.use_count--;
+        return;
+      }
+    }
+    if (previous)
+      previous->release_pool(id);
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -415,7 +435,6 @@ class PinmemHostAllocator final : public at::HostAllocator {
 };
 
 PinmemHostAllocator* instance = nullptr;  // never destroyed: blocks may outlive install
-at::HostAllocator* previous = nullptr;
 constexpr uint8_t kPriority = 100;  // above the allocator PyTorch registers at start
 
 void deleter(void* ctx) {

@@ -1,5 +1,5 @@
 """pinmem.torch.install(): the honest error on a PyTorch without the hook
-(here), and on a GPU with PyTorch 2.8 or later, the allocator itself, in a
+(here), and on a GPU with PyTorch 2.11 or later, the allocator itself, in a
 process of its own (it replaces PyTorch's allocator for good)."""
 
 import os
@@ -20,7 +20,7 @@ has_hook = torch_host._torch_version() >= torch_host.NEEDED_TORCH
 def test_versions_read():
     assert torch_host._torch_version("2.11.0+cu130") == (2, 11)
     assert torch_host._torch_version("1.13.0a0") == (1, 13)
-    assert torch_host._torch_version("2.8.0") >= torch_host.NEEDED_TORCH > (2, 7)
+    assert torch_host._torch_version("2.11.0") >= torch_host.NEEDED_TORCH > (2, 10)
     assert torch_host._torch_version("nightly") == (0, 0)
 
 
@@ -32,7 +32,7 @@ def test_install_says_which_pytorch_it_needs(monkeypatch):
         raise AssertionError("nothing may be built for a PyTorch without the hook")
 
     monkeypatch.setattr(cpp_extension, "load", no_build)
-    with pytest.raises(RuntimeError, match=r"needs PyTorch 2\.8 or later.*this is PyTorch "):
+    with pytest.raises(RuntimeError, match=r"needs PyTorch 2\.11 or later.*this is PyTorch "):
         pt.install()
     assert not pt.installed() and torch_host.pool() is None
     pt.uninstall()  # nothing installed: nothing to undo
@@ -113,19 +113,51 @@ print("ok")
 @requires_cuda
 @pytest.mark.skipif(not has_hook, reason="this PyTorch has no replaceable host allocator")
 def test_allocator_on_the_gpu(tmp_path):
+    _run_fresh(_PROGRAM, tmp_path)
+
+
+def _run_fresh(program, tmp_path):
+    """Runs program in a Python of its own, which must print ok."""
     if not torch.cuda.is_available():
         pytest.skip("torch.cuda is not available")
     env = dict(os.environ)
     if os.environ.get("PINMEM_TEST_INSTALLED") != "1":
         env["PYTHONPATH"] = str(ROOT / "python")
-    run = subprocess.run([sys.executable, "-c", _PROGRAM], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                          env=env, cwd=str(tmp_path), timeout=900)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
 
 
+# A graph captured with PyTorch's own allocator, then install(): the graph's
+# pool is released into pinmem's allocator when the graph dies, and must go
+# back to the allocator that made it (a throw there ended the process).
+_GRAPH_BEFORE_INSTALL = r"""
+import torch, pinmem.torch as pt
+host = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
+out = torch.empty(1 << 20, device="cuda")
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    out.copy_(host, non_blocking=True)
+pt.install()
+g.replay()
+torch.cuda.synchronize()
+assert torch.equal(out.cpu(), host)
+del g
+x = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+assert x.is_pinned()
+print("ok")
+"""
+
+
+@requires_cuda
+@pytest.mark.skipif(not has_hook, reason="this PyTorch has no replaceable host allocator")
+def test_graph_captured_before_install(tmp_path):
+    _run_fresh(_GRAPH_BEFORE_INSTALL, tmp_path)
+
+
 def test_extension_built_without_ninja(tmp_path, monkeypatch):
     """The compiler-only path of pinmem.torch_build, with a small extension
-    (the allocator itself needs PyTorch 2.8 and CUDA)."""
+    (the allocator itself needs PyTorch 2.11 and CUDA)."""
     import shutil
 
     from torch.utils import cpp_extension
