@@ -65,22 +65,19 @@ extern atomic_bool pm__fault_policies_refused;
  * destroyed and still in the live set, so that statistics read there show
  * whether such a pool is counted once. */
 extern void (*_Atomic pm__test_destroy_midway)(void);
-#define PM__TEST_DESTROY_MIDWAY()                                                        \
+/* Calls the function a hook holds, where one is set. */
+#define PM__TEST_RUN_HOOK(hook)                                                          \
     do {                                                                                 \
-        void (*midway_)(void) = atomic_load(&pm__test_destroy_midway);                   \
-        if (midway_)                                                                     \
-            midway_();                                                                   \
+        void (*hook_)(void) = atomic_load(&(hook));                                      \
+        if (hook_)                                                                       \
+            hook_();                                                                     \
     } while (0)
+#define PM__TEST_DESTROY_MIDWAY() PM__TEST_RUN_HOOK(pm__test_destroy_midway)
 /* Where set, pm_event_record calls it between taking the stream's order and
  * recording the marker, so that work another thread queues on the stream in
  * between can be placed there. */
 extern void (*_Atomic pm__test_record_midway)(void);
-#define PM__TEST_RECORD_MIDWAY()                                                         \
-    do {                                                                                 \
-        void (*midway_)(void) = atomic_load(&pm__test_record_midway);                    \
-        if (midway_)                                                                     \
-            midway_();                                                                   \
-    } while (0)
+#define PM__TEST_RECORD_MIDWAY() PM__TEST_RUN_HOOK(pm__test_record_midway)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
