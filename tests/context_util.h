@@ -22,6 +22,9 @@ typedef struct context_api {
     CUresult (*pop)(CUcontext *);
     CUresult (*mem_alloc)(CUdeviceptr *, size_t);
     CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*mem_host_get_flags)(unsigned *, void *);
+    CUresult (*primary_retain)(CUcontext *, CUdevice);
+    CUresult (*primary_release)(CUdevice);
 } context_api;
 
 static context_api api;
@@ -35,7 +38,9 @@ static inline bool context_api_load(void)
     static const char *const names[] = {"cuDeviceGet",         "cuCtxCreate_v2",
                                         "cuCtxDestroy_v2",     "cuCtxPushCurrent_v2",
                                         "cuCtxPopCurrent_v2",  "cuMemAlloc_v2",
-                                        "cuMemFree_v2"};
+                                        "cuMemFree_v2",        "cuMemHostGetFlags",
+                                        "cuDevicePrimaryCtxRetain",
+                                        "cuDevicePrimaryCtxRelease_v2"};
     void **slots = (void **)&api;
     _Static_assert(sizeof api == sizeof names / sizeof names[0] * sizeof(void *),
                    "one name a slot");

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "context_util.h"
@@ -162,6 +163,57 @@ static void frees_in_a_context_destroyed_at_once(void)
 #endif
 
 #ifdef PINMEM_HAVE_CUDA_HEADERS
+/* Whether the driver, asked in the device's primary context (pinmem's),
+ * knows p as pinned. */
+static bool pinned_to_the_driver(void *p, CUdevice device)
+{
+    CUcontext primary = NULL, popped = NULL;
+    unsigned flags = 0;
+    if (api.primary_retain(&primary, device) != CUDA_SUCCESS)
+        return false;
+    const bool pushed = api.push(primary) == CUDA_SUCCESS;
+    const bool pinned = pushed && api.mem_host_get_flags(&flags, p) == CUDA_SUCCESS;
+    if (pushed)
+        api.pop(&popped);
+    api.primary_release(device);
+    return pinned;
+}
+
+/* Memory pinned while a context the user made was current (a host
+ * allocation, a write-combined one the driver makes, a pool's chunk) stays
+ * pinned once that context is destroyed: the driver frees or unregisters what was pinned
+ * in a context with it (docs/driver-behavior.md), so pinmem pins in its own. */
+static void kept_memory_outlives_their_context(void)
+{
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    CUdevice device;
+    CUcontext brief = NULL;
+    CHECK_RESULT(pm_get_capabilities(&caps), PM_SUCCESS);
+    REQUIRE(api.device_get(&device, caps.device_ordinal) == CUDA_SUCCESS);
+    REQUIRE(api.create(&brief, 0, device) == CUDA_SUCCESS);
+    pm_mem_pool_t pool = make_pool(0);
+    void *host = NULL, *combined = NULL, *block = NULL;
+    CHECK_RESULT(pm_mem_host_alloc(&host, 1 << 20, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_alloc(&combined, 1 << 16, PM_MEMHOSTALLOC_WRITECOMBINED), PM_SUCCESS);
+    if (pool)
+        CHECK_RESULT(pm_mem_alloc_from_pool(&block, 1 << 16, pool), PM_SUCCESS);
+    CUcontext popped;
+    CHECK(api.pop(&popped) == CUDA_SUCCESS && popped == brief);
+    CHECK(api.destroy(brief) == CUDA_SUCCESS);
+    void *kept[] = {host, combined, block};
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
+        if (kept[i] && !pinned_to_the_driver(kept[i], device))
+            CHECK(!"memory pinmem pinned in the user's context is still pinned");
+    if (host)
+        memset(host, 1, 1 << 20); /* still mapped */
+    if (block)
+        CHECK_RESULT(pm_mem_free(block), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(host), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(combined), PM_SUCCESS);
+    if (pool)
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 enum { many_events = 2500 }; /* flag words on more than two pages */
 
 /* Events recorded on the user's context's legacy stream, first with it
@@ -238,6 +290,7 @@ int main(void)
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     static const context_case cases[] = {flushed_from_their_context, freed_in_their_context,
                                          many_flags_released_early, flag_waited_without_context,
+                                         kept_memory_outlives_their_context,
                                          frees_in_a_context_destroyed_at_once};
     return their_context_main("pool_contexts", cases, sizeof cases / sizeof cases[0]);
 #else

@@ -59,7 +59,7 @@ static pm_result driver_host_alloc(size_t bytesize, unsigned flags, void **base,
 {
     void *p = NULL;
     pm__place_scope scope;
-    pm_result r = pm__cuda_home_enter(&scope);
+    pm_result r = pm__cuda_own_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
     CUresult rc = cu->mem_host_alloc(&p, bytesize, flags);
@@ -90,7 +90,7 @@ static pm_result map_and_register(size_t bytesize, size_t align, int numa_node, 
     pm__place_scope scope;
     pm_result r = numa_node >= 0 ? pm__bind_to_node(p, *len, numa_node) : PM_SUCCESS;
     if (r == PM_SUCCESS)
-        r = pm__cuda_home_enter(&scope);
+        r = pm__cuda_own_enter(&scope);
     if (r != PM_SUCCESS) {
         munmap(p, *len);
         return r;
@@ -131,14 +131,29 @@ static pm_result cuda_host_alloc(size_t bytesize, unsigned flags, int numa_node,
     return r;
 }
 
+/* What pinmem pins it keeps in its own context, which a context the user
+ * made cannot take with it when destroyed (the driver frees or unregisters
+ * what was pinned in a context with it). Freeing still waits for the device
+ * work of the caller's context, as the driver's free does there. */
+static void wait_as_a_free_would(void)
+{
+    CUcontext current = NULL;
+    if (cu->ctx_get_current(&current) == CUDA_SUCCESS && current && current != primary)
+        cu->ctx_synchronize();
+}
+
 static pm_result cuda_host_free(void *base, size_t pin_len, unsigned tag)
 {
-    if (tag == TAG_DRIVER_ALLOC)
-        PM__CUDA_CALL("cuMemFreeHost", cu->mem_free_host(base));
+    wait_as_a_free_would();
     pm__place_scope scope;
-    pm_result r = pm__cuda_home_enter(&scope);
+    pm_result r = pm__cuda_own_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
+    if (tag == TAG_DRIVER_ALLOC) {
+        CUresult rc = cu->mem_free_host(base);
+        pm__cuda_place_leave(&scope);
+        return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuMemFreeHost");
+    }
     unregister_in_pieces(base, pin_len);
     pm__cuda_place_leave(&scope);
     munmap(base, pin_len);
@@ -240,7 +255,7 @@ static pm_result vmm_chunk_commit(void *p, size_t len, int numa_node)
 static void in_context(void (*fn)(void *, size_t), void *p, size_t len)
 {
     pm__place_scope scope;
-    if (pm__cuda_home_enter(&scope) == PM_SUCCESS) {
+    if (pm__cuda_own_enter(&scope) == PM_SUCCESS) {
         fn(p, len);
         pm__cuda_place_leave(&scope);
     }
@@ -259,7 +274,7 @@ static void vmm_chunk_unreserve(void *base, size_t len)
 static pm_result registered_chunk_commit(void *p, size_t len, int numa_node)
 {
     pm__place_scope scope;
-    pm_result r = pm__cuda_home_enter(&scope);
+    pm_result r = pm__cuda_own_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
     pm__prefault(p, len, numa_node); /* bound when reserved, or placed by this touch */
@@ -476,15 +491,20 @@ static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes,
  * cache hears of it and unregisters). */
 static pm_result cuda_cache_register(void *p, size_t bytesize)
 {
-    PM__CUDA_CALL("cuMemHostRegister",
-                  register_in_pieces(p, bytesize, CU_MEMHOSTREGISTER_PORTABLE |
-                                                      CU_MEMHOSTREGISTER_DEVICEMAP));
+    pm__place_scope scope;
+    pm_result r = pm__cuda_own_enter(&scope);
+    if (r != PM_SUCCESS)
+        return r;
+    CUresult rc = register_in_pieces(p, bytesize,
+                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    pm__cuda_place_leave(&scope);
+    return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuMemHostRegister");
 }
 
 static void cuda_cache_unregister(void *p, size_t bytesize)
 {
     pm__place_scope scope;
-    if (pm__cuda_home_enter(&scope) != PM_SUCCESS)
+    if (pm__cuda_own_enter(&scope) != PM_SUCCESS)
         return;
     unregister_in_pieces(p, bytesize);
     pm__cuda_place_leave(&scope);

@@ -144,6 +144,12 @@ pm_result pm__cuda_home_enter(pm__place_scope *scope)
     return PM_SUCCESS;
 }
 
+pm_result pm__cuda_own_enter(pm__place_scope *scope)
+{
+    const pm__place own = {.context = primary};
+    return pm__cuda_place_enter(&own, scope);
+}
+
 pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope)
 {
     scope->pushed = false;

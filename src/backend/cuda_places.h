@@ -32,6 +32,12 @@ void pm__cuda_place_leave(pm__place_scope *scope);
  * context, or in pinmem's primary one where the thread has none; left with
  * pm__cuda_place_leave. */
 pm_result pm__cuda_home_enter(pm__place_scope *scope);
+/* A scope in pinmem's primary context, whatever the thread's current one:
+ * for memory pinmem keeps (host allocations, pool chunks, the staging ring,
+ * cache registrations), which must not die with a context the user made
+ * (cuCtxDestroy frees what was allocated in it); left with
+ * pm__cuda_place_leave. */
+pm_result pm__cuda_own_enter(pm__place_scope *scope);
 /* Runs one driver call (expr, named name in a failure's detail) in such a
  * scope and returns its result, translated. */
 #define PM__CUDA_CALL(name, expr)                                           \
