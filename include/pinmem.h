@@ -732,7 +732,8 @@ PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t byte
  * be checked here first. PM_SUCCESS where every page of the range lies in
  * host mappings that permit that access, or where the range lies inside one
  * allocation the library or the driver knows (device memory, which the
- * process's mappings leave the CPU no access to); *span_base and *span_size
+ * process's mappings leave the CPU no access to; not on the posix backend,
+ * whose copies are the CPU's); *span_base and *span_size
  * (either pointer may be NULL) then receive a range that holds [p, p + bytes)
  * and passes as well, the one mapping or allocation that holds it, else the
  * range itself. Otherwise PM_ERROR_INVALID_VALUE, the detail saying why.

@@ -155,7 +155,10 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     }
     if (verdict == ACCESS_UNANSWERED)
         verdict = ask_msync(start, end);
-    if (verdict == ACCESS_NOTHING && in_one_allocation(p, bytes, false, &w))
+    /* Where device memory is the process's own (posix), the CPU moves every
+     * byte of a copy, so what its mapping forbids stays forbidden. */
+    if (verdict == ACCESS_NOTHING && !inst->backend.device_is_host_memory &&
+        in_one_allocation(p, bytes, false, &w))
         verdict = ACCESS_GOOD;
     const uintptr_t lo = w.lo, hi = w.hi;
     const char *how = access == PM_ACCESS_READ    ? "readable"

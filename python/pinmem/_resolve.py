@@ -92,6 +92,20 @@ def _owner(address, nbytes):
     return None
 
 
+_backend = []
+
+
+def _cpu_copies():
+    """Whether the CPU moves every byte a copy moves (the posix backend): a
+    pinmem object's memory the program made inaccessible is then checked as
+    any other, where on cuda the DMA engine reads it."""
+    if not _backend:
+        from . import backend
+
+        _backend.append(backend())
+    return _backend[0] == "posix"
+
+
 # The most ranges a batch remembers as good: each element looks through them.
 _REMEMBERED = 16
 
@@ -107,7 +121,8 @@ def access_problem(address, nbytes, write, good=None, what="pinmem.copy"):
     if base is not None:
         if write and base in _read_only:
             return f"address {address:#x} lies in memory registered read-only"
-        return None
+        if not _cpu_copies():
+            return None
     if good:
         end = address + nbytes
         for lo, hi in good:

@@ -40,6 +40,12 @@ def system_checks(monkeypatch):
     return calls
 
 
+# Where the CPU moves every byte (posix), memory of pinmem's own objects is
+# asked about too: the program may have made its pages inaccessible.
+def _owned_asked():
+    return pinmem.backend() == "posix"
+
+
 def _permissions_told():
     """Whether the library can learn what a mapping permits: it reads
     /proc/self/maps, by the kernel's PROCMAP_QUERY ioctl (Linux 6.11 and
@@ -83,7 +89,7 @@ def test_inside_a_live_buffer_needs_no_system_call(system_checks):
         out = bytearray(len(src))
         pinmem.copy(out, dev.ptr + 8, len(src))
         assert bytes(out) == src
-    assert system_checks == []
+    assert (system_checks != []) == _owned_asked()
 
 
 def test_inside_a_registration_needs_no_system_call(system_checks):
@@ -96,12 +102,13 @@ def test_inside_a_registration_needs_no_system_call(system_checks):
         address = reg.ptr
         pinmem.copy(address + 10, b"abc", 3)
         assert mem[10:13] == b"abc"
-        assert system_checks == []
+        assert len(system_checks) == int(_owned_asked())
     # closed: the address is pinmem's no longer and is asked about
+    asked = len(system_checks)
     out = bytearray(3)
     pinmem.copy(out, address + 10, 3)
     assert out == b"abc"
-    assert len(system_checks) == 1
+    assert len(system_checks) == asked + 1
 
 
 def _address_of(obj):
@@ -175,11 +182,12 @@ def test_range_with_an_unmapped_page_inside(pages):
 def test_range_past_a_live_buffer_is_checked(system_checks):
     with pinmem.empty(PAGE) as b:
         pinmem.copy(bytearray(16), b.ptr + PAGE - 16, 16)
-        assert system_checks == []
+        asked = len(system_checks)
+        assert asked == int(_owned_asked())
         # 32 bytes from 16 before the end run past the buffer: the system
         # is asked (only asked: the next page is none of this test's)
         _resolve.access_problem(b.ptr + PAGE - 16, 32, False)
-        assert len(system_checks) == 1
+        assert len(system_checks) == asked + 1
 
 
 def test_page_the_process_may_not_touch(pages, permissions_known):

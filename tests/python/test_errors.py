@@ -1,6 +1,7 @@
 """Bad input of every kind: PinmemError, TypeError or ValueError with a clear
 message, never a crash."""
 
+import ctypes
 import pickle
 import subprocess
 import sys
@@ -173,6 +174,31 @@ def test_int_address_in_read_only_registration():
     assert data.startswith(b"immutable bytes") and bytes(out) == data[:16]
 
 
+def _inaccessible_registration():
+    """Registered pages the program then made inaccessible (PROT_NONE), and
+    a function that makes them readable and writable again."""
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    pages = mmap.mmap(-1, 1 << 16)
+    r = pinmem.register(pages)
+    assert libc.mprotect(r.ptr, 1 << 16, 0) == 0  # PROT_NONE
+    return r, lambda: libc.mprotect(r.ptr, 1 << 16, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def test_inaccessible_registered_memory_on_posix():
+    if pinmem.backend() != "posix":
+        pytest.skip("on cuda the DMA engine reads such memory")
+    r, restore = _inaccessible_registration()
+    try:
+        with pytest.raises(ValueError, match="neither readable host memory"):
+            pinmem.copy(bytearray(16), r.ptr, 16)
+    finally:
+        restore()
+        r.close()
+
+
 def test_posix_checks_device_ranges_and_streams():
     if pinmem.backend() != "posix":
         pytest.skip("the driver answers these on the cuda backend")
@@ -249,8 +275,22 @@ def test_a_crash_would_show():
             view[4] = 5
             assert bytes(view[:5]) == b"abcd\\x05", bytes(view)
 
+        def made_inaccessible():
+            if pinmem.backend() != "posix":
+                return  # the DMA engine reads such memory on cuda
+            import ctypes, mmap
+            libc = ctypes.CDLL(None)
+            libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            with pinmem.register(mmap.mmap(-1, 1 << 16)) as r:
+                libc.mprotect(r.ptr, 1 << 16, 0)  # PROT_NONE
+                try:
+                    pinmem.copy(bytearray(16), r.ptr, 16)
+                finally:
+                    libc.mprotect(r.ptr, 1 << 16, mmap.PROT_READ | mmap.PROT_WRITE)
+
         for bad in (slice_kept, lambda: pinmem.copy(0, 0, 16), lambda: pinmem.copy(0x500000000000, 0x510000000000, 16),
-                    lambda: pinmem.empty(-1), lambda: pinmem.register(1), object_array, read_only):
+                    lambda: pinmem.empty(-1), lambda: pinmem.register(1), object_array, read_only,
+                    made_inaccessible):
             try:
                 bad()
             except (pinmem.PinmemError, TypeError, ValueError):
