@@ -87,12 +87,8 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
     /* Blocks freed on the stream until now join their pools' batches before
      * the event's tick, so that the event is known to follow them. */
     pm__pools_flush_stream(stream);
-    /* The tick and what the stream waits for are taken before the marker:
-     * a batch freed or a wait queued on the stream by another thread while
-     * this records must not be claimed unless the marker follows it (a
-     * batch's tick is taken after its marker, a wait is learned after it is
-     * queued). Taken after the marker, either could land in between and be
-     * claimed though the marker came first. */
+    /* Taken before the marker, so that a free or a wait another thread
+     * queues on the stream meanwhile is never claimed as before the event. */
     pm__order_set order = {0};
     pthread_rwlock_wrlock(&event->lock);
     if (!pm__order_snapshot(id, pm__order_next(), &order))
