@@ -322,7 +322,8 @@ PM_API pm_result pm_event_record(pm_event_t event, pm_stream_t stream);
 /* PM_SUCCESS when the captured work is done (or nothing was recorded),
  * PM_ERROR_NOT_READY when not yet. */
 PM_API pm_result pm_event_query(pm_event_t event);
-/* Waits for the captured work; a record of the same event from another
+/* Waits for the captured work. Meanwhile queries of and waits on the same
+ * event from other threads answer at once; a record of it from another
  * thread waits until this returns. */
 PM_API pm_result pm_event_synchronize(pm_event_t event);
 /* Work enqueued on stream after this call waits for the event's captured work. */
