@@ -92,12 +92,8 @@ def to_device(t, device=None, *, stream=None):
                            "pinmem.torch.to_device: stream")
     fence = None
     if torch_stream is None:
-        # Another framework's stream or a raw handle. The destination must
-        # not come from the pool of torch's current stream: a block freed
-        # there may still be in use by work queued on that stream, and the
-        # copy on this stream would not wait for it; and once the result is
-        # freed, that stream would reuse the block while the copy may still
-        # write to it. Allocate on the copy's own stream instead.
+        # A block from torch's current stream's pool could still be in use
+        # there, unordered with the copy: allocate on the copy's stream.
         if handle in (0, STREAM_LEGACY):  # the legacy default stream: torch's default
             torch_stream = _torch.cuda.default_stream(device)
         elif handle == STREAM_PER_THREAD:  # no torch stream stands for it
@@ -107,9 +103,7 @@ def to_device(t, device=None, *, stream=None):
     with _torch.cuda.device(device):
         n = _nbytes(t)
         if fence is not None:
-            # Allocated on torch's current stream: the copy waits for the
-            # work queued there, and that stream's later work (which may
-            # reuse the block once the result is freed) waits for the copy.
+            # On torch's current stream, ordered both ways with the copy.
             out = _torch.empty(t.shape, dtype=t.dtype, device=device)
             if n:
                 wait_for(handle, fence.cuda_stream)

@@ -145,15 +145,12 @@ static void wait_as_a_free_would(void)
 static pm_result cuda_host_free(void *base, size_t pin_len, unsigned tag)
 {
     wait_as_a_free_would();
+    if (tag == TAG_DRIVER_ALLOC)
+        PM__CUDA_CALL_IN(pm__cuda_own_enter, "cuMemFreeHost", cu->mem_free_host(base));
     pm__place_scope scope;
     pm_result r = pm__cuda_own_enter(&scope);
     if (r != PM_SUCCESS)
         return r;
-    if (tag == TAG_DRIVER_ALLOC) {
-        CUresult rc = cu->mem_free_host(base);
-        pm__cuda_place_leave(&scope);
-        return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuMemFreeHost");
-    }
     unregister_in_pieces(base, pin_len);
     pm__cuda_place_leave(&scope);
     munmap(base, pin_len);
@@ -491,14 +488,9 @@ static pm_result cuda_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes,
  * cache hears of it and unregisters). */
 static pm_result cuda_cache_register(void *p, size_t bytesize)
 {
-    pm__place_scope scope;
-    pm_result r = pm__cuda_own_enter(&scope);
-    if (r != PM_SUCCESS)
-        return r;
-    CUresult rc = register_in_pieces(p, bytesize,
-                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    pm__cuda_place_leave(&scope);
-    return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuMemHostRegister");
+    PM__CUDA_CALL_IN(pm__cuda_own_enter, "cuMemHostRegister",
+                     register_in_pieces(p, bytesize, CU_MEMHOSTREGISTER_PORTABLE |
+                                                         CU_MEMHOSTREGISTER_DEVICEMAP));
 }
 
 static void cuda_cache_unregister(void *p, size_t bytesize)

@@ -38,18 +38,19 @@ pm_result pm__cuda_home_enter(pm__place_scope *scope);
  * (cuCtxDestroy frees what was allocated in it); left with
  * pm__cuda_place_leave. */
 pm_result pm__cuda_own_enter(pm__place_scope *scope);
-/* Runs one driver call (expr, named name in a failure's detail) in such a
- * scope and returns its result, translated. */
-#define PM__CUDA_CALL(name, expr)                                           \
+/* Runs one driver call (expr, named name in a failure's detail) in the
+ * scope enter makes and returns its result, translated. */
+#define PM__CUDA_CALL_IN(enter, name, expr)                                 \
     do {                                                                   \
         pm__place_scope scope_;                                            \
-        pm_result entered_ = pm__cuda_home_enter(&scope_);                 \
+        pm_result entered_ = enter(&scope_);                               \
         if (entered_ != PM_SUCCESS)                                        \
             return entered_;                                               \
         CUresult rc_ = (expr);                                             \
         pm__cuda_place_leave(&scope_);                                     \
         return rc_ == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc_, name); \
     } while (0)
+#define PM__CUDA_CALL(name, expr) PM__CUDA_CALL_IN(pm__cuda_home_enter, name, expr)
 /* backend.h's device_alloc_on: cuMemAlloc in device ordinal's primary
  * context (below the device count). */
 pm_result pm__cuda_device_alloc_on(pm_deviceptr *d, size_t bytesize, int ordinal);

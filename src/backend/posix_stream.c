@@ -164,10 +164,7 @@ static void end_own(void *arg)
 {
     posix_stream *s = arg;
     own_stream = NULL;
-    /* In a child forked from this thread the stream's thread is not there:
-     * waiting for its work or joining it would never end (pinmem.h: in such
-     * a child nothing waits). Left as it is, as the rest of the parent's
-     * state. */
+    /* A forked child has no thread to run the stream: nothing waits there (pinmem.h). */
     if (s->pid != getpid())
         return;
     destroy_stream(s);
