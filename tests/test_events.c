@@ -371,6 +371,68 @@ static void own_streams_forgotten(void)
     CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
 }
 
+/* ------------------------------- the legacy stream and threads' own ones */
+
+static atomic_int own_queued;
+
+/* A thread's own stream: the gate then the mark, or a look for the mark. */
+static void *own_gated_work(void *arg)
+{
+    (void)arg;
+    CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_PER_THREAD, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_PER_THREAD, mark_a_done, NULL),
+                 PM_SUCCESS);
+    atomic_store(&own_queued, 1);
+    return NULL;
+}
+
+static void *own_look(void *arg)
+{
+    (void)arg;
+    CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_PER_THREAD, look_for_a, NULL), PM_SUCCESS);
+    atomic_store(&own_queued, 1);
+    return NULL;
+}
+
+/* Runs own's body on a thread and b's work on the legacy stream (or, with
+ * legacy_first, a's on the legacy stream before own's body); true when b's
+ * look found a's mark. The thread's exit waits for its stream on POSIX,
+ * so the gate opens before the join. */
+static int legacy_and_own(void *(*own)(void *), bool legacy_first)
+{
+    reset_gate();
+    atomic_store(&own_queued, 0);
+    if (legacy_first) {
+        CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_LEGACY, wait_gate, NULL), PM_SUCCESS);
+        CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_LEGACY, mark_a_done, NULL), PM_SUCCESS);
+    }
+    pthread_t thread, opener;
+    if (pthread_create(&opener, NULL, open_gate_if_stuck, NULL) != 0) {
+        atomic_store(&gate_open, 1);
+        return 0;
+    }
+    const bool started = pthread_create(&thread, NULL, own, NULL) == 0;
+    while (started && !atomic_load(&own_queued))
+        usleep(100);
+    if (!legacy_first)
+        CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_LEGACY, look_for_a, NULL), PM_SUCCESS);
+    usleep(20000); /* work not ordered behind the gate has run by now */
+    atomic_store(&gate_open, 1);
+    if (started)
+        pthread_join(thread, NULL);
+    pthread_join(opener, NULL);
+    CHECK_RESULT(pm_stream_synchronize(PM_STREAM_LEGACY), PM_SUCCESS);
+    return atomic_load(&b_saw_a);
+}
+
+/* The driver orders the legacy stream with blocking streams, and a
+ * thread's own stream is one: work on either waits for the other's. */
+static void legacy_orders_own_streams(void)
+{
+    CHECK(legacy_and_own(own_gated_work, false) == 1);
+    CHECK(legacy_and_own(own_look, true) == 1);
+}
+
 static void follow_scenarios(void)
 {
     NEED_PINNABLE((size_t)64 << 20); /* pools of 32 MiB, full */
@@ -396,6 +458,7 @@ int main(void)
     follow_scenarios();
     query_while_synchronizing();
     own_streams_forgotten();
+    legacy_orders_own_streams();
     event_race();
     return check_finish("events");
 }

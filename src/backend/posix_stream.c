@@ -33,6 +33,7 @@ typedef struct posix_stream {
     bool released; /* the thread drops the creator's reference as it ends */
     pthread_t thread;
     pid_t pid; /* the process whose thread runs it (a forked child has none) */
+    struct posix_stream *next_own, *prev_own; /* threads' own streams, under own_lock */
 } posix_stream;
 
 static void drop_ref(posix_stream *s);
@@ -157,6 +158,31 @@ static pthread_key_t own_key;
 static pthread_once_t own_key_once = PTHREAD_ONCE_INIT;
 static bool have_own_key;
 static _Thread_local posix_stream *own_stream __attribute__((tls_model("initial-exec")));
+/* Every thread's own stream, which legacy-stream work waits for. */
+static pthread_mutex_t own_lock = PTHREAD_MUTEX_INITIALIZER;
+static posix_stream *own_streams;
+
+static void list_own(posix_stream *s)
+{
+    pthread_mutex_lock(&own_lock);
+    s->next_own = own_streams;
+    if (own_streams)
+        own_streams->prev_own = s;
+    own_streams = s;
+    pthread_mutex_unlock(&own_lock);
+}
+
+static void unlist_own(posix_stream *s)
+{
+    pthread_mutex_lock(&own_lock);
+    if (s->prev_own)
+        s->prev_own->next_own = s->next_own;
+    else
+        own_streams = s->next_own;
+    if (s->next_own)
+        s->next_own->prev_own = s->prev_own;
+    pthread_mutex_unlock(&own_lock);
+}
 
 /* At the thread's exit. Another exit handler that runs later and uses the
  * handle gets a new stream, ended in the next round of handlers. */
@@ -167,6 +193,8 @@ static void end_own(void *arg)
     /* A forked child has no thread to run the stream: nothing waits there (pinmem.h). */
     if (s->pid != getpid())
         return;
+    synchronize_stream(s); /* legacy-stream work queued meanwhile still waits for it */
+    unlist_own(s);
     destroy_stream(s);
 }
 
@@ -184,6 +212,7 @@ static posix_stream *own_or_start(void)
         destroy_stream(s);
         return NULL;
     }
+    list_own(s);
     own_stream = s;
     return s;
 }
@@ -319,10 +348,75 @@ pm_result pm__posix_stream_id(pm_stream_t handle, unsigned long long *id)
     return PM_SUCCESS;
 }
 
+typedef struct wait_task {
+    pm__marker marker;
+} wait_task;
+
+static void run_wait(void *arg)
+{
+    wait_task *w = arg;
+    wait_for(w->marker.handle, w->marker.seq);
+    pm__posix_marker_release(&w->marker);
+    free(w);
+}
+
+/* Queues on s a wait for other's work up to seq; other is kept alive by
+ * the caller until this takes its own reference. */
+static pm_result queue_wait(posix_stream *s, posix_stream *other, unsigned long long seq)
+{
+    wait_task *w = malloc(sizeof *w);
+    if (!w)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "stream wait: out of memory");
+    pthread_mutex_lock(&other->lock);
+    other->refs++;
+    pthread_mutex_unlock(&other->lock);
+    w->marker = (pm__marker){.handle = other, .seq = seq};
+    pm_result r = enqueue(s, run_wait, w);
+    if (r != PM_SUCCESS) {
+        pm__posix_marker_release(&w->marker);
+        free(w);
+    }
+    return r;
+}
+
+/* Queues on s a wait for the work queued on other so far, if any. A forked
+ * child skips its parent's streams, whose work nothing runs there. */
+static pm_result queue_wait_for_all(posix_stream *s, posix_stream *other)
+{
+    if (other == s || other->pid != getpid())
+        return PM_SUCCESS;
+    pthread_mutex_lock(&other->lock);
+    const unsigned long long seq = other->enqueued;
+    pthread_mutex_unlock(&other->lock);
+    if (atomic_load_explicit(&other->completed, memory_order_acquire) >= seq)
+        return PM_SUCCESS;
+    return queue_wait(s, other, seq);
+}
+
+/* The driver orders the legacy stream with every blocking stream, threads'
+ * own streams among them: work queued on one waits for the other's work
+ * queued before it. Streams pinmem creates are non-blocking. */
+static pm_result order_with_blocking(pm_stream_t handle, posix_stream *s)
+{
+    if (handle == PM_STREAM_PER_THREAD) {
+        posix_stream *legacy = atomic_load_explicit(&default_stream, memory_order_acquire);
+        return legacy ? queue_wait_for_all(s, legacy) : PM_SUCCESS;
+    }
+    if (names_a_stream(handle))
+        return PM_SUCCESS;
+    pm_result r = PM_SUCCESS;
+    pthread_mutex_lock(&own_lock);
+    for (posix_stream *own = own_streams; own && r == PM_SUCCESS; own = own->next_own)
+        r = queue_wait_for_all(s, own);
+    pthread_mutex_unlock(&own_lock);
+    return r;
+}
+
 pm_result pm__posix_stream_launch_host_func(pm_stream_t handle, void (*fn)(void *), void *arg)
 {
     RESOLVE_OR_FAIL(s, handle);
-    return enqueue(s, fn, arg);
+    pm_result r = order_with_blocking(handle, s);
+    return r == PM_SUCCESS ? enqueue(s, fn, arg) : r;
 }
 
 typedef struct flag_task {
@@ -352,6 +446,9 @@ pm_result pm__posix_stream_write_flag(pm_stream_t handle, pm_deviceptr flag, uin
 pm_result pm__posix_marker_record(pm_stream_t handle, pm__marker *out)
 {
     RESOLVE_OR_FAIL(s, handle);
+    pm_result r = order_with_blocking(handle, s);
+    if (r != PM_SUCCESS)
+        return r;
     pthread_mutex_lock(&s->lock);
     out->handle = s;
     out->seq = s->enqueued;
@@ -390,35 +487,10 @@ void pm__posix_marker_release(pm__marker *m)
     m->handle = NULL;
 }
 
-typedef struct wait_task {
-    pm__marker marker;
-} wait_task;
-
-static void run_wait(void *arg)
-{
-    wait_task *w = arg;
-    wait_for(w->marker.handle, w->marker.seq);
-    pm__posix_marker_release(&w->marker);
-    free(w);
-}
-
 pm_result pm__posix_marker_wait(pm_stream_t handle, const pm__marker *m)
 {
     RESOLVE_OR_FAIL(s, handle);
     if (pm__posix_marker_done(m) || m->handle == s)
         return PM_SUCCESS; /* already done, or ordered by the stream itself */
-    wait_task *w = malloc(sizeof *w);
-    if (!w)
-        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "stream wait: out of memory");
-    posix_stream *other = m->handle;
-    pthread_mutex_lock(&other->lock);
-    other->refs++;
-    pthread_mutex_unlock(&other->lock);
-    w->marker = *m;
-    pm_result r = enqueue(s, run_wait, w);
-    if (r != PM_SUCCESS) {
-        pm__posix_marker_release(&w->marker);
-        free(w);
-    }
-    return r;
+    return queue_wait(s, m->handle, m->seq);
 }
