@@ -184,12 +184,36 @@ pm_result pm__cuda_flag_wait(CUstream s, const pm__marker *m)
     return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuStreamWaitValue32");
 }
 
-void pm__cuda_flag_synchronize(const pm__marker *m)
+/* A flag behind work that met a sticky error never comes. Such an error
+ * stops every context of the device, pinmem's own among them, which lives
+ * as long as the process and is asked rather than the marker's: the user
+ * may destroy theirs meanwhile, and a destroyed context's handle still
+ * pushes, crashing the next call (bench/probe/sticky_context.c). */
+static CUresult sticky_error(void)
 {
+    pm__place_scope scope;
+    if (pm__cuda_own_enter(&scope) != PM_SUCCESS)
+        return CUDA_SUCCESS; /* asked again at the next check */
+    const CUresult rc = cu->stream_query(CU_STREAM_LEGACY);
+    pm__cuda_place_leave(&scope);
+    return rc == CUDA_ERROR_NOT_READY ? CUDA_SUCCESS : rc;
+}
+
+pm_result pm__cuda_flag_synchronize(const pm__marker *m)
+{
+    enum { SPINS = 4096, NAPS_PER_CHECK = 50 }; /* a check about every millisecond */
     const struct timespec nap = {.tv_nsec = 20000};
-    for (unsigned k = 0; !pm__cuda_flag_done(m); k++)
-        if (k >= 4096)
-            nanosleep(&nap, NULL);
+    for (unsigned k = 0; !pm__cuda_flag_done(m); k++) {
+        if (k < SPINS)
+            continue;
+        if ((k - SPINS) % NAPS_PER_CHECK == 0) {
+            const CUresult rc = sticky_error();
+            if (rc != CUDA_SUCCESS && !pm__cuda_flag_done(m))
+                return pm__cuda_fail(rc, "waiting for a flag whose work stopped: cuStreamQuery");
+        }
+        nanosleep(&nap, NULL);
+    }
+    return PM_SUCCESS;
 }
 
 void pm__cuda_flag_release(pm__marker *m)

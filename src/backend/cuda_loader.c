@@ -45,6 +45,7 @@ static const symbol required[] = {
     SYM(stream_create, "cuStreamCreate", 2000),
     SYM(stream_destroy, "cuStreamDestroy", 4000),
     SYM(stream_synchronize, "cuStreamSynchronize", 2000),
+    SYM(stream_query, "cuStreamQuery", 2000),
     SYM(stream_wait_event, "cuStreamWaitEvent", 3020),
     SYM(stream_get_id, "cuStreamGetId", 12000),
     SYM(launch_host_func, "cuLaunchHostFunc", 10000),

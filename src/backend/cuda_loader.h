@@ -35,6 +35,7 @@ typedef struct pm__cuda_api {
     CUresult (*stream_create)(CUstream *, unsigned int);
     CUresult (*stream_destroy)(CUstream);
     CUresult (*stream_synchronize)(CUstream);
+    CUresult (*stream_query)(CUstream);
     CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int);
     CUresult (*stream_get_id)(CUstream, unsigned long long *);
     CUresult (*launch_host_func)(CUstream, CUhostFn, void *);

@@ -112,10 +112,8 @@ static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
 
 static pm_result cuda_marker_synchronize(const pm__marker *m)
 {
-    if (m->flag) {
-        pm__cuda_flag_synchronize(m);
-        return PM_SUCCESS;
-    }
+    if (m->flag)
+        return pm__cuda_flag_synchronize(m);
     CUresult rc = cu->event_synchronize((CUevent)m->handle);
     return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuEventSynchronize");
 }
