@@ -320,7 +320,9 @@ PM_API pm_result pm_event_destroy(pm_event_t event);
 /* Captures the stream's work enqueued so far; recording again replaces it. */
 PM_API pm_result pm_event_record(pm_event_t event, pm_stream_t stream);
 /* PM_SUCCESS when the captured work is done (or nothing was recorded),
- * PM_ERROR_NOT_READY when not yet. */
+ * PM_ERROR_NOT_READY when not yet; after a sticky error (cuda: a kernel's
+ * illegal address), that error, as cuEventQuery answers, and so does
+ * pm_event_synchronize. */
 PM_API pm_result pm_event_query(pm_event_t event);
 /* Waits for the captured work. Meanwhile queries of and waits on the same
  * event from other threads answer at once; a record of it from another

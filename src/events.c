@@ -112,9 +112,10 @@ pm_result pm_event_query(pm_event_t event)
     if (r != PM_SUCCESS)
         return r;
     pthread_rwlock_rdlock(&event->lock);
-    bool done = !event->marker.handle || inst->backend.marker_done(&event->marker);
+    if (event->marker.handle)
+        r = inst->backend.marker_query(&event->marker);
     pthread_rwlock_unlock(&event->lock);
-    return done ? PM_SUCCESS : PM_ERROR_NOT_READY;
+    return r;
 }
 
 pm_result pm_event_synchronize(pm_event_t event)

@@ -76,6 +76,9 @@ static void flag_wait_ends_at_the_fault(void)
     alarm(60); /* a wait that never ends fails the test by its signal */
     CHECK_RESULT(pm_event_synchronize(behind), PM_ERROR_ILLEGAL_ADDRESS);
     alarm(0);
+    /* as cuEventQuery answers, even for work done before the fault */
+    CHECK_RESULT(pm_event_query(behind), PM_ERROR_ILLEGAL_ADDRESS);
+    CHECK_RESULT(pm_event_query(first), PM_ERROR_ILLEGAL_ADDRESS);
     CUcontext popped;
     api.pop(&popped);
 }

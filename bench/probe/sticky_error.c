@@ -90,6 +90,16 @@ int main(void)
     }
     CUdeviceptr dev;
     TRY(cuMemAlloc(&dev, BYTES));
+    /* Events whose work was done before the fault. */
+    CUevent drv_event;
+    pm_event_t pm_event;
+    TRY(cuEventCreate(&drv_event, CU_EVENT_DISABLE_TIMING));
+    TRY(cuEventRecord(drv_event, NULL));
+    if (pm_event_create(&pm_event) != PM_SUCCESS || pm_event_record(pm_event, NULL) != PM_SUCCESS) {
+        printf("pm_event_record: %s\n", pm_last_error_detail());
+        return 1;
+    }
+    TRY(cuCtxSynchronize());
 
     driver_row("the faulting kernel (cuCtxSynchronize)", fault());
     driver_row("cuCtxSynchronize again", cuCtxSynchronize());
@@ -104,6 +114,8 @@ int main(void)
     driver_row("cuMemcpyHtoD pageable", cuMemcpyHtoD(dev, pageable + 3 * BYTES, 4096));
     driver_row("cuMemFreeHost (made before)", cuMemFreeHost(drv_alloc));
     driver_row("cuMemHostUnregister (made before)", cuMemHostUnregister(pageable));
+    driver_row("cuEventQuery (done before)", cuEventQuery(drv_event));
+    driver_row("cuEventSynchronize (done before)", cuEventSynchronize(drv_event));
 
     pinmem_row("pm_mem_host_alloc", pm_mem_host_alloc(&p, BYTES, 0));
     pinmem_row("pm_mem_host_register",
@@ -118,5 +130,7 @@ int main(void)
     pinmem_row("pm_mem_free_host (made before)", pm_mem_free_host(pm_alloc));
     pinmem_row("pm_mem_host_unregister (made before)",
                pm_mem_host_unregister(pageable + BYTES));
+    pinmem_row("pm_event_query (done before)", pm_event_query(pm_event));
+    pinmem_row("pm_event_synchronize (done before)", pm_event_synchronize(pm_event));
     return 0;
 }

@@ -158,6 +158,9 @@ typedef struct pm__backend {
     pm_result (*stream_id)(pm_stream_t s, unsigned long long *id);
     pm_result (*marker_record)(pm_stream_t s, pm__marker *out);
     bool (*marker_done)(const pm__marker *m);
+    /* pm_event_query's answer for m: SUCCESS once done, NOT_READY before,
+     * or the error that stopped its work (cuda: a sticky error). */
+    pm_result (*marker_query)(const pm__marker *m);
     /* Work enqueued on s after this waits for m. */
     pm_result (*marker_wait)(pm_stream_t s, const pm__marker *m);
     void (*marker_release)(pm__marker *m);

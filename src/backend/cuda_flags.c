@@ -199,6 +199,16 @@ static CUresult sticky_error(void)
     return rc == CUDA_ERROR_NOT_READY ? CUDA_SUCCESS : rc;
 }
 
+/* After a sticky error the driver's event query fails even for work done
+ * before it (docs/driver-behavior.md), so the device is asked first. */
+pm_result pm__cuda_flag_query(const pm__marker *m)
+{
+    const CUresult rc = sticky_error();
+    if (rc != CUDA_SUCCESS)
+        return pm__cuda_fail(rc, "querying a flag after the device's work stopped: cuStreamQuery");
+    return pm__cuda_flag_done(m) ? PM_SUCCESS : PM_ERROR_NOT_READY;
+}
+
 pm_result pm__cuda_flag_synchronize(const pm__marker *m)
 {
     enum { SPINS = 4096, NAPS_PER_CHECK = 50 }; /* a check about every millisecond */

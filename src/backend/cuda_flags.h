@@ -17,6 +17,9 @@ pm_result pm__cuda_flag_record(CUstream s, CUcontext ctx, pm__marker *out);
 bool pm__cuda_flag_done(const pm__marker *m);
 /* Work enqueued on s after this waits for m's flag. */
 pm_result pm__cuda_flag_wait(CUstream s, const pm__marker *m);
+/* SUCCESS where m's flag has arrived, NOT_READY before, or, as the driver's
+ * cuEventQuery, the sticky error that stopped the device's work. */
+pm_result pm__cuda_flag_query(const pm__marker *m);
 /* Waits for m's flag; fails with the error that stopped the device's work
  * where a sticky error means the flag never comes. */
 pm_result pm__cuda_flag_synchronize(const pm__marker *m);

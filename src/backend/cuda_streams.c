@@ -85,6 +85,16 @@ static bool cuda_marker_done(const pm__marker *m)
     return cu->event_query((CUevent)m->handle) == CUDA_SUCCESS;
 }
 
+static pm_result cuda_marker_query(const pm__marker *m)
+{
+    if (m->flag)
+        return pm__cuda_flag_query(m);
+    const CUresult rc = cu->event_query((CUevent)m->handle);
+    if (rc == CUDA_ERROR_NOT_READY)
+        return PM_ERROR_NOT_READY;
+    return rc == CUDA_SUCCESS ? PM_SUCCESS : pm__cuda_fail(rc, "cuEventQuery");
+}
+
 static pm_result cuda_marker_wait(pm_stream_t s, const pm__marker *m)
 {
     if (m->flag)
@@ -181,6 +191,7 @@ void pm__cuda_streams_open(const pm__cuda_api *api, CUcontext in_use, pm__backen
     out->stream_launch_host_func = cuda_stream_launch_host_func;
     out->marker_record = cuda_marker_record;
     out->marker_done = cuda_marker_done;
+    out->marker_query = cuda_marker_query;
     out->marker_wait = cuda_marker_wait;
     out->marker_release = cuda_marker_release;
     out->marker_synchronize = cuda_marker_synchronize;

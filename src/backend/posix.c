@@ -304,6 +304,11 @@ static pm_result posix_marker_synchronize(const pm__marker *m)
     return pm__posix_marker_synchronize(m);
 }
 
+static pm_result posix_marker_query(const pm__marker *m)
+{
+    return pm__posix_marker_done(m) ? PM_SUCCESS : PM_ERROR_NOT_READY;
+}
+
 static pm_result posix_stream_capture_status(pm_stream_t s, bool *capturing)
 {
     (void)s;
@@ -555,6 +560,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->stream_write_flag = pm__posix_stream_write_flag;
     out->marker_record = pm__posix_marker_record;
     out->marker_done = pm__posix_marker_done;
+    out->marker_query = posix_marker_query;
     out->marker_wait = pm__posix_marker_wait;
     out->marker_release = pm__posix_marker_release;
     out->marker_synchronize = posix_marker_synchronize;
