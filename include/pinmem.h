@@ -776,6 +776,16 @@ PM_API pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned acce
 PM_API pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
                                        const size_t *sizes, size_t count, pm_stream_t stream);
 
+/* ------------------------------------------------------------------- DLPack */
+
+/* A DLManagedTensor deleter (dlpack.h) for bindings with no compiled part,
+ * such as pinmem's Python package: it sets the tensor's manager_ctx to NULL
+ * and does nothing else, so it is safe on any thread, with or without an
+ * interpreter's lock or a pending exception; the binding frees the tensor
+ * once it sees manager_ctx cleared. managed is a DLManagedTensor *; NULL
+ * does nothing. */
+PM_API void pm_dlpack_deleter(void *managed);
+
 #ifdef __cplusplus
 }
 #endif

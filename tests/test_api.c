@@ -1,9 +1,10 @@
-/* Result names, version, init and capabilities, bad input of every kind, and
- * registrations that share a page. */
+/* Result names, version, init and capabilities, bad input of every kind,
+ * registrations that share a page, and the DLPack deleter. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -363,6 +364,29 @@ static void successes_leave_no_detail(void)
     }
 }
 
+/* DLPack's DLManagedTensor on LP64: a 48-byte DLTensor, then manager_ctx
+ * and the deleter. */
+typedef struct managed_tensor {
+    unsigned char dl_tensor[48];
+    void *manager_ctx;
+    void (*deleter)(void *);
+} managed_tensor;
+
+/* The deleter clears manager_ctx and touches nothing else. */
+static void dlpack_deleter(void)
+{
+    managed_tensor m;
+    memset(&m, 0xab, sizeof m);
+    m.manager_ctx = &m;
+    m.deleter = pm_dlpack_deleter;
+    managed_tensor expected = m;
+    expected.manager_ctx = NULL;
+    m.deleter(&m);
+    CHECK(m.manager_ctx == NULL);
+    CHECK(memcmp(&m, &expected, sizeof m) == 0);
+    pm_dlpack_deleter(NULL);
+}
+
 int main(void)
 {
     successes_leave_no_detail(); /* first: the thread initialises the library */
@@ -374,5 +398,6 @@ int main(void)
     pages_shared_by_threads();
     pool_memory_to_host_calls();
     failures_leave_no_trace();
+    dlpack_deleter();
     return check_finish("api");
 }

@@ -89,6 +89,8 @@ class Buffer(Closing):
 
     def close(self):
         """Gives the memory back now (a second close does nothing)."""
+        if self._exports:
+            _dlpack.collect()  # DLPack exports their consumers are done with
         with _close_lock:
             if self._ptr is None:
                 return

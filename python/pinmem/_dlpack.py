@@ -2,7 +2,10 @@
 the address, size and layout of another framework's capsule."""
 
 import ctypes
+import sys
 import threading
+
+from . import _lib
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -55,52 +58,52 @@ _NAME = b"dltensor"
 _USED = b"used_dltensor"
 
 _api = ctypes.pythonapi
-_Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _api.PyCapsule_New.restype = ctypes.py_object
-_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _Destructor]
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 _api.PyCapsule_IsValid.restype = ctypes.c_int
 _api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_SetName.restype = ctypes.c_int
 _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-# The destructor gets the capsule as a raw pointer: it runs while the capsule dies.
-_IsValidRaw = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
-_is_valid_raw = _IsValidRaw(("PyCapsule_IsValid", ctypes.pythonapi))
-_GetPointerRaw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
-_get_pointer_raw = _GetPointerRaw(("PyCapsule_GetPointer", ctypes.pythonapi))
 
-# Exports alive: the address of each DLManagedTensor -> what it keeps alive.
+# Exports alive: the address of each DLManagedTensor -> [the tensor, its
+# shape, what it keeps alive, its capsule until a consumer takes it]. No
+# Python code runs when a capsule dies or a consumer lets go of a tensor:
+# either may happen while an exception propagates, when a callback into
+# Python cannot run. The capsule has no destructor, and the deleter is
+# libpinmem's pm_dlpack_deleter, which only clears manager_ctx; collect()
+# lets go of what both show is over.
 _live = {}
 _live_lock = threading.Lock()
+_collect_at = [64]  # collect once the exports alive reach this many
 
 
-def _deleter(managed, _live=_live, _lock=_live_lock, _addr=ctypes.addressof):
-    # Called by the consumer (any thread; ctypes takes the GIL) when done;
-    # possibly after this module's globals were cleared at shutdown.
-    with _lock:
-        _live.pop(_addr(managed.contents), None)
+def _unreferenced_count():
+    """What sys.getrefcount answers for an object held by one list only."""
+    held = [object()]
+    return sys.getrefcount(held[0])
 
 
-_deleter = _Deleter(_deleter)
+_UNREFERENCED = _unreferenced_count()
 
 
-def _capsule_destructor(capsule, _valid=_is_valid_raw, _get=_get_pointer_raw, _name=_NAME,
-                        _live=_live, _lock=_live_lock):
-    # A capsule never consumed still owns its tensor.
-    if _valid(capsule, _name):
-        address = _get(capsule, _name)
-        if address:
-            with _lock:
-                _live.pop(address, None)
-
-
-_capsule_destructor = _Destructor(_capsule_destructor)
-# Immortal: consumers may call them during interpreter shutdown, after this
-# module's globals are gone (and with them, otherwise, the thunks and _live).
-_api.Py_IncRef.argtypes = [ctypes.py_object]
-_api.Py_IncRef(_deleter)
-_api.Py_IncRef(_capsule_destructor)
+def collect():
+    """Lets go of the exports that are over: a capsule nobody else holds and
+    no consumer took, or a tensor whose consumer called the deleter."""
+    over = []  # let go of after the lock: what they keep may run code as it goes
+    with _live_lock:
+        for key, entry in list(_live.items()):
+            if entry[3] is not None:
+                if not _api.PyCapsule_IsValid(entry[3], _NAME):
+                    entry[3] = None  # taken: the consumer's deleter says when it is done
+                elif sys.getrefcount(entry[3]) <= _UNREFERENCED:
+                    over.append(_live.pop(key))  # never taken, and gone from every other hand
+                    continue
+            if entry[3] is None and entry[0].manager_ctx is None:
+                over.append(_live.pop(key))
+        _collect_at[0] = max(64, 2 * len(_live))
+    del over
 
 
 def dtype_code(dtype):
@@ -132,16 +135,22 @@ def export(address, shape, dtype, device, keep):
     t.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
     t.strides = None
     t.byte_offset = 0
-    managed.manager_ctx = None
-    managed.deleter = _deleter
     key = ctypes.addressof(managed)
+    managed.manager_ctx = key  # cleared by the deleter
+    lib = _lib._lib or _lib.load()
+    managed.deleter = ctypes.cast(lib.pm_dlpack_deleter, _Deleter)
+    if len(_live) >= _collect_at[0]:
+        collect()
+    capsule = _api.PyCapsule_New(key, _NAME, None)
     with _live_lock:
-        _live[key] = (managed, shape_arr, keep)
-    return _api.PyCapsule_New(key, _NAME, _capsule_destructor)
+        _live[key] = [managed, shape_arr, keep, capsule]
+    return capsule
 
 
 def live_exports():
-    """How many capsules' tensors are still held (for tests)."""
+    """How many capsules' tensors are still held, once those over are let go
+    (for tests)."""
+    collect()
     with _live_lock:
         return len(_live)
 

@@ -149,6 +149,7 @@ _FUNCTIONS = {
                                          ctypes.POINTER(c_size), c_size, c_ptr]),
     "pm_device_alloc": (c_result, [ctypes.POINTER(c_devptr), c_size]),
     "pm_device_free": (c_result, [c_devptr]),
+    "pm_dlpack_deleter": (None, [c_ptr]),
 }
 
 PM_ERROR_NOT_FOUND = 500

@@ -144,6 +144,37 @@ def test_dlpack_capsules_are_released():
     b.close()
 
 
+def test_dlpack_tensors_let_go_of():
+    """A consumer's tensor holds the buffer until it is gone; then close()
+    works and the export is let go of."""
+    np = pytest.importorskip("numpy")
+    from pinmem import _dlpack
+
+    gc.collect()
+    before = _dlpack.live_exports()
+    b = pinmem.empty(64)
+    a = np.from_dlpack(b)
+    assert _dlpack.live_exports() == before + 1
+    del a
+    gc.collect()
+    assert _dlpack.live_exports() == before
+    b.close()
+
+
+def test_dlpack_many_capsules_let_go_of():
+    """Capsules made and dropped in a loop do not pile up."""
+    from pinmem import _dlpack
+
+    gc.collect()
+    before = _dlpack.live_exports()
+    b = pinmem.empty(64)
+    for _ in range(1000):
+        b.__dlpack__()
+    assert len(_dlpack._live) <= before + 200
+    assert _dlpack.live_exports() == before
+    b.close()
+
+
 def test_dlpack_pinned_host_view():
     b = pinmem.empty(64)
     view = b.dlpack_view(device="cuda_host")

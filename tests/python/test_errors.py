@@ -304,6 +304,47 @@ def test_a_crash_would_show():
     assert run.returncode == 0 and "survived" in run.stdout, run.stderr
 
 
+def test_dlpack_exports_die_while_an_exception_propagates():
+    """A capsule never taken, and tensors made from one, that die as an
+    exception propagates: nothing of pinmem's may run Python code then (a
+    callback into Python crashed the interpreter), and each is let go of."""
+    import os
+    code = textwrap.dedent("""
+        import gc
+        import pinmem
+        from pinmem import _dlpack
+
+        def f(*args):
+            pass
+
+        b = pinmem.empty(64)
+        makers = [lambda: b.__dlpack__()]
+        try:
+            import numpy
+            makers.append(lambda: numpy.from_dlpack(b))
+        except ImportError:
+            pass
+        try:
+            import torch
+            makers.append(lambda: torch.from_dlpack(b))
+        except ImportError:
+            pass
+        for make in makers:
+            try:
+                f(make(), 1 / 0)
+            except ZeroDivisionError:
+                pass
+        gc.collect()
+        assert _dlpack.live_exports() == 0, _dlpack.live_exports()
+        b.close()
+        print("survived", len(makers))
+    """)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(pinmem.__file__))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "survived" in run.stdout, (run.returncode, run.stderr)
+
+
 @pytest.mark.parametrize("keep", [
     "import builtins; builtins.kept = b.__dlpack__()",
     "import json; json.kept = b.__dlpack__()",
