@@ -10,19 +10,7 @@
 #include "stream_util.h"
 
 #ifdef PINMEM_HAVE_CUDA_HEADERS
-/* Stores to an address no allocation covers. */
-static const char fault_ptx[] = ".version 7.0\n"
-                                ".target sm_75\n"
-                                ".address_size 64\n"
-                                ".visible .entry store_one(.param .u64 where)\n"
-                                "{\n"
-                                "  .reg .u64 %rd<2>;\n"
-                                "  .reg .u32 %r<2>;\n"
-                                "  ld.param.u64 %rd1, [where];\n"
-                                "  mov.u32 %r1, 1;\n"
-                                "  st.global.u32 [%rd1], %r1;\n"
-                                "  ret;\n"
-                                "}\n";
+#include "../bench/probe/fault_ptx.h"
 
 typedef struct kernel_api {
     CUresult (*stream_create)(CUstream *, unsigned);

@@ -12,21 +12,9 @@
 
 #include "pinmem.h"
 #include "probe.h"
+#include "fault_ptx.h"
 
 enum { BYTES = 1 << 20 };
-
-static const char fault_ptx[] = ".version 7.0\n"
-                                ".target sm_75\n"
-                                ".address_size 64\n"
-                                ".visible .entry store_one(.param .u64 where)\n"
-                                "{\n"
-                                "  .reg .u64 %rd<2>;\n"
-                                "  .reg .u32 %r<2>;\n"
-                                "  ld.param.u64 %rd1, [where];\n"
-                                "  mov.u32 %r1, 1;\n"
-                                "  st.global.u32 [%rd1], %r1;\n"
-                                "  ret;\n"
-                                "}\n";
 
 static void driver_row(const char *call, CUresult r)
 {
