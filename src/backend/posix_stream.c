@@ -95,13 +95,18 @@ static pm_result create(posix_stream **out)
     s->refs = 1;
     s->pid = getpid();
     atomic_init(&s->completed, 0);
-    if (!s->ring || pthread_mutex_init(&s->lock, NULL) != 0) {
+    const bool made = s->ring && pthread_mutex_init(&s->lock, NULL) == 0;
+    const bool has_work = made && pthread_cond_init(&s->has_work, NULL) == 0;
+    const bool progressed = has_work && pthread_cond_init(&s->progressed, NULL) == 0;
+    if (!progressed) {
+        if (has_work)
+            pthread_cond_destroy(&s->has_work);
+        if (made)
+            pthread_mutex_destroy(&s->lock);
         free(s->ring);
         free(s);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_create: out of memory");
     }
-    pthread_cond_init(&s->has_work, NULL);
-    pthread_cond_init(&s->progressed, NULL);
     if (pm__thread_start(&s->thread, NULL, stream_main, s) != 0) {
         s->refs = 1;
         drop_ref(s);
