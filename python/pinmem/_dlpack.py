@@ -2,6 +2,7 @@
 the address, size and layout of another framework's capsule."""
 
 import ctypes
+import gc
 import sys
 import threading
 
@@ -88,11 +89,14 @@ def _unreferenced_count():
 _UNREFERENCED = _unreferenced_count()
 
 
-def collect():
+def collect(blocking=True):
     """Lets go of the exports that are over: a capsule nobody else holds and
-    no consumer took, or a tensor whose consumer called the deleter."""
+    no consumer took, or a tensor whose consumer called the deleter. Without
+    blocking, does nothing where another thread (or this one) is at it."""
+    if not _live_lock.acquire(blocking=blocking):
+        return
     over = []  # let go of after the lock: what they keep may run code as it goes
-    with _live_lock:
+    try:
         for key, entry in list(_live.items()):
             if entry[3] is not None:
                 if not _api.PyCapsule_IsValid(entry[3], _NAME):
@@ -103,7 +107,24 @@ def collect():
             if entry[3] is None and entry[0].manager_ctx is None:
                 over.append(_live.pop(key))
         _collect_at[0] = max(64, 2 * len(_live))
+    finally:
+        _live_lock.release()
     del over
+
+
+def _after_gc(phase, info, _live=_live, _collect=collect):
+    # A buffer that only a dead tensor's export held goes at the garbage
+    # collector's next pass over its older generations, not only at the next
+    # export. Not blocking: the pass may run inside collect() itself. At
+    # shutdown the module's globals may be gone: nothing is left to let go.
+    if phase == "stop" and info.get("generation", 0) >= 1 and _live:
+        try:
+            _collect(blocking=False)
+        except Exception:
+            pass
+
+
+gc.callbacks.append(_after_gc)
 
 
 def dtype_code(dtype):

@@ -156,8 +156,8 @@ def test_dlpack_tensors_let_go_of():
     a = np.from_dlpack(b)
     assert _dlpack.live_exports() == before + 1
     del a
-    gc.collect()
-    assert _dlpack.live_exports() == before
+    gc.collect()  # its pass over the older generations lets go of the export
+    assert len(_dlpack._live) == before
     b.close()
 
 
