@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "copy/copy.h"
+#include "errors.h"
 #include "copy_util.h"
 #include "threads.h"
 #include "test_hooks.h"
@@ -986,6 +987,107 @@ static void fault_sweep(void)
     }
 }
 
+/* An element of 0 bytes has its pointers left unlooked at, the first one
+ * too: the place the batch runs in (on CUDA a thread without a context takes
+ * its memory's device's, whose legacy stream orders the batch after that
+ * device's earlier copies) comes from the first element that moves bytes. */
+static pm_deviceptr place_asked;
+static pm_result (*real_copy_place)(pm_stream_t, pm_deviceptr, pm_deviceptr, pm__place *);
+
+static pm_result recording_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b,
+                                      pm__place *out)
+{
+    if (!place_asked) /* the call's own question, not its staging job's */
+        place_asked = a;
+    return real_copy_place(s, a, b, out);
+}
+
+static void restore_copy_place(pm__backend **b) { (*b)->copy_place = real_copy_place; }
+
+static void empty_first_element(void)
+{
+    enum { BYTES = 5000 };
+    pm_result ignored;
+    __attribute__((cleanup(restore_copy_place))) pm__backend *b =
+        &pm__instance_get(&ignored)->backend;
+    real_copy_place = b->copy_place;
+    b->copy_place = recording_copy_place;
+    SCOPED_MALLOC uint8_t *host = malloc(BYTES);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(BYTES);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(host && dev);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    fill(host, BYTES, 71);
+    pm_deviceptr dsts[2] = {(pm_deviceptr)0x1000, dev}; /* element 0: a stray pointer, 0 bytes */
+    pm_deviceptr srcs[2] = {0, (pm_deviceptr)(uintptr_t)host};
+    size_t sizes[2] = {0, BYTES};
+    place_asked = 0;
+    CHECK_RESULT(pm_memcpy_batch_async(dsts, srcs, sizes, 2, s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    if (place_asked != dev)
+        fprintf(stderr, "the batch's place was asked of 0x%llx, not element 1's 0x%llx\n",
+                place_asked, dev);
+    CHECK(place_asked == dev);
+    uint8_t back[BYTES];
+    CHECK_RESULT(pm_memcpy_dtoh(back, dev, BYTES), PM_SUCCESS);
+    CHECK(first_mismatch(back, BYTES, 71) == BYTES);
+}
+
+/* A batch that fails after it queued a DMA into pageable memory (DRIVER:
+ * the driver's own path for a pageable destination, which the call waits
+ * for) still waits for it: once the call has returned, failed or not, no
+ * write of its own lands in pageable memory, which the caller may free. */
+static pm_result (*real_copy_any)(pm_deviceptr, pm_deviceptr, size_t, pm_stream_t, bool, bool);
+
+static pm_result failing_copy_any(pm_deviceptr dst, pm_deviceptr src, size_t bytes,
+                                  pm_stream_t s, bool sync, bool device_only)
+{
+    (void)dst, (void)src, (void)bytes, (void)s, (void)sync, (void)device_only;
+    return pm__fail(PM_ERROR_UNKNOWN, "a host-to-host copy failed (injected fault)");
+}
+
+static void restore_copy_any(pm__backend **b) { (*b)->copy_any = real_copy_any; }
+
+static void sleep_then(void *arg)
+{
+    (void)arg;
+    usleep(50000);
+}
+
+static void failed_driver_batch_waits(void)
+{
+    enum { BYTES = 40000 };
+    pm_result ignored;
+    __attribute__((cleanup(restore_copy_any))) pm__backend *b =
+        &pm__instance_get(&ignored)->backend;
+    real_copy_any = b->copy_any;
+    SCOPED_MALLOC uint8_t *dst = malloc(BYTES), *other = malloc(2 * BYTES), *scratch = malloc(BYTES);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(BYTES);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(dst && other && scratch && dev);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    fill(scratch, BYTES, 81);
+    REQUIRE_RESULT(pm_memcpy_htod(dev, scratch, BYTES), PM_SUCCESS);
+    set_batch(PM_COPY_BATCH_DRIVER, PM_COPY_RING_DEFAULT, 0, 0, 0);
+    fill(dst, BYTES, 82);
+    /* element 0: device to pageable, queued behind a slow task; element 1:
+     * host to host, which fails */
+    pm_deviceptr dsts[2] = {(pm_deviceptr)(uintptr_t)dst, (pm_deviceptr)(uintptr_t)(other + BYTES)};
+    pm_deviceptr srcs[2] = {dev, (pm_deviceptr)(uintptr_t)other};
+    size_t sizes[2] = {BYTES, BYTES};
+    CHECK_RESULT(pm_stream_launch_host_func(s, sleep_then, NULL), PM_SUCCESS);
+    b->copy_any = failing_copy_any;
+    CHECK_RESULT(pm_memcpy_batch_async(dsts, srcs, sizes, 2, s), PM_ERROR_UNKNOWN);
+    b->copy_any = real_copy_any;
+    memcpy(scratch, dst, BYTES); /* what the caller found on return */
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    const bool late = memcmp(scratch, dst, BYTES) != 0;
+    if (late)
+        fprintf(stderr, "the failed batch wrote its pageable destination after it returned\n");
+    CHECK(!late);
+    set_batch(PM_COPY_BATCH_DEFAULT, PM_COPY_RING_DEFAULT, 0, 0, 0);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -995,6 +1097,8 @@ int main(void)
     printf("backend: %s\n", pm_backend_name());
     small_copy_config(0);
     bad_elements();
+    empty_first_element();
+    failed_driver_batch_waits();
     overlaps_random();
     overlaps_on_a_grid();
     many_allocations();

@@ -455,10 +455,14 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
     if ((r = b->stream_capture_status(stream, &capturing)) != PM_SUCCESS)
         return r;
     /* The whole batch runs in the place of its stream (or of its first
-     * element's device, for a thread without a context). */
+     * element's device, for a thread without a context): the first that
+     * moves bytes, as an element of 0 bytes may hold any pointers. */
+    size_t first = 0;
+    while (first + 1 < count_ && sizes[first] == 0)
+        first++;
     pm__place place;
     pm__place_scope scope;
-    if ((r = b->copy_place(stream, dsts[0], srcs[0], &place)) != PM_SUCCESS ||
+    if ((r = b->copy_place(stream, dsts[first], srcs[first], &place)) != PM_SUCCESS ||
         (r = b->place_enter(&place, &scope)) != PM_SUCCESS)
         return r;
     /* Room for both kinds' ranges, two an element each: while one kind is

@@ -147,7 +147,15 @@ pm_result pm__batch_run(const pm__copy_settings *set, const pm__backend *b, pm__
         r = run_staged(set, b, PM__HTOD, &p->staged[PM__HTOD], stream, &p->driver);
     if (r == PM_SUCCESS)
         r = run_staged(set, b, PM__DTOH, &p->staged[PM__DTOH], stream, &p->driver);
-    if (r == PM_SUCCESS && p->wait)
-        r = b->stream_synchronize(stream);
+    if (p->wait) {
+        /* Failed or not: once the call returns, the caller may free a pageable destination. */
+        pm__detail_saved failure;
+        pm__detail_save(&failure);
+        const pm_result waited = b->stream_synchronize(stream);
+        if (r != PM_SUCCESS)
+            pm__detail_restore(&failure);
+        else
+            r = waited;
+    }
     return r;
 }
