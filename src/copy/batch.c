@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../errors.h"
 #include "../instance.h"
@@ -316,11 +317,16 @@ static bool plan_host_element(batch *c, way w, pm_deviceptr dst, pm_deviceptr sr
     return true;
 }
 
-/* r again, its detail (and the driver's code) now naming element i. */
+/* r again, its detail (and the driver's code) now naming element i, the
+ * call's name once. */
 static pm_result name_element(pm_result r, size_t i)
 {
     char why[512];
-    snprintf(why, sizeof why, "%s", pm_last_error_detail());
+    const char *detail = pm_last_error_detail();
+    const size_t named = strlen(name);
+    if (strncmp(detail, name, named) == 0 && strncmp(detail + named, ": ", 2) == 0)
+        detail += named + 2;
+    snprintf(why, sizeof why, "%s", detail);
     return pm__fail_driver(r, pm_last_driver_error(), "%s: element %zu: %s", name, i, why);
 }
 
