@@ -232,6 +232,51 @@ static void new_shape_while_queued(bool wait_fails)
     one_buffer_config();
 }
 
+/* Opens the gate's wait and notes that the stream went past it. */
+typedef struct marked_gate {
+    gate g;
+    atomic_int passed;
+} marked_gate;
+
+static void wait_and_mark(void *arg)
+{
+    marked_gate *m = arg;
+    wait_at(&m->g);
+    atomic_store(&m->passed, 1);
+}
+
+/* A synchronous copy whose page-locked first part is queued on the default
+ * stream, held at a gate, and whose pageable rest fails: it returns only
+ * once the default stream is past what it queued, since the caller may free
+ * either side as soon as it returns. */
+static void failed_sync_copy_waits(void)
+{
+    enum { PART = 64 << 10 };
+    SCOPED_MALLOC uint8_t *host = aligned_alloc(4096, 2 * PART);
+    SCOPED_DEVICE pm_deviceptr to = device_alloc(2 * PART);
+    REQUIRE(host && to);
+    REQUIRE_PINNED(pm_mem_host_register(host, PART, 0), "a 64 KiB registration");
+    fill(host, 2 * PART, 51);
+    marked_gate m = {0};
+    pm_result r = pm_stream_launch_host_func(NULL, wait_and_mark, &m);
+    pthread_t opener;
+    unsigned started = r == PM_SUCCESS ? start_threads(&opener, 1, open_later, &m.g, sizeof m.g) : 0;
+    if (started == 0)
+        atomic_store(&m.g.open, 1);
+    CHECK_RESULT(r, PM_SUCCESS);
+    CHECK(started == 1);
+    atomic_store(&pm__fault_backend_copy, 2); /* the registered part's DMA, then the staged one's */
+    r = pm_memcpy_htod(to, host, 2 * PART);
+    bool fired = atomic_load(&pm__fault_backend_copy) == 0;
+    atomic_store(&pm__fault_backend_copy, 0);
+    CHECK(fired);
+    CHECK(r != PM_SUCCESS);
+    CHECK(atomic_load(&m.passed)); /* nothing the failed copy queued is still to run */
+    join_threads(&opener, started);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_host_unregister(host), PM_SUCCESS);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -245,5 +290,6 @@ int main(void)
     failed_flag_write();
     new_shape_while_queued(false);
     new_shape_while_queued(true);
+    failed_sync_copy_waits();
     return check_finish("test_copy_faults");
 }

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,15 +17,30 @@
 /* "Device" memory is host memory here: copies run through the same code.
  * Its ranges are recorded, so that pm_memcpy can tell device memory from
  * host memory the way the driver does under unified addressing. */
-static pthread_once_t device_ranges_once = PTHREAD_ONCE_INIT;
-static pm__ranges *device_ranges;
+static pm__ranges *_Atomic device_ranges;
 
-static void make_device_ranges(void) { device_ranges = pm__ranges_create(); }
-
+/* The registry, made on first use; NULL while memory for it runs out. Made
+ * by whoever gets there first rather than once, so that a failure does not
+ * stick: the next call tries again. */
 static pm__ranges *devices(void)
 {
-    pthread_once(&device_ranges_once, make_device_ranges);
-    return device_ranges;
+    pm__ranges *set = atomic_load_explicit(&device_ranges, memory_order_acquire);
+    if (set)
+        return set;
+    pm__ranges *fresh = pm__ranges_create();
+    if (!fresh)
+        return NULL;
+    if (!atomic_compare_exchange_strong(&device_ranges, &set, fresh)) {
+        pm__ranges_destroy(fresh);
+        return set;
+    }
+    return fresh;
+}
+
+/* The registry where one was made: lookups need none made for them. */
+static pm__ranges *devices_made(void)
+{
+    return atomic_load_explicit(&device_ranges, memory_order_acquire);
 }
 
 /* Mapped rather than malloc'ed: page aligned (the driver's allocations are
@@ -42,11 +58,12 @@ static pm_result posix_device_alloc(pm_deviceptr *d, size_t bytesize)
     pm__range r = {.base = (uintptr_t)p, .size = bytesize, .pin_base = (uintptr_t)p,
                    .pin_len = len, .kind = PM__RANGE_ALLOC};
     pm__range conflict;
-    if (!devices() || !pm__ranges_claim(devices(), &r, &conflict)) {
+    pm__ranges *set = devices();
+    if (!set || !pm__ranges_claim(set, &r, &conflict)) {
         munmap(p, len);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "device memory: out of memory for its registry");
     }
-    pm__ranges_publish(devices(), &r);
+    pm__ranges_publish(set, &r);
     *d = (pm_deviceptr)(uintptr_t)p;
     return PM_SUCCESS;
 }
@@ -60,11 +77,12 @@ static pm_result posix_device_alloc_on(pm_deviceptr *d, size_t bytesize, int ord
 static pm_result posix_device_release(pm_deviceptr d)
 {
     pm__range r;
-    if (!devices() || pm__ranges_retire(devices(), (uintptr_t)d, PM__RANGE_ALLOC, &r) != PM__RETIRED)
+    pm__ranges *set = devices_made();
+    if (!set || pm__ranges_retire(set, (uintptr_t)d, PM__RANGE_ALLOC, &r) != PM__RETIRED)
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_device_free: 0x%llx is not the base of live device memory", d);
     /* Withdrawn before it is freed: the allocator may hand the address out again at once. */
-    pm__ranges_withdraw(devices(), r.pin_base);
+    pm__ranges_withdraw(set, r.pin_base);
     munmap((void *)r.pin_base, r.pin_len);
     return PM_SUCCESS;
 }
@@ -75,7 +93,7 @@ static pm_result posix_pointer_extent(pm_deviceptr p, size_t bytes, pm__memory_k
     pm__range r;
     *kind = PM__MEMORY_HOST;
     *lo = *hi = 0;
-    if (!devices() || !pm__ranges_find(devices(), (uintptr_t)p, &r))
+    if (!devices_made() || !pm__ranges_find(devices_made(), (uintptr_t)p, &r))
         return PM_SUCCESS;
     if (bytes > r.base + r.size - (uintptr_t)p)
         return pm__fail(PM_ERROR_INVALID_VALUE,
@@ -124,7 +142,7 @@ static bool posix_place_lasts(const pm__place *p)
 static pm_result posix_pointer_device(pm_deviceptr p, int *ordinal)
 {
     pm__range r;
-    if (!devices() || !pm__ranges_find(devices(), (uintptr_t)p, &r))
+    if (!devices_made() || !pm__ranges_find(devices_made(), (uintptr_t)p, &r))
         return pm__fail(PM_ERROR_INVALID_VALUE, "%#llx is not device memory",
                         (unsigned long long)p);
     *ordinal = 0;

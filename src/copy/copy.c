@@ -265,10 +265,14 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
     }
     if (set)
         pm__copy_leave();
-    if (r == PM_SUCCESS && sync && queued) {
+    /* Failed or not: a synchronous copy that failed part way must not leave
+     * its queued pieces writing into memory the caller may free at once. */
+    if (sync && queued) {
         if (!captured)
             relax_once(b, &mode);
-        r = b->stream_synchronize(s);
+        pm_result waited = b->stream_synchronize(s);
+        if (r == PM_SUCCESS)
+            r = waited;
     }
     if (mode.relaxed)
         b->captures_restore(mode.saved);

@@ -12,6 +12,9 @@ static bool ensure_capacity(pm__pool *pool, pm__span *s, uint32_t n, uint32_t st
     s->req_stride = stride;
     if (s->cap_blocks >= n * stride)
         return true;
+    /* Room to bury the old arrays, made first so that nothing leaks. */
+    if (s->requested && !pm__graveyard_room(pool, 1))
+        return false;
     _Atomic uint64_t *requested = calloc((size_t)n * stride, sizeof *requested);
     uint32_t *free_idx = malloc((size_t)n * stride * sizeof *free_idx);
     if (!requested || !free_idx) {

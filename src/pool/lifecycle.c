@@ -9,9 +9,10 @@
 #include "../test_hooks.h"
 #include "fast.h"
 
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static pm__pool *default_pool;
-static pm_result default_result = PM_ERROR_NOT_INITIALIZED;
+/* Made under a lock rather than once, so that a creation that ran out of
+ * memory is tried again by the next call instead of failing for good. */
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm__pool *_Atomic default_pool;
 
 /* In a forked child, on its one thread: the fast paths stop trusting what
  * this thread remembers, so every pool call takes the general way, which
@@ -130,23 +131,24 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
     return r;
 }
 
-static void make_default_pool(void)
-{
-    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
-    pm_result ignored; /* the caller's preamble made the instance */
-    default_result = create(pm__instance_get(&ignored), &default_pool, &props, true);
-}
-
 pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    (void)inst;
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_get_default_pool: pool is NULL");
-    pthread_once(&default_once, make_default_pool);
-    if (default_result != PM_SUCCESS)
-        return pm__fail(default_result, "the default pool could not be created");
-    *pool = (pm_mem_pool_t)default_pool;
+    pm__pool *made = atomic_load_explicit(&default_pool, memory_order_acquire);
+    if (!made) {
+        pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+        pm_result r = PM_SUCCESS;
+        pthread_mutex_lock(&default_lock);
+        made = atomic_load_explicit(&default_pool, memory_order_relaxed);
+        if (!made && (r = create(inst, &made, &props, true)) == PM_SUCCESS)
+            atomic_store_explicit(&default_pool, made, memory_order_release);
+        pthread_mutex_unlock(&default_lock);
+        if (r != PM_SUCCESS)
+            return pm__fail(r, "the default pool could not be created");
+    }
+    *pool = (pm_mem_pool_t)made;
     return PM_SUCCESS;
 }
 

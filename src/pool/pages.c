@@ -168,16 +168,27 @@ static placement bin_find(pm__pool *pool, size_t n)
     return best;
 }
 
+bool pm__graveyard_room(pm__pool *pool, size_t extra)
+{
+    const size_t want = pool->n_graveyard + pool->n_chunks + extra;
+    if (want <= pool->cap_graveyard)
+        return true;
+    size_t cap = pool->cap_graveyard ? 2 * pool->cap_graveyard : 16;
+    while (cap < want)
+        cap *= 2;
+    void **bigger = realloc(pool->graveyard, cap * sizeof *bigger);
+    if (!bigger)
+        return false;
+    pool->graveyard = bigger;
+    pool->cap_graveyard = cap;
+    return true;
+}
+
 void pm__keep_until_pool_dies(pm__pool *pool, void *p)
 {
-    if (pool->n_graveyard == pool->cap_graveyard) {
-        size_t cap = pool->cap_graveyard ? 2 * pool->cap_graveyard : 16;
-        void **bigger = realloc(pool->graveyard, cap * sizeof *bigger);
-        if (!bigger)
-            return; /* leaks p rather than risk a reader following it */
-        pool->graveyard = bigger;
-        pool->cap_graveyard = cap;
-    }
+    /* Room was made beforehand (pm__graveyard_room); this is a last resort. */
+    if (pool->n_graveyard == pool->cap_graveyard && !pm__graveyard_room(pool, 1))
+        return; /* leaks p rather than risk a reader following it */
     pool->graveyard[pool->n_graveyard++] = p;
 }
 
@@ -280,7 +291,8 @@ static pm__chunk *new_chunk(pm__pool *pool, const pm__chunk_ops *ops, size_t len
         chunk->len = len;
         chunk->npages = chunk->free_pages = len / PM__POOL_PAGE;
     }
-    if (!chunk || !span || pool->n_chunks == pool->cap_chunks ||
+    /* The chunk's grave is made now: releasing it (release_chunk) cannot fail. */
+    if (!chunk || !span || pool->n_chunks == pool->cap_chunks || !pm__graveyard_room(pool, 1) ||
         pm__granules_init(chunk, granule) != PM_SUCCESS) {
         drop_new_chunk(pool, chunk, span);
         return NULL;
@@ -317,12 +329,16 @@ static pm_result add_chunk(pm__pool *pool, size_t npages_needed, pm__chunk **out
     pm__range range = {.base = (uintptr_t)base, .size = len, .pin_base = (uintptr_t)base,
                        .pin_len = len, .flags = PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP,
                        .kind = PM__RANGE_POOL};
-    pm__range conflict;
+    pm__range conflict = {0};
     if (!pm__chunk_map_set((uintptr_t)base, len, chunk) ||
         !pm__ranges_claim(pool->ranges, &range, &conflict)) {
         pm__chunk_map_set((uintptr_t)base, len, NULL);
         ops->unreserve(base, len);
         drop_new_chunk(pool, chunk, span);
+        /* Below the map's 48 bits and with nothing in the way, what failed
+         * was memory for the map's leaf or the claim's node. */
+        if (((uintptr_t)base + len - 1) >> 48 == 0 && conflict.kind == 0)
+            return pm__fail(PM_ERROR_OUT_OF_MEMORY, "out of memory for pool bookkeeping");
         return pm__fail(PM_ERROR_NOT_SUPPORTED, "a pool chunk landed where pinmem cannot track it");
     }
     pm__ranges_publish(pool->ranges, &range);

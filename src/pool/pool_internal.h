@@ -328,6 +328,9 @@ void pm__pages_free_bytes(pm__pool *pool, unsigned long long *in_empty_chunks,
                           unsigned long long *in_holes);
 /* Frees p with the pool, not before: lock-free readers may still hold it. */
 void pm__keep_until_pool_dies(pm__pool *pool, void *p);
+/* Makes the graveyard hold every live chunk and extra more besides what it
+ * holds, so that burying them later needs no memory; false when out of it. */
+bool pm__graveyard_room(pm__pool *pool, size_t extra);
 
 /* central.c: runs of small blocks and large spans (pool->lock held). */
 /* One block of class cls, or a large span for bytesize (cls == PM__POOL_CLASSES). */
