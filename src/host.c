@@ -130,6 +130,8 @@ pm_result pm_mem_free_host(void *p)
          * returns, so no fresh mapping can land on them before then, and one
          * may land there the moment after. */
         pm__ranges_withdraw(inst->ranges, r.pin_base);
+        if (inst->backend.free_wait)
+            inst->backend.free_wait();
         return release_pinned(inst, &r);
     case PM__RETIRE_MISMATCH:
         return pm__fail(PM_ERROR_INVALID_VALUE,
@@ -263,6 +265,8 @@ pm_result pm_mem_host_unregister(void *p)
     pm__range r;
     switch (pm__ranges_retire(inst->ranges, (uintptr_t)p, PM__RANGE_REGISTERED, &r)) {
     case PM__RETIRED: {
+        if (inst->backend.free_wait)
+            inst->backend.free_wait();
         pm_result res = inst->backend.host_unregister((void *)r.base, r.size);
         pm__budget_give(
             pm__ranges_withdraw_pages(inst->ranges, r.pin_base, inst->backend.caps.page_size));

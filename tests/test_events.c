@@ -433,6 +433,57 @@ static void legacy_orders_own_streams(void)
     CHECK(legacy_and_own(own_look, true) == 1);
 }
 
+/* ------------------------------------------------------ frees wait for work */
+
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(100000);
+    atomic_store(&gate_open, 1);
+    return NULL;
+}
+
+/* A free of host, registered or device memory waits for the work queued
+ * before it, as the driver's frees wait for the device: work still queued
+ * that uses the memory runs before it goes. */
+static void frees_wait_for_queued_work(void)
+{
+    enum { BYTES = 1 << 16 };
+    pm_stream_t s = NULL;
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    const char *const names[] = {"pm_mem_free_host", "pm_mem_host_unregister", "pm_device_free"};
+    for (int which = 0; which < 3; which++) {
+        void *host = NULL, *pageable = NULL;
+        pm_deviceptr dev = 0;
+        pm_result made = which == 0   ? pm_mem_host_alloc(&host, BYTES, 0)
+                         : which == 1 ? ((pageable = aligned_alloc(4096, BYTES))
+                                             ? pm_mem_host_register(pageable, BYTES, 0)
+                                             : PM_ERROR_OUT_OF_MEMORY)
+                                      : pm_device_alloc(&dev, BYTES);
+        if (made != PM_SUCCESS) {
+            CHECK_RESULT(made, PM_SUCCESS);
+            free(pageable);
+            continue;
+        }
+        reset_gate();
+        pthread_t opener;
+        REQUIRE(pthread_create(&opener, NULL, open_gate_later, NULL) == 0);
+        CHECK_RESULT(pm_stream_launch_host_func(s, wait_gate, NULL), PM_SUCCESS);
+        const pm_result freed = which == 0   ? pm_mem_free_host(host)
+                                : which == 1 ? pm_mem_host_unregister(pageable)
+                                             : pm_device_free(dev);
+        const bool waited = atomic_load(&gate_open);
+        CHECK_RESULT(freed, PM_SUCCESS);
+        if (!waited)
+            printf("%s returned before the work queued before it ran\n", names[which]);
+        CHECK(waited);
+        pthread_join(opener, NULL);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        free(pageable);
+    }
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+}
+
 static void follow_scenarios(void)
 {
     NEED_PINNABLE((size_t)64 << 20); /* pools of 32 MiB, full */
@@ -459,6 +510,7 @@ int main(void)
     query_while_synchronizing();
     own_streams_forgotten();
     legacy_orders_own_streams();
+    frees_wait_for_queued_work();
     event_race();
     return check_finish("events");
 }

@@ -101,6 +101,11 @@ typedef struct pm__backend {
     pm_result (*host_alloc)(size_t bytesize, unsigned flags, int numa_node, void **base,
                             size_t *pin_len, unsigned *tag);
     pm_result (*host_free)(void *base, size_t pin_len, unsigned tag);
+    /* Waits as the driver's frees wait before memory the user frees goes
+     * (pm_mem_free_host, pm_mem_host_unregister, pm_device_free): posix, for
+     * every stream's work queued so far; NULL (cuda) where the frees wait
+     * in the driver. */
+    void (*free_wait)(void);
     pm_result (*host_register)(void *p, size_t bytesize, unsigned flags);
     pm_result (*host_unregister)(void *p, size_t bytesize);
     /* Registrations the copy engine's cache keeps: the device may then copy

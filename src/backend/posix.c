@@ -541,6 +541,7 @@ pm_result pm__backend_posix_open(pm__backend *out)
 
     out->host_alloc = posix_host_alloc;
     out->host_free = posix_host_free;
+    out->free_wait = pm__posix_streams_drain;
     out->host_register = posix_host_register;
     out->host_unregister = posix_host_unregister;
     out->pinnable_bytes = pm__memlock_headroom;

@@ -310,6 +310,52 @@ pm_result pm__posix_stream_synchronize(pm_stream_t handle)
     return PM_SUCCESS;
 }
 
+/* Streams to wait for, each held by a reference, and how far. */
+typedef struct drain_list {
+    pm__marker *marks;
+    size_t n, cap;
+} drain_list;
+
+static void hold_for_drain(void *handle, void *arg)
+{
+    posix_stream *s = handle;
+    drain_list *d = arg;
+    if (s->pid != getpid())
+        return; /* a forked child's copy: nothing runs its work */
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : 16;
+        pm__marker *bigger = realloc(d->marks, cap * sizeof *bigger);
+        if (!bigger)
+            return;
+        d->marks = bigger;
+        d->cap = cap;
+    }
+    pthread_mutex_lock(&s->lock);
+    d->marks[d->n++] = (pm__marker){.handle = s, .seq = s->enqueued};
+    s->refs++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void pm__posix_streams_drain(void)
+{
+    drain_list d = {0};
+    /* References are taken under the lists' locks and the waits made after,
+     * so that no stream's work waits behind those locks. */
+    pm__handle_set_for_each(&live_streams, hold_for_drain, &d);
+    pthread_mutex_lock(&own_lock);
+    for (posix_stream *own = own_streams; own; own = own->next_own)
+        hold_for_drain(own, &d);
+    pthread_mutex_unlock(&own_lock);
+    posix_stream *legacy = atomic_load_explicit(&default_stream, memory_order_acquire);
+    if (legacy)
+        hold_for_drain(legacy, &d);
+    for (size_t i = 0; i < d.n; i++) {
+        wait_for(d.marks[i].handle, d.marks[i].seq);
+        pm__posix_marker_release(&d.marks[i]);
+    }
+    free(d.marks); /* short of memory, some streams were not waited for */
+}
+
 pm_result pm__posix_stream_destroy(pm_stream_t handle)
 {
     posix_stream *s = handle;

@@ -11,6 +11,9 @@ pm_result pm__posix_stream_destroy(pm_stream_t s);
  * queue is empty. */
 pm_result pm__posix_stream_release(pm_stream_t s);
 pm_result pm__posix_stream_synchronize(pm_stream_t s);
+/* Waits for the work queued so far on every stream, as the driver's frees
+ * wait for the device (backend.h's free_wait). */
+void pm__posix_streams_drain(void);
 pm_result pm__posix_stream_id(pm_stream_t s, unsigned long long *id);
 pm_result pm__posix_stream_launch_host_func(pm_stream_t s, void (*fn)(void *), void *arg);
 /* backend.h's stream_write_flag: the stream's thread stores the value. */

@@ -42,6 +42,8 @@ pm_result pm_device_free(pm_deviceptr dptr)
     PM__INSTANCE_OR_RETURN(inst);
     if (dptr == 0)
         return PM_SUCCESS;
+    if (inst->backend.free_wait)
+        inst->backend.free_wait();
     return inst->backend.device_release(dptr);
 }
 
