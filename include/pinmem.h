@@ -239,7 +239,10 @@ PM_API pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags);
 /* cuMemFreeHost: p must be the base of a host allocation; an interior
  * pointer, the pages past its bytes, pool memory and registered memory are
  * PM_ERROR_INVALID_VALUE (for the last two the detail names the call that
- * frees them). NULL is a no-op. */
+ * frees them). NULL is a no-op. Like the driver's frees, this,
+ * pm_mem_host_unregister and pm_device_free first wait for the work queued
+ * on streams (posix: every stream's; cuda: the device's, in the driver), so
+ * they must not be called from a function running on a stream. */
 PM_API pm_result pm_mem_free_host(void *p);
 /* cuMemHostRegister: page-lock an existing range, any alignment. p must not
  * be NULL, bytesize not 0, flags only PM_MEMHOSTREGISTER_*, and the range
