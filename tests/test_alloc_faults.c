@@ -158,6 +158,31 @@ static void trim_needs_no_memory(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* A trim whose snapshot of the thread caches cannot be allocated still
+ * takes back what this thread's cache holds, and gives the chunk back. */
+static void trim_without_a_snapshot(void)
+{
+    pm_mem_pool_t pool = NULL;
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    REQUIRE_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    void *p = NULL;
+    pm_result r = pm_mem_alloc_from_pool(&p, 4096, pool);
+    if (r == PM_ERROR_OUT_OF_MEMORY && memlock_binds()) {
+        pm_mem_pool_destroy(pool);
+        SKIP_CASE("RLIMIT_MEMLOCK leaves no room for the pool");
+    }
+    CHECK_RESULT(r, PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(p), PM_SUCCESS); /* kept by this thread's cache */
+    countdown = 1;
+    r = pm_mem_pool_trim_to(pool, 0);
+    countdown = 0;
+    CHECK_RESULT(r, PM_SUCCESS);
+    pm_pool_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
+    CHECK(st.reserved == 0);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -170,5 +195,6 @@ int main(void)
     pool_growth_fails_each_step(100);
     pool_growth_fails_each_step(256 << 10);
     trim_needs_no_memory();
+    trim_without_a_snapshot();
     return check_finish("test_alloc_faults");
 }

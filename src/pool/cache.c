@@ -248,14 +248,29 @@ bool pm__caches_flush_pool(pm__pool *pool, bool detach)
         lock_cache(all[i]);
         if (all[i]->pool == pool) {
             held |= load(&all[i]->held) != 0;
-            if (detach)
-                detach_locked(pool, all[i]);
-            else
-                flush_locked(pool, all[i]);
+            flush_locked(pool, all[i]);
         }
         unlock_cache(all[i]);
     }
     free(all);
+    /* No memory for the snapshot: each cache in turn, found again from the
+     * head (caches are reused, never freed); a cache that joins or leaves
+     * meanwhile may be missed, as it may be by a snapshot. */
+    for (size_t k = 0; !all; k++) {
+        pthread_mutex_lock(&pool->lock);
+        pm__cache *c = pool->caches;
+        for (size_t i = 0; c && i < k; i++)
+            c = c->pool_next;
+        pthread_mutex_unlock(&pool->lock);
+        if (!c)
+            break;
+        lock_cache(c);
+        if (c->pool == pool) {
+            held |= load(&c->held) != 0;
+            flush_locked(pool, c);
+        }
+        unlock_cache(c);
+    }
     return held;
 }
 
