@@ -82,6 +82,17 @@ static void drop_ref(posix_stream *s)
     free(s);
 }
 
+/* A marker at the end of s's work so far, holding a reference to s until
+ * released. */
+static pm__marker hold_end(posix_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    const pm__marker m = {.handle = s, .seq = s->enqueued};
+    s->refs++;
+    pthread_mutex_unlock(&s->lock);
+    return m;
+}
+
 static _Atomic unsigned long long last_id;
 
 static pm_result create(posix_stream **out)
@@ -330,10 +341,7 @@ static void hold_for_drain(void *handle, void *arg)
         d->marks = bigger;
         d->cap = cap;
     }
-    pthread_mutex_lock(&s->lock);
-    d->marks[d->n++] = (pm__marker){.handle = s, .seq = s->enqueued};
-    s->refs++;
-    pthread_mutex_unlock(&s->lock);
+    d->marks[d->n++] = hold_end(s);
 }
 
 void pm__posix_streams_drain(void)
@@ -411,17 +419,15 @@ static void run_wait(void *arg)
     free(w);
 }
 
-/* Queues on s a wait for other's work up to seq; other is kept alive by
- * the caller until this takes its own reference. */
-static pm_result queue_wait(posix_stream *s, posix_stream *other, unsigned long long seq)
+/* Queues on s a wait for held, whose reference the wait takes over. */
+static pm_result queue_wait(posix_stream *s, pm__marker held)
 {
     wait_task *w = malloc(sizeof *w);
-    if (!w)
+    if (!w) {
+        pm__posix_marker_release(&held);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "stream wait: out of memory");
-    pthread_mutex_lock(&other->lock);
-    other->refs++;
-    pthread_mutex_unlock(&other->lock);
-    w->marker = (pm__marker){.handle = other, .seq = seq};
+    }
+    w->marker = held;
     pm_result r = enqueue(s, run_wait, w);
     if (r != PM_SUCCESS) {
         pm__posix_marker_release(&w->marker);
@@ -436,12 +442,12 @@ static pm_result queue_wait_for_all(posix_stream *s, posix_stream *other)
 {
     if (other == s || other->pid != getpid())
         return PM_SUCCESS;
-    pthread_mutex_lock(&other->lock);
-    const unsigned long long seq = other->enqueued;
-    pthread_mutex_unlock(&other->lock);
-    if (atomic_load_explicit(&other->completed, memory_order_acquire) >= seq)
+    pm__marker held = hold_end(other);
+    if (pm__posix_marker_done(&held)) {
+        pm__posix_marker_release(&held);
         return PM_SUCCESS;
-    return queue_wait(s, other, seq);
+    }
+    return queue_wait(s, held);
 }
 
 /* The driver orders the legacy stream with every blocking stream, threads'
@@ -500,11 +506,7 @@ pm_result pm__posix_marker_record(pm_stream_t handle, pm__marker *out)
     pm_result r = order_with_blocking(handle, s);
     if (r != PM_SUCCESS)
         return r;
-    pthread_mutex_lock(&s->lock);
-    out->handle = s;
-    out->seq = s->enqueued;
-    s->refs++;
-    pthread_mutex_unlock(&s->lock);
+    *out = hold_end(s);
     return PM_SUCCESS;
 }
 
@@ -543,5 +545,7 @@ pm_result pm__posix_marker_wait(pm_stream_t handle, const pm__marker *m)
     RESOLVE_OR_FAIL(s, handle);
     if (pm__posix_marker_done(m) || m->handle == s)
         return PM_SUCCESS; /* already done, or ordered by the stream itself */
-    return queue_wait(s, m->handle, m->seq);
+    pm__marker held = hold_end(m->handle);
+    held.seq = m->seq; /* the reference is the stream's, whatever the point */
+    return queue_wait(s, held);
 }
