@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "check.h"
 #include "copy_util.h"
 
@@ -183,6 +184,26 @@ static void trim_without_a_snapshot(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* The process's cgroup limits, whose first read ran short of memory, are
+ * read again by the next call, and kept once a read is whole. */
+static void limits_read_again(void)
+{
+    countdown = 1;
+    (void)pm__usable_cpus();
+    CHECK(countdown == 0);
+    countdown = 1;
+    (void)pm__usable_memory();
+    bool again = countdown == 0;
+    countdown = 0;
+    CHECK(again);
+    const unsigned cpus = pm__usable_cpus();
+    countdown = 1;
+    CHECK(pm__usable_cpus() == cpus);
+    bool kept = countdown == 1;
+    countdown = 0;
+    CHECK(kept);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -190,6 +211,7 @@ int main(void)
         return 1;
     }
     /* First: each makes what it fails for on the process's first use. */
+    limits_read_again();
     device_registry_retried();
     default_pool_retried();
     pool_growth_fails_each_step(100);

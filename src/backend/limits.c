@@ -6,9 +6,11 @@
  * machine's, lowered to its cgroup's memory limit). Threads beyond a quota
  * spend it within the period and then the whole process waits for the next
  * one; pinned memory beyond a memory limit gets the container killed. */
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,16 +163,22 @@ static bool visit_levels(const hierarchy *h, bool (*visit)(const char *dir, bool
 }
 
 /* Calls visit_levels in the v2 hierarchy, then in v1's controller, until a
- * visit answers true; whether one did. */
+ * visit answers true; whether one did. *short_of_memory is set where a
+ * hierarchy could not be read for want of memory or file descriptors, which
+ * a later read may have. */
 static bool visit_hierarchies(const char *mountinfo, const char *proc_cgroup,
                               const char *controller,
-                              bool (*visit)(const char *dir, bool v2, void *ctx), void *ctx)
+                              bool (*visit)(const char *dir, bool v2, void *ctx), void *ctx,
+                              bool *short_of_memory)
 {
     bool done = false;
     for (int v2 = 1; v2 >= 0 && !done; v2--) {
         hierarchy *h = malloc(sizeof *h);
+        errno = 0;
         done = h && find_mount(mountinfo, v2, controller, h) &&
                find_cgroup(proc_cgroup, controller, h) && visit_levels(h, visit, ctx);
+        if (!h || errno == ENOMEM || errno == EMFILE || errno == ENFILE)
+            *short_of_memory = true;
         free(h);
     }
     return done;
@@ -193,21 +201,24 @@ static bool take_least(const char *dir, bool v2, void *ctx)
 
 static unsigned long long cgroup_limit(const char *mountinfo, const char *proc_cgroup,
                                        const char *controller,
-                                       unsigned long long (*at_level)(const char *, bool))
+                                       unsigned long long (*at_level)(const char *, bool),
+                                       bool *short_of_memory)
 {
     least_limit l = {at_level, 0};
-    visit_hierarchies(mountinfo, proc_cgroup, controller, take_least, &l);
+    visit_hierarchies(mountinfo, proc_cgroup, controller, take_least, &l, short_of_memory);
     return l.least;
 }
 
 unsigned pm__cgroup_cpu_limit(const char *mountinfo, const char *proc_cgroup)
 {
-    return (unsigned)cgroup_limit(mountinfo, proc_cgroup, "cpu", quota_at);
+    bool short_of_memory = false;
+    return (unsigned)cgroup_limit(mountinfo, proc_cgroup, "cpu", quota_at, &short_of_memory);
 }
 
 unsigned long long pm__cgroup_memory_limit(const char *mountinfo, const char *proc_cgroup)
 {
-    return cgroup_limit(mountinfo, proc_cgroup, "memory", memory_at);
+    bool short_of_memory = false;
+    return cgroup_limit(mountinfo, proc_cgroup, "memory", memory_at, &short_of_memory);
 }
 
 /* The cpuset's effective CPUs at dir, where the file is there; the lowest
@@ -220,26 +231,53 @@ static bool cpuset_at(const char *dir, bool v2, void *set)
     return pm__read_cpu_list(path, set);
 }
 
-bool pm__cgroup_cpuset(const char *mountinfo, const char *proc_cgroup, cpu_set_t *set)
+static bool cgroup_cpuset(const char *mountinfo, const char *proc_cgroup, cpu_set_t *set,
+                          bool *short_of_memory)
 {
-    return visit_hierarchies(mountinfo, proc_cgroup, "cpuset", cpuset_at, set);
+    return visit_hierarchies(mountinfo, proc_cgroup, "cpuset", cpuset_at, set, short_of_memory);
 }
 
-static unsigned quota_cpus;
-static unsigned long long memory_limit;
-static cpu_set_t process_cpus;
-static bool process_cpus_known;
-static pthread_once_t limits_once = PTHREAD_ONCE_INIT;
-
-/* Limits and cpusets change rarely; affinity may, and per thread, so it is
- * read each time. */
-static void read_limits(void)
+bool pm__cgroup_cpuset(const char *mountinfo, const char *proc_cgroup, cpu_set_t *set)
 {
-    quota_cpus = pm__cgroup_cpu_limit("/proc/self/mountinfo", "/proc/self/cgroup");
-    memory_limit = pm__cgroup_memory_limit("/proc/self/mountinfo", "/proc/self/cgroup");
-    process_cpus_known =
-        pm__cgroup_cpuset("/proc/self/mountinfo", "/proc/self/cgroup", &process_cpus) ||
-        pm__read_cpu_list("/sys/devices/system/cpu/online", &process_cpus);
+    bool short_of_memory = false;
+    return cgroup_cpuset(mountinfo, proc_cgroup, set, &short_of_memory);
+}
+
+/* What the cgroup files said; read whole or not kept. */
+typedef struct process_limits {
+    unsigned quota_cpus;
+    unsigned long long memory;
+    cpu_set_t cpus;
+    bool cpus_known;
+} process_limits;
+
+static process_limits read_once;
+static atomic_bool read_once_done;
+static pthread_mutex_t read_once_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Limits and cpusets change rarely, so they are read once; a read cut short
+ * by want of memory is read again by the next call, not kept for good.
+ * Affinity may change, and per thread, so it is read each time. */
+static process_limits limits(void)
+{
+    if (atomic_load_explicit(&read_once_done, memory_order_acquire))
+        return read_once;
+    pthread_mutex_lock(&read_once_lock);
+    if (!atomic_load_explicit(&read_once_done, memory_order_relaxed)) {
+        const char *mounts = "/proc/self/mountinfo", *own = "/proc/self/cgroup";
+        bool short_of_memory = false;
+        process_limits l = {0};
+        l.quota_cpus = (unsigned)cgroup_limit(mounts, own, "cpu", quota_at, &short_of_memory);
+        l.memory = cgroup_limit(mounts, own, "memory", memory_at, &short_of_memory);
+        l.cpus_known = cgroup_cpuset(mounts, own, &l.cpus, &short_of_memory) ||
+                       pm__read_cpu_list("/sys/devices/system/cpu/online", &l.cpus);
+        read_once = l;
+        if (!short_of_memory)
+            atomic_store_explicit(&read_once_done, true, memory_order_release);
+    }
+    process_limits l = read_once;
+    pthread_mutex_unlock(&read_once_lock);
+    return l;
 }
 
 /* With PINMEM_THREAD_CPUS=process, the process's cpuset into *set. */
@@ -247,10 +285,10 @@ static bool process_set(cpu_set_t *set)
 {
     if (pm__option_value(PM__OPT_THREAD_CPUS) != PM__THREAD_CPUS_PROCESS)
         return false;
-    pthread_once(&limits_once, read_limits);
-    if (process_cpus_known)
-        *set = process_cpus;
-    return process_cpus_known;
+    const process_limits l = limits();
+    if (l.cpus_known)
+        *set = l.cpus;
+    return l.cpus_known;
 }
 
 bool pm__thread_cpus(cpu_set_t *set)
@@ -276,8 +314,8 @@ unsigned pm__usable_cpus(void)
     cpu_set_t set;
     if ((process_set(&set) || sched_getaffinity(0, sizeof set, &set) == 0) && CPU_COUNT(&set) > 0)
         cpus = (unsigned)CPU_COUNT(&set);
-    pthread_once(&limits_once, read_limits);
-    return quota_cpus && quota_cpus < cpus ? quota_cpus : cpus;
+    const unsigned quota = limits().quota_cpus;
+    return quota && quota < cpus ? quota : cpus;
 }
 
 unsigned long long pm__usable_memory(void)
@@ -285,6 +323,6 @@ unsigned long long pm__usable_memory(void)
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     unsigned long long bytes =
         pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page : 0;
-    pthread_once(&limits_once, read_limits);
-    return memory_limit && (!bytes || memory_limit < bytes) ? memory_limit : bytes;
+    const unsigned long long limit = limits().memory;
+    return limit && (!bytes || limit < bytes) ? limit : bytes;
 }
