@@ -294,7 +294,8 @@ typedef void *pm_stream_t;
 PM_API pm_result pm_stream_create(pm_stream_t *stream);
 /* Waits for the stream's work, then destroys it. NULL, PM_STREAM_LEGACY and
  * PM_STREAM_PER_THREAD, which are not the caller's to destroy, are
- * PM_ERROR_INVALID_HANDLE. */
+ * PM_ERROR_INVALID_HANDLE. As with the driver, no other thread may be using
+ * the stream in a call meanwhile. */
 PM_API pm_result pm_stream_destroy(pm_stream_t stream);
 /* Waits for the stream's work; then pools above their release threshold
  * give memory back (see PM_MEMPOOL_ATTR_RELEASE_THRESHOLD). */
@@ -318,7 +319,9 @@ typedef struct pm_event_s *pm_event_t;
 
 /* event must not be NULL. */
 PM_API pm_result pm_event_create(pm_event_t *event);
-/* The event may still be pending: its resources go when it completes. */
+/* The event may still be pending: its resources go when it completes. Calls
+ * on the event in other threads meanwhile finish as if it were still live;
+ * later calls are PM_ERROR_INVALID_HANDLE. */
 PM_API pm_result pm_event_destroy(pm_event_t event);
 /* Captures the stream's work enqueued so far; recording again replaces it. */
 PM_API pm_result pm_event_record(pm_event_t event, pm_stream_t stream);

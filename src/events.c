@@ -1,7 +1,10 @@
 /* pm_event_* and pm_stream_wait_event: the backend's markers, plus the stream
  * order pools learn from them (stream_order.h). Handles are checked against
- * the live events, so a stale or made-up one is refused, not followed. */
+ * the live events, so a stale or made-up one is refused, not followed; a call
+ * that found its event live holds it, so that a destroy from another thread
+ * meanwhile leaves the freeing to the last holder. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -19,16 +22,34 @@ struct pm_event_s {
     pthread_rwlock_t lock;
     pm__marker marker;    /* handle NULL until first recorded */
     pm__order_set order;  /* what the recorded point's stream had waited for, and the point */
+    _Atomic unsigned holds; /* calls in progress, and one for being live */
 };
 
 /* Part of the process-wide instance: the live events. */
 static pm__handle_set live_events = PM__HANDLE_SET_INIT;
 
-static pm_result check_event(const char *name, pm_event_t e)
+static void add_hold(const void *e)
 {
-    if (!e || !pm__handle_set_contains(&live_events, e))
+    atomic_fetch_add_explicit(&((pm_event_t)e)->holds, 1, memory_order_relaxed);
+}
+
+/* PM_SUCCESS and a hold on e (let go by let_go) where e is live. */
+static pm_result hold_event(const char *name, pm_event_t e)
+{
+    if (!e || !pm__handle_set_contains_then(&live_events, e, add_hold))
         return pm__fail(PM_ERROR_INVALID_HANDLE, "%s: %p is not a live event", name, (void *)e);
     return PM_SUCCESS;
+}
+
+/* Lets go of a hold; the last one, once e is destroyed, frees it. */
+static void let_go(const pm__backend *b, pm_event_t e)
+{
+    if (atomic_fetch_sub_explicit(&e->holds, 1, memory_order_acq_rel) != 1)
+        return;
+    b->marker_release(&e->marker);
+    pm__order_set_free(&e->order);
+    pthread_rwlock_destroy(&e->lock);
+    free(e);
 }
 
 pm_result pm_event_create(pm_event_t *event)
@@ -42,6 +63,7 @@ pm_result pm_event_create(pm_event_t *event)
         free(e);
         return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_create: out of memory");
     }
+    atomic_init(&e->holds, 1);
     if (!pm__handle_set_add(&live_events, e)) {
         pthread_rwlock_destroy(&e->lock);
         free(e);
@@ -57,22 +79,23 @@ pm_result pm_event_destroy(pm_event_t event)
     if (!event || !pm__handle_set_remove(&live_events, event))
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_event_destroy: %p is not a live event",
                         (void *)event);
-    inst->backend.marker_release(&event->marker);
-    pm__order_set_free(&event->order);
-    pthread_rwlock_destroy(&event->lock);
-    free(event);
+    let_go(&inst->backend, event);
     return PM_SUCCESS;
 }
 
-/* The checks of a call on an event and a stream; *id: the stream's. */
-static pm_result check_pair(const char *name, const pm__backend *b, pm_event_t event,
-                            pm_stream_t stream, unsigned long long *id)
+/* The checks of a call on an event and a stream, holding the event where
+ * they pass; *id: the stream's. */
+static pm_result hold_pair(const char *name, const pm__backend *b, pm_event_t event,
+                           pm_stream_t stream, unsigned long long *id)
 {
-    pm_result r = check_event(name, event);
-    if (r == PM_SUCCESS)
-        r = b->stream_check(stream);
+    pm_result r = hold_event(name, event);
+    if (r != PM_SUCCESS)
+        return r;
+    r = b->stream_check(stream);
     if (r == PM_SUCCESS)
         r = b->stream_id(stream, id);
+    if (r != PM_SUCCESS)
+        let_go(b, event);
     return r;
 }
 
@@ -81,7 +104,7 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;
-    pm_result r = check_pair("pm_event_record", b, event, stream, &id);
+    pm_result r = hold_pair("pm_event_record", b, event, stream, &id);
     if (r != PM_SUCCESS)
         return r;
     /* Blocks freed on the stream until now join their pools' batches before
@@ -101,6 +124,7 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
         order = old;
     }
     pthread_rwlock_unlock(&event->lock);
+    let_go(b, event);
     pm__order_set_free(&order);
     return r;
 }
@@ -108,20 +132,21 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 pm_result pm_event_query(pm_event_t event)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    pm_result r = check_event("pm_event_query", event);
+    pm_result r = hold_event("pm_event_query", event);
     if (r != PM_SUCCESS)
         return r;
     pthread_rwlock_rdlock(&event->lock);
     if (event->marker.handle)
         r = inst->backend.marker_query(&event->marker);
     pthread_rwlock_unlock(&event->lock);
+    let_go(&inst->backend, event);
     return r;
 }
 
 pm_result pm_event_synchronize(pm_event_t event)
 {
     PM__INSTANCE_OR_RETURN(inst);
-    pm_result r = check_event("pm_event_synchronize", event);
+    pm_result r = hold_event("pm_event_synchronize", event);
     if (r != PM_SUCCESS)
         return r;
     /* Held while waiting: a record from another thread would release the
@@ -130,6 +155,7 @@ pm_result pm_event_synchronize(pm_event_t event)
     if (event->marker.handle)
         r = inst->backend.marker_synchronize(&event->marker);
     pthread_rwlock_unlock(&event->lock);
+    let_go(&inst->backend, event);
     return r;
 }
 
@@ -171,7 +197,7 @@ pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;
-    pm_result r = check_pair("pm_stream_wait_event", b, event, stream, &id);
+    pm_result r = hold_pair("pm_stream_wait_event", b, event, stream, &id);
     if (r != PM_SUCCESS)
         return r;
     pthread_rwlock_rdlock(&event->lock);
@@ -180,6 +206,7 @@ pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
     if (r == PM_SUCCESS)
         pm__order_learn(id, &event->order); /* out of memory: nothing learned, which is safe */
     pthread_rwlock_unlock(&event->lock);
+    let_go(b, event);
     if (r == PM_SUCCESS && pm__stream_is_threads_own(stream))
         forget_at_thread_exit(id);
     return r;

@@ -56,12 +56,19 @@ bool pm__handle_set_add(pm__handle_set *set, const void *h)
     return ok;
 }
 
-bool pm__handle_set_contains(pm__handle_set *set, const void *h)
+bool pm__handle_set_contains_then(pm__handle_set *set, const void *h, void (*then)(const void *h))
 {
     pthread_mutex_lock(&set->lock);
     bool found = h && set->cap && set->slots[probe(set, h)] == h;
+    if (found && then)
+        then(h);
     pthread_mutex_unlock(&set->lock);
     return found;
+}
+
+bool pm__handle_set_contains(pm__handle_set *set, const void *h)
+{
+    return pm__handle_set_contains_then(set, h, NULL);
 }
 
 /* Empties slot i and moves later members of its probe run back, so that

@@ -28,6 +28,10 @@ typedef struct pm__handle_set {
  * runs out. */
 bool pm__handle_set_add(pm__handle_set *set, const void *h);
 bool pm__handle_set_contains(pm__handle_set *set, const void *h);
+/* As contains, and where h is there, calls then(h) with the set's mutex held,
+ * so that h cannot leave the set (and be freed) before then has run: then
+ * takes a hold on h that its remover respects. */
+bool pm__handle_set_contains_then(pm__handle_set *set, const void *h, void (*then)(const void *h));
 /* Removes h and moves the generation on; false when h was not in the set. */
 bool pm__handle_set_remove(pm__handle_set *set, const void *h);
 unsigned long long pm__handle_set_generation(pm__handle_set *set);

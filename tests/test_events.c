@@ -342,6 +342,90 @@ static void query_while_synchronizing(void)
     CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
 }
 
+/* A destroy while another thread synchronizes the event returns at once;
+ * the synchronization still waits for the work and succeeds, and the event
+ * is refused from then on. */
+static void destroy_while_synchronizing(void)
+{
+    pm_stream_t a = NULL;
+    pm_event_t e = NULL;
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
+    reset_gate();
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
+    pthread_t syncer, opener;
+    REQUIRE(pthread_create(&opener, NULL, open_gate_if_stuck, NULL) == 0);
+    if (pthread_create(&syncer, NULL, synchronize_event, e) != 0) {
+        atomic_store(&gate_open, 1);
+        pthread_join(opener, NULL);
+        REQUIRE(!"a thread to synchronize");
+    }
+    usleep(50000); /* the synchronization waits by now */
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    CHECK(atomic_load(&gate_open) == 0); /* the destroy did not wait for the work */
+    CHECK_RESULT(pm_event_query(e), PM_ERROR_INVALID_HANDLE);
+    atomic_store(&gate_open, 1);
+    pthread_join(syncer, NULL);
+    pthread_join(opener, NULL);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+}
+
+/* Threads record, query, wait for and synchronize whichever event is current
+ * while another replaces it and destroys the old one: each call answers
+ * SUCCESS (or NOT_READY) or INVALID_HANDLE, and none touches freed memory
+ * (the sanitizer builds see that). */
+enum { handle_users = 4, handle_swaps = 3000 };
+static _Atomic(pm_event_t) current_event;
+static atomic_int swapping_done;
+
+static void *use_current_events(void *stream)
+{
+    for (unsigned i = 0; !atomic_load(&swapping_done); i++) {
+        pm_event_t e = atomic_load(&current_event);
+        pm_result r = i % 4 == 0   ? pm_event_record(e, stream)
+                      : i % 4 == 1 ? pm_event_query(e)
+                      : i % 4 == 2 ? pm_stream_wait_event(stream, e)
+                                   : pm_event_synchronize(e);
+        if (r != PM_SUCCESS && r != PM_ERROR_NOT_READY && r != PM_ERROR_INVALID_HANDLE) {
+            CHECK_RESULT(r, PM_SUCCESS);
+            break;
+        }
+    }
+    return NULL;
+}
+
+static void destroy_while_used(void)
+{
+    pm_stream_t streams[handle_users] = {0};
+    pthread_t users[handle_users];
+    pm_event_t e = NULL;
+    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
+    atomic_store(&current_event, e);
+    atomic_store(&swapping_done, 0);
+    unsigned started = 0;
+    for (; started < handle_users; started++)
+        if (pm_stream_create(&streams[started]) != PM_SUCCESS ||
+            pthread_create(&users[started], NULL, use_current_events, streams[started]) != 0)
+            break;
+    CHECK(started == handle_users);
+    for (unsigned i = 0; i < handle_swaps && started == handle_users; i++) {
+        pm_event_t next = NULL;
+        if (pm_event_create(&next) != PM_SUCCESS) {
+            CHECK(!"an event");
+            break;
+        }
+        CHECK_RESULT(pm_event_destroy(atomic_exchange(&current_event, next)), PM_SUCCESS);
+    }
+    atomic_store(&swapping_done, 1);
+    for (unsigned t = 0; t < started; t++)
+        pthread_join(users[t], NULL);
+    for (unsigned t = 0; t < handle_users; t++)
+        if (streams[t])
+            CHECK_RESULT(pm_stream_destroy(streams[t]), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(atomic_load(&current_event)), PM_SUCCESS);
+}
+
 /* -------------------------------------------- threads' own streams' order */
 
 static void *wait_on_own_stream(void *event)
@@ -508,6 +592,8 @@ int main(void)
     capture();
     follow_scenarios();
     query_while_synchronizing();
+    destroy_while_synchronizing();
+    destroy_while_used();
     own_streams_forgotten();
     legacy_orders_own_streams();
     frees_wait_for_queued_work();
