@@ -392,7 +392,9 @@ typedef enum {
  * location HOST, or HOST_NUMA with a node that exists. */
 PM_API pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props);
 /* Destroying a pool with live allocations succeeds; their memory goes back
- * when the last one is freed. The default pool cannot be destroyed. */
+ * when the last one is freed. The default pool cannot be destroyed. As with
+ * the driver, no other thread may be using the pool in a call meanwhile
+ * (frees of its blocks excepted). */
 PM_API pm_result pm_mem_pool_destroy(pm_mem_pool_t pool);
 /* The process-wide pool of location HOST. pool must not be NULL. */
 PM_API pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool);
