@@ -10,6 +10,9 @@ one served by a pinmem pool (pinmem.torch_host); uninstall() puts PyTorch's
 back.
 """
 
+import collections
+import threading
+
 try:
     import torch as _torch
 except ImportError as e:  # pragma: no cover - depends on the machine
@@ -59,37 +62,80 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
+# Page-locked sources of copies still queued, each behind an event recorded
+# after its copy: PyTorch's pinned-memory cache hands a freed block out again
+# at once unless its own copy recorded the use, which Python cannot do.
+_held = collections.deque()
+_held_lock = threading.Lock()
+
+
+def _hold(t, stream):
+    """Keeps t alive until the work queued so far on torch stream stream is done."""
+    event = _torch.cuda.Event()
+    event.record(stream)
+    with _held_lock:
+        _held.append((event, t))
+
+
+def _release_done():
+    """Lets go of the held sources whose copies are done (oldest first)."""
+    done = []
+    with _held_lock:
+        while _held and _held[0][0].query():
+            done.append(_held.popleft())
+    del done  # the tensors go here, outside the lock
+
+
+def _cuda_device(device, what):
+    try:
+        device = _torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{what}: {device!r} is not a device: {e}") from None
+    if device.type != "cuda":
+        raise ValueError(f"{what}: {device} is not a CUDA device")
+    return device
+
+
 def to_device(t, device=None, *, stream=None):
-    """A CUDA copy of the CPU tensor t on device (default: the current CUDA
-    device), queued on stream (default: that device's current torch
-    stream). As with t.to("cuda"): a pageable t may be changed as soon as
-    this returns; a page-locked t must stay unchanged until the stream has
-    done the copy (as with non_blocking=True).
+    """A CUDA copy of the CPU tensor t on device (default: stream's device
+    for a torch stream, else the current CUDA device), queued on stream
+    (default: that device's current torch stream). As with t.to("cuda"): a
+    pageable t may be changed as soon as this returns; a page-locked t must
+    stay unchanged until the stream has done the copy (as with
+    non_blocking=True), and pinmem keeps it alive until then.
 
     The result is allocated on the stream the copy is queued on (a stream
     that is not torch's is wrapped in torch.cuda.ExternalStream, and must
-    outlive the copy), so PyTorch's caching allocator orders the reuse of
-    its memory after the copy, as for any tensor made under
-    torch.cuda.stream(stream): to use it on another stream, make that
-    stream wait for this one, and call record_stream when it is freed
-    there first."""
-    t = _tensor(t, "pinmem.torch.to_device")
+    outlive the copy), as t.to(device, non_blocking=True) allocates and
+    copies on the current stream inside torch.cuda.stream(stream): PyTorch's
+    caching allocator then reuses its memory only in that stream's order. To
+    use it on another stream, make that stream wait for this one, and call
+    record_stream when it is freed there first. Only the per-thread default
+    stream (STREAM_PER_THREAD), which no torch stream stands for, differs:
+    the result comes from torch's current stream, which waits for the copy."""
+    what = "pinmem.torch.to_device"
+    t = _tensor(t, what)
     if t.device.type != "cpu":
-        raise ValueError(f"pinmem.torch.to_device copies CPU tensors; this one is on {t.device}")
-    if not _torch.cuda.is_available():
-        raise RuntimeError("pinmem.torch.to_device needs CUDA, and torch.cuda is not available "
-                           "here")
-    device = _torch.device("cuda", _torch.cuda.current_device()) if device is None \
-        else _torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"pinmem.torch.to_device: {device} is not a CUDA device")
-    if device.index is None:
-        device = _torch.device("cuda", _torch.cuda.current_device())
+        raise ValueError(f"{what} copies CPU tensors; this one is on {t.device}")
+    if device is not None:
+        device = _cuda_device(device, what)
     torch_stream = stream if isinstance(stream, _torch.cuda.Stream) else None
+    if stream is not None and torch_stream is None:
+        handle = stream_handle(stream, f"{what}: stream")
+    if not _torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs CUDA, and torch.cuda is not available here")
+    _release_done()
+    if device is None and torch_stream is not None:
+        device = torch_stream.device
+    elif device is None or device.index is None:
+        device = _torch.device("cuda", _torch.cuda.current_device())
+    if torch_stream is not None and torch_stream.device != device:
+        # the allocation would come from device's current stream, not this one
+        raise ValueError(f"{what}: the stream is on {torch_stream.device}, not on {device}")
     if stream is None:
         torch_stream = _torch.cuda.current_stream(device)
-    handle = stream_handle(torch_stream if torch_stream is not None else stream,
-                           "pinmem.torch.to_device: stream")
+    if torch_stream is not None:
+        handle = torch_stream.cuda_stream
     fence = None
     if torch_stream is None:
         # A block from torch's current stream's pool could still be in use
@@ -111,44 +157,53 @@ def to_device(t, device=None, *, stream=None):
             with _torch.cuda.stream(torch_stream):
                 out = _torch.empty(t.shape, dtype=t.dtype, device=device)
         if n:
-            check(_lib.load().pm_memcpy_async(out.data_ptr(), t.data_ptr(), n, handle or None),
-                  "pinmem.torch.to_device")
-            if fence is not None:
-                wait_for(fence.cuda_stream, handle)
+            try:
+                check(_lib.load().pm_memcpy_async(out.data_ptr(), t.data_ptr(), n, handle or None),
+                      what)
+            finally:
+                # even after a failure part of the copy may be queued
+                if fence is not None:
+                    wait_for(fence.cuda_stream, handle)
+                if t.is_pinned():
+                    _hold(t, fence if fence is not None else torch_stream)
     return out
 
 
 def to_host(t, *, out=None):
     """A CPU copy of t (t.cpu()): into out when given (a contiguous CPU tensor
     of t's shape and dtype, page-locked or not), else into a new pageable
-    tensor. Ordered after the work on t's device's current stream, and done
-    when this returns."""
-    t = _tensor(t, "pinmem.torch.to_host")
+    tensor. As t.cpu() does, t is read on its device's current stream, after
+    the work queued there, and the copy is done when this returns, so
+    neither side needs to be recorded with any stream."""
+    what = "pinmem.torch.to_host"
+    t = _tensor(t, what)
     if out is None:
         out = _torch.empty(t.shape, dtype=t.dtype, device="cpu")
     else:
         if not isinstance(out, _torch.Tensor):
-            raise TypeError(f"pinmem.torch.to_host: out must be a torch.Tensor, not {type(out).__name__}")
+            raise TypeError(f"{what}: out must be a torch.Tensor, not {type(out).__name__}")
         if out.device.type != "cpu":
-            raise ValueError(f"pinmem.torch.to_host: out must be a CPU tensor, not on {out.device}")
+            raise ValueError(f"{what}: out must be a CPU tensor, not on {out.device}")
         if out.dtype != t.dtype or out.shape != t.shape:
-            raise ValueError(f"pinmem.torch.to_host: out has dtype {out.dtype} and shape "
+            raise ValueError(f"{what}: out has dtype {out.dtype} and shape "
                              f"{tuple(out.shape)}, the tensor {t.dtype} and {tuple(t.shape)}")
         if not out.is_contiguous():
-            raise ValueError("pinmem.torch.to_host: out is not contiguous")
+            raise ValueError(f"{what}: out is not contiguous")
     n = _nbytes(t)
     if n == 0:
         return out
     lib = _lib.load()
     if t.device.type == "cpu":
-        check(lib.pm_memcpy(out.data_ptr(), t.data_ptr(), n), "pinmem.torch.to_host")
+        check(lib.pm_memcpy(out.data_ptr(), t.data_ptr(), n), what)
         return out
     if t.device.type != "cuda":
-        raise ValueError(f"pinmem.torch.to_host: tensors on {t.device.type} are not supported")
-    s = _torch.cuda.current_stream(t.device)
-    handle = s.cuda_stream
-    check(lib.pm_memcpy_async(out.data_ptr(), t.data_ptr(), n, handle or None),
-          "pinmem.torch.to_host")
-    # into page-locked memory the copy runs in stream order: wait, as t.cpu() does
-    check(lib.pm_stream_synchronize(handle or None), "pinmem.torch.to_host")
+        raise ValueError(f"{what}: tensors on {t.device.type} are not supported")
+    _release_done()
+    # On t's device: the legacy default stream (handle 0) is that of the
+    # current device's context, which another device's work does not order.
+    with _torch.cuda.device(t.device):
+        handle = _torch.cuda.current_stream(t.device).cuda_stream
+        check(lib.pm_memcpy_async(out.data_ptr(), t.data_ptr(), n, handle or None), what)
+        # into page-locked memory the copy runs in stream order: wait, as t.cpu() does
+        check(lib.pm_stream_synchronize(handle or None), what)
     return out

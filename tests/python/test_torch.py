@@ -51,6 +51,32 @@ def test_bad_arguments():
             pt.to_device(t)
 
 
+def test_to_device_checks_its_arguments_before_cuda():
+    # These raise the same with or without CUDA: nothing is allocated first.
+    t = torch.ones(4)
+    with pytest.raises(TypeError, match="stream"):
+        pt.to_device(t, stream="the side stream")
+    with pytest.raises(TypeError, match="bool"):
+        pt.to_device(t, stream=True)
+    with pytest.raises(ValueError, match="stream handle"):
+        pt.to_device(t, stream=-1)
+    with pytest.raises(ValueError, match="stream handle"):
+        pt.to_device(t, stream=1 << 64)
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        pt.to_device(t, "cpu")
+    with pytest.raises(ValueError, match="not a device"):
+        pt.to_device(t, "gpu:0")
+    with pytest.raises(ValueError, match="CPU tensors"):
+        pt.to_device(torch.empty(4, device="meta"))
+
+
+requires_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                         reason="needs a CUDA build of PyTorch and a GPU")
+requires_two_gpus = pytest.mark.skipif(not torch.cuda.is_available()
+                                       or torch.cuda.device_count() < 2,
+                                       reason="needs two GPUs")
+
+
 @requires_cuda
 def test_to_device_and_back():
     for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.uint8):
@@ -88,6 +114,126 @@ def test_to_device_on_a_foreign_stream_keeps_torch_order(kind):
         d = pt.to_device(t, stream=handle)
     torch.cuda.synchronize()
     assert torch.equal(d.cpu(), t)
+
+
+def _stream_as(kind, side):
+    """side (a torch stream) as the stream= argument of a kind."""
+    if kind == "torch stream":
+        return side
+    if kind == "external stream":
+        return torch.cuda.ExternalStream(side.cuda_stream)
+    if kind == "int handle":
+        return side.cuda_stream
+    return getattr(pinmem, kind)  # STREAM_LEGACY, STREAM_PER_THREAD
+
+
+STREAM_KINDS = ["torch stream", "external stream", "int handle", "STREAM_LEGACY",
+                "STREAM_PER_THREAD"]
+
+
+@requires_cuda
+@requires_torch_cuda
+@pytest.mark.parametrize("kind", STREAM_KINDS + ["0", "pinmem.Stream"])
+def test_to_device_on_every_kind_of_stream(kind):
+    t = torch.randn(1 << 20)
+    if kind == "0":
+        d = pt.to_device(t, stream=0)
+    elif kind == "pinmem.Stream":
+        with pinmem.Stream() as s:
+            d = pt.to_device(t, stream=s)
+            s.synchronize()
+    else:
+        side = torch.cuda.Stream()
+        d = pt.to_device(t, stream=_stream_as(kind, side))
+    torch.cuda.synchronize()
+    assert d.device.type == "cuda" and torch.equal(d.cpu(), t)
+
+
+@requires_cuda
+@requires_torch_cuda
+@pytest.mark.parametrize("kind", STREAM_KINDS)
+def test_to_device_result_dropped_at_once_is_not_reused_under_the_copy(kind):
+    # The result's block must belong to the stream that writes it: were it
+    # the current stream's, freeing it would let the next allocation there
+    # take it while the copy, queued behind the side stream's work, still
+    # had to write it.
+    n = 1 << 22
+    t = torch.randn(n)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of the side stream's time
+    stream = _stream_as(kind, side)
+    if kind in ("STREAM_LEGACY", "STREAM_PER_THREAD"):
+        # these streams wait for no torch side stream: make them
+        pinmem._stream.wait_for(stream, side.cuda_stream)
+    d = pt.to_device(t, stream=stream)
+    del d
+    x = torch.full((n,), 7.0, device="cuda")
+    torch.cuda.synchronize()
+    assert torch.equal(x, torch.full((n,), 7.0, device="cuda"))
+
+
+@requires_cuda
+@requires_torch_cuda
+@pytest.mark.parametrize("kind", ["torch stream", "int handle", "STREAM_PER_THREAD"])
+def test_to_device_keeps_a_pinned_source_until_copied(kind):
+    # PyTorch's own non-blocking copy records the use with its pinned-memory
+    # cache; without that a source dropped at once would be handed out again
+    # (and overwritten) while the copy still had to read it.
+    n = 1 << 20
+    src = torch.randn(n).pin_memory()
+    expected = src.clone()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+    stream = _stream_as(kind, side)
+    if kind == "STREAM_PER_THREAD":
+        pinmem._stream.wait_for(stream, side.cuda_stream)
+    d = pt.to_device(src, stream=stream)
+    del src
+    again = torch.empty(n).pin_memory()  # the freed block, were it free
+    again.fill_(7.0)
+    torch.cuda.synchronize()
+    assert torch.equal(d.cpu(), expected)
+    pt.to_device(torch.ones(1))  # lets go of sources whose copies are done
+    torch.cuda.synchronize()
+    assert not pt._held
+
+
+@requires_cuda
+@requires_torch_cuda
+def test_to_device_refuses_a_stream_of_another_device():
+    s = torch.cuda.Stream()
+    other = (s.device.index + 1) % 8
+    with pytest.raises(ValueError, match="stream is on"):
+        pt.to_device(torch.ones(4), f"cuda:{other}", stream=s)
+
+
+@requires_cuda
+@requires_two_gpus
+def test_to_device_on_another_devices_stream():
+    t = torch.randn(1 << 20)
+    with torch.cuda.device(0):
+        s = torch.cuda.Stream(device=1)
+        d = pt.to_device(t, stream=s)  # on the stream's device, from its pool
+        assert d.device == torch.device("cuda", 1)
+        s.synchronize()
+        assert torch.equal(d.cpu(), t)
+
+
+@requires_cuda
+@requires_two_gpus
+def test_to_host_of_another_device_waits_for_its_stream():
+    # Copied on the tensor's device's current stream: on another device's
+    # legacy stream the copy would not wait for the fill.
+    n = 1 << 22
+    with torch.cuda.device(1):
+        x = torch.empty(n, device="cuda:1")
+        torch.cuda._sleep(200_000_000)
+        x.fill_(3.0)
+    with torch.cuda.device(0):
+        u = pt.to_host(x)
+    assert torch.equal(u, torch.full((n,), 3.0))
 
 
 @requires_cuda
