@@ -679,7 +679,7 @@ typedef struct pm_copy_stats {
     unsigned long long ring_buffer_bytes;
     char ring_note[224];
     /* pm_memcpy_batch_async: */
-    unsigned long long batch_calls;      /* calls that moved something */
+    unsigned long long batch_calls;      /* calls that succeeded, moving something */
     unsigned long long batch_copies;     /* their elements of more than 0 bytes */
     unsigned long long dma_batch_calls;  /* driver calls that queued several DMAs at once
                                             (cuMemcpyBatchAsync; posix: one stream task) */

@@ -1089,6 +1089,57 @@ static void failed_driver_batch_waits(void)
     set_batch(PM_COPY_BATCH_DEFAULT, PM_COPY_RING_DEFAULT, 0, 0, 0);
 }
 
+/* A copy that fails part way counts what it handed over before the
+ * failure: one element, a registered page then pageable bytes, to the
+ * device, whose pageable piece's copy fails after the page went. A failed
+ * pm_memcpy_async counts the page as direct bytes (copy.c counts each piece
+ * as it is queued), and so does a failed batch of the same element, by DMA
+ * or by the kernel (whose bytes are direct bytes, as in a batch that
+ * succeeds). The batch itself is not counted among the calls. */
+static void failed_batch_counts(void)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), tail = 100;
+    SCOPED_MALLOC uint8_t *block = malloc(3 * page);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(2 * page);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(block && dev);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    uint8_t *host = (uint8_t *)(((uintptr_t)block + page - 1) & ~(uintptr_t)(page - 1));
+    REQUIRE_PINNED(pm_mem_host_register(host, page, 0), "a one-page registration");
+    pm_deviceptr src = (pm_deviceptr)(uintptr_t)host;
+    size_t bytes = page + tail;
+    /* 0: pm_memcpy_async, whose second backend copy is the tail's (the
+     * driver's own path); 1: a batch, the DMA first, the staged tail's DMA
+     * second; 2: the kernel, then the staged tail's DMA, the first copy. */
+    static const pm_copy_batch ways[] = {PM_COPY_BATCH_GATHER, PM_COPY_BATCH_GATHER,
+                                         PM_COPY_BATCH_KERNEL};
+    static const int failing_pass[] = {2, 2, 1};
+    for (int way = 0; way < 3; way++) {
+        set_batch(ways[way], PM_COPY_RING_DEFAULT, 0, 0, 0);
+        const pm_copy_stats before = stats();
+        atomic_store(&pm__fault_backend_copy, failing_pass[way]);
+        pm_result r = way == 0 ? pm_memcpy_async(dev, src, bytes, s)
+                               : pm_memcpy_batch_async(&dev, &src, &bytes, 1, s);
+        const bool fired = atomic_load(&pm__fault_backend_copy) == 0;
+        atomic_store(&pm__fault_backend_copy, 0);
+        CHECK_RESULT(r, PM_ERROR_UNKNOWN);
+        CHECK(fired);
+        CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+        const pm_copy_stats after = stats();
+        const unsigned long long direct = after.direct_bytes - before.direct_bytes;
+        if (direct != page)
+            fprintf(stderr, "way %d: a failed copy counted %llu direct bytes, not the %zu sent\n",
+                    way, direct, page);
+        CHECK(direct == page);
+        CHECK(after.driver_bytes == before.driver_bytes);
+        CHECK(after.batch_calls == before.batch_calls);
+        if (way == 2)
+            CHECK(after.kernel_bytes - before.kernel_bytes == page);
+    }
+    set_batch(PM_COPY_BATCH_DEFAULT, PM_COPY_RING_DEFAULT, 0, 0, 0);
+    CHECK_RESULT(pm_mem_host_unregister(host), PM_SUCCESS);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -1100,6 +1151,7 @@ int main(void)
     bad_elements();
     empty_first_element();
     failed_driver_batch_waits();
+    failed_batch_counts();
     overlaps_random();
     overlaps_on_a_grid();
     many_allocations();

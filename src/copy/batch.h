@@ -59,6 +59,7 @@ typedef struct pm__segments {
 typedef struct pm__blocks {
     pm__block_copy *v;
     size_t n, cap;
+    unsigned long long bytes;
 } pm__blocks;
 
 bool pm__dmas_grow(pm__dmas *d, size_t hint);
@@ -94,6 +95,7 @@ static inline bool pm__blocks_add(pm__blocks *k, size_t hint, pm_deviceptr dst, 
     if (k->n == k->cap && !pm__blocks_grow(k, hint))
         return false;
     k->v[k->n++] = (pm__block_copy){.dst = dst, .src = src, .bytes = n};
+    k->bytes += n;
     return true;
 }
 
@@ -106,15 +108,16 @@ typedef struct pm__batch_plan {
     pm__dmas host;       /* host to host, each the backend's own copy */
     pm__segments staged[2]; /* pageable pieces through the staging engine, by direction */
     bool wait;           /* pageable destinations given to the driver: wait for the stream */
-    unsigned long long direct, driver;
+    unsigned long long direct, driver; /* of now and queued: page-locked, and the driver's */
 } pm__batch_plan;
 
 void pm__batch_plan_free(pm__batch_plan *p);
 
 /* Moves what p holds: the DMAs first, so the DMA engine works while the
  * threads gather, and the kernel's blocks; then host to host; then the staged
- * pieces, and a wait where p says so. one_call: the DMAs may go in one
- * driver call. */
+ * pieces, and a wait where p says so. Each part's bytes are counted once it
+ * is queued, failed call or not, as copy.c counts a copy's pieces. one_call:
+ * the DMAs may go in one driver call. */
 pm_result pm__batch_run(const pm__copy_settings *set, const pm__backend *b, pm__batch_plan *p,
                         pm_stream_t stream, bool one_call);
 

@@ -79,10 +79,15 @@ static pm_result out_of_memory(void)
     return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory", PM__BATCH_NAME);
 }
 
+static void count(_Atomic unsigned long long *counter, unsigned long long n)
+{
+    atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
+}
+
 /* The pageable pieces of one direction through the staging engine; where no
  * ring can be pinned, each through the backend's own path. */
 static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, pm__direction dir,
-                            const pm__segments *s, pm_stream_t stream, unsigned long long *driver)
+                            const pm__segments *s, pm_stream_t stream)
 {
     if (s->n == 0)
         return PM_SUCCESS;
@@ -98,9 +103,23 @@ static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, 
                                           PM__VIA_PAGEABLE);
         if (each != PM_SUCCESS)
             return each;
-        *driver += g->bytes;
+        count(&pm__copy_count.driver_bytes, g->bytes);
     }
     return PM_SUCCESS;
+}
+
+/* The blocks as DMAs, where no ring can be pinned for their lists. */
+static pm_result blocks_as_dmas(const pm__backend *b, const pm__blocks *k, pm_stream_t stream,
+                                bool one_call)
+{
+    pm__dmas d = {0};
+    bool ok = true;
+    for (size_t i = 0; i < k->n && ok; i++)
+        ok = pm__dmas_add(&d, k->n, k->v[i].dst, k->v[i].src, (size_t)k->v[i].bytes);
+    pm_result r = ok ? pm__copy_backend_batch(b, d.dst, d.src, d.bytes, d.n, 0, stream, one_call)
+                     : out_of_memory();
+    dmas_free(&d);
+    return r;
 }
 
 /* The page-locked blocks for the kernel, each list in a staging buffer;
@@ -112,15 +131,10 @@ static pm_result run_blocks(const pm__copy_settings *set, const pm__backend *b,
         return PM_SUCCESS;
     bool no_ring = false;
     pm_result r = pm__staged_blocks(set, k->v, k->n, stream, &no_ring);
-    if (!no_ring)
-        return r;
-    pm__dmas d = {0};
-    bool ok = true;
-    for (size_t i = 0; i < k->n && ok; i++)
-        ok = pm__dmas_add(&d, k->n, k->v[i].dst, k->v[i].src, (size_t)k->v[i].bytes);
-    r = ok ? pm__copy_backend_batch(b, d.dst, d.src, d.bytes, d.n, 0, stream, one_call)
-           : out_of_memory();
-    dmas_free(&d);
+    if (no_ring)
+        r = blocks_as_dmas(b, k, stream, one_call);
+    if (r == PM_SUCCESS)
+        count(&pm__copy_count.direct_bytes, k->bytes);
     return r;
 }
 
@@ -139,14 +153,18 @@ pm_result pm__batch_run(const pm__copy_settings *set, const pm__backend *b, pm__
         r = pm__copy_backend_batch(b, all->dst, all->src, all->bytes, all->n, now, stream,
                                    one_call);
     }
+    if (r == PM_SUCCESS) {
+        count(&pm__copy_count.direct_bytes, p->direct);
+        count(&pm__copy_count.driver_bytes, p->driver);
+    }
     if (r == PM_SUCCESS)
         r = run_blocks(set, b, &p->kernel, stream, one_call);
     for (size_t i = 0; i < p->host.n && r == PM_SUCCESS; i++)
         r = b->copy_any(p->host.dst[i], p->host.src[i], p->host.bytes[i], stream, false, false);
     if (r == PM_SUCCESS)
-        r = run_staged(set, b, PM__HTOD, &p->staged[PM__HTOD], stream, &p->driver);
+        r = run_staged(set, b, PM__HTOD, &p->staged[PM__HTOD], stream);
     if (r == PM_SUCCESS)
-        r = run_staged(set, b, PM__DTOH, &p->staged[PM__DTOH], stream, &p->driver);
+        r = run_staged(set, b, PM__DTOH, &p->staged[PM__DTOH], stream);
     if (p->wait) {
         /* Failed or not: once the call returns, the caller may free a pageable destination. */
         pm__detail_saved failure;
