@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "copy/copy.h"
+#include "copy/staging_engine.h"
 #include "errors.h"
 #include "copy_util.h"
 #include "threads.h"
@@ -1140,6 +1141,101 @@ static void failed_batch_counts(void)
     CHECK_RESULT(pm_mem_host_unregister(host), PM_SUCCESS);
 }
 
+/* While the ring is split (copies running both ways), a list of the
+ * kernel's blocks takes a buffer as a host-to-device piece would (its buffer
+ * counts as one): within that direction's half. Here two jobs run, one each
+ * way, and host to device holds its half of a ring of two: a batch of
+ * page-locked blocks then waits rather than take the one buffer left to the
+ * other direction, and goes on once host to device gives its buffer back. */
+typedef struct list_batch {
+    pm_deviceptr d[8], h[8];
+    size_t n[8];
+    pm_stream_t s;
+    pm_result r;
+    atomic_bool done;
+} list_batch;
+
+static void *run_list_batch(void *arg)
+{
+    list_batch *lb = arg;
+    lb->r = pm_memcpy_batch_async(lb->d, lb->h, lb->n, 8, lb->s);
+    if (lb->r == PM_SUCCESS)
+        lb->r = pm_stream_synchronize(lb->s);
+    atomic_store(&lb->done, true);
+    return NULL;
+}
+
+static void block_lists_keep_the_split(void)
+{
+    enum { N = 8, BYTES = 1000 };
+    pm_copy_config c = {.struct_size = sizeof c}, saved;
+    CHECK_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    saved = c;
+    SCOPED_MALLOC uint8_t *src = malloc(c.chunk_bytes);
+    SCOPED_HOST uint8_t *pinned = NULL;
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(c.chunk_bytes);
+    SCOPED_STREAM pm_stream_t s = NULL;
+    REQUIRE(src && dev);
+    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    REQUIRE_PINNED(pm_mem_alloc_host((void **)&pinned, N * BYTES), "an 8 KB host allocation");
+    c.buffers = 2;
+    c.ring = PM_COPY_RING_SPLIT;
+    c.batch = PM_COPY_BATCH_KERNEL;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    list_batch lb = {.s = s};
+    /* A staged copy starts the engine with this ring, split. */
+    fill(src, c.chunk_bytes, 91);
+    CHECK_RESULT(pm_memcpy_htod(dev, src, c.chunk_bytes), PM_SUCCESS);
+    engine *eng = &pm__staging_engines[(unsigned)test_backend()->device_in_use % PM__ENGINES_MAX];
+    pthread_mutex_lock(&eng->lock);
+    const bool ready = eng->started && eng->ring_split && eng->n_buffers == 2 &&
+                       eng->queue_count == 2;
+    buffer *held = NULL;
+    if (ready) { /* both ways running, the oldest free buffer a host-to-device piece's */
+        eng->running[PM__HTOD]++;
+        eng->running[PM__DTOH]++;
+        held = &eng->ring[eng->queue[eng->queue_head]];
+        eng->queue_head = (eng->queue_head + 1) % eng->n_buffers;
+        eng->queue_count--;
+        held->dir = PM__HTOD;
+        eng->held[PM__HTOD]++;
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (!ready) {
+        printf("skipped: %s: the ring is not two free buffers, split\n", __func__);
+        CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+        return;
+    }
+    fill(pinned, N * BYTES, 92);
+    for (int i = 0; i < N; i++) {
+        lb.h[i] = (pm_deviceptr)(uintptr_t)(pinned + i * BYTES);
+        lb.d[i] = dev + (pm_deviceptr)((i * 3) % N) * BYTES;
+        lb.n[i] = BYTES;
+    }
+    pthread_t t;
+    const bool started = pthread_create(&t, NULL, run_list_batch, &lb) == 0;
+    CHECK(started);
+    usleep(100000);
+    pthread_mutex_lock(&eng->lock);
+    const bool went_on = atomic_load(&lb.done), other_half_free = eng->queue_count == 1;
+    pm__staging_give_buffer(eng, held);
+    pm__staging_count_running(eng, PM__DTOH, -1);
+    pm__staging_count_running(eng, PM__HTOD, -1);
+    pthread_mutex_unlock(&eng->lock);
+    if (went_on)
+        fprintf(stderr, "a list of blocks took the buffer of the other direction's half\n");
+    CHECK(!went_on && other_half_free);
+    if (started)
+        pthread_join(t, NULL);
+    CHECK_RESULT(lb.r, PM_SUCCESS);
+    uint8_t back[BYTES];
+    for (int i = 0; i < N; i++) {
+        CHECK_RESULT(pm_memcpy_dtoh(back, lb.d[i], BYTES), PM_SUCCESS);
+        CHECK(memcmp(back, pinned + i * BYTES, BYTES) == 0);
+    }
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -1152,6 +1248,7 @@ int main(void)
     empty_first_element();
     failed_driver_batch_waits();
     failed_batch_counts();
+    block_lists_keep_the_split();
     overlaps_random();
     overlaps_on_a_grid();
     many_allocations();

@@ -271,7 +271,7 @@ pm_result pm__staged_segments(const pm__copy_settings *set, pm__direction dir,
     return staged(set, dir, segs, n, bytes, stream, false, kernel, no_ring);
 }
 
-/* lock held: the oldest free buffer, for a list of blocks (there is one).
+/* lock held: the oldest free buffer, for a list of blocks (one it may take).
  * It counts as a host-to-device buffer while held (pm__staging_give_buffer). */
 static buffer *take_buffer(engine *eng)
 {
@@ -304,7 +304,9 @@ pm_result pm__staged_blocks(const pm__copy_settings *set, const pm__block_copy *
     unsigned long long bytes = 0;
     for (size_t done = 0; done < n && r == PM_SUCCESS;) {
         bool woke = false;
-        while (eng->queue_count == 0) {
+        /* As a host-to-device piece: within that direction's half while the
+         * ring is split, so that copies from the device keep theirs. */
+        while (!pm__staging_may_take_buffer(eng, PM__HTOD)) {
             pthread_cond_wait(&eng->buffer_freed, &eng->lock);
             woke = true;
         }

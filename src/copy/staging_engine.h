@@ -268,6 +268,9 @@ pm_result pm__staging_twin_scatter(const pm__backend *be, job *j, buffer *b);
 pm_result pm__staging_twin_join(const pm__backend *be, const job *j);
 
 /* staging_slices.c: claiming and running slices, the DMAs and the waits. */
+/* lock held: whether a piece of direction dir may take a free buffer now:
+ * one is free and, while the ring is split, dir holds less than its half. */
+bool pm__staging_may_take_buffer(const engine *eng, pm__direction dir);
 /* lock held: takes j off the list of active jobs. */
 void pm__staging_unlist(job *j);
 /* lock held: a slice of only, or (only NULL) of the first claimable job from

@@ -30,8 +30,7 @@ static unsigned share_of(const engine *eng, pm__direction dir)
     return dir == PM__DTOH ? dtoh : eng->n_buffers - dtoh;
 }
 
-/* lock held: whether a piece of direction dir may take a free buffer now. */
-static bool may_take_buffer(const engine *eng, pm__direction dir)
+bool pm__staging_may_take_buffer(const engine *eng, pm__direction dir)
 {
     return eng->queue_count > 0 && eng->held[dir] < share_of(eng, dir);
 }
@@ -71,7 +70,7 @@ static bool claimable(const job *j)
 {
     if (j->current || j->ahead_count > 0)
         return true;
-    return j->next_offset < j->bytes && may_take_buffer(j->eng, j->dir);
+    return j->next_offset < j->bytes && pm__staging_may_take_buffer(j->eng, j->dir);
 }
 
 /* lock held: j's next piece in the oldest free buffer (there is one). */
@@ -355,8 +354,8 @@ void pm__staging_queue_ahead_up_to(job *j, unsigned most)
         return;
     }
     j->queuing_ahead = true;
-    while (j->error == PM_SUCCESS && j->next_offset < j->bytes && may_take_buffer(eng, j->dir) &&
-           j->ahead_count < most) {
+    while (j->error == PM_SUCCESS && j->next_offset < j->bytes &&
+           pm__staging_may_take_buffer(eng, j->dir) && j->ahead_count < most) {
         buffer *b = start_piece(j);
         b->dma = DMA_QUEUING;
         j->ahead[(j->ahead_head + j->ahead_count++) % AHEAD_MAX] = b;
