@@ -311,24 +311,35 @@ static void *synchronize_event(void *event)
 /* While one thread waits in pm_event_synchronize, a query of the same event
  * answers NOT_READY at once and a wait on it is queued at once, as the
  * driver's do: the thread asking may be the one that would end the work. */
+/* A new stream a whose work waits at the gate, a new event e recorded behind
+ * it, and a thread synchronizing e (with one that opens the gate should the
+ * case wait for the work); false where they could not be made. */
+static bool start_synchronizing(pm_stream_t *a, pm_event_t *e, pthread_t *syncer,
+                                pthread_t *opener)
+{
+    if (pm_stream_create(a) != PM_SUCCESS || pm_event_create(e) != PM_SUCCESS)
+        return false;
+    reset_gate();
+    CHECK_RESULT(pm_stream_launch_host_func(*a, wait_gate, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(*e, *a), PM_SUCCESS);
+    if (pthread_create(opener, NULL, open_gate_if_stuck, NULL) != 0)
+        return false;
+    if (pthread_create(syncer, NULL, synchronize_event, *e) != 0) {
+        atomic_store(&gate_open, 1);
+        pthread_join(*opener, NULL);
+        return false;
+    }
+    usleep(50000); /* the synchronization waits by now */
+    return true;
+}
+
 static void query_while_synchronizing(void)
 {
     pm_stream_t a = NULL, b = NULL;
     pm_event_t e = NULL;
-    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
-    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
-    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
-    reset_gate();
-    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
-    CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
     pthread_t syncer, opener;
-    REQUIRE(pthread_create(&opener, NULL, open_gate_if_stuck, NULL) == 0);
-    if (pthread_create(&syncer, NULL, synchronize_event, e) != 0) {
-        atomic_store(&gate_open, 1);
-        pthread_join(opener, NULL);
-        REQUIRE(!"a thread to synchronize");
-    }
-    usleep(50000); /* the synchronization waits by now */
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE(start_synchronizing(&a, &e, &syncer, &opener));
     CHECK_RESULT(pm_event_query(e), PM_ERROR_NOT_READY);
     CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS);
     CHECK(atomic_load(&gate_open) == 0); /* neither waited for the work */
@@ -349,19 +360,8 @@ static void destroy_while_synchronizing(void)
 {
     pm_stream_t a = NULL;
     pm_event_t e = NULL;
-    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
-    REQUIRE_RESULT(pm_event_create(&e), PM_SUCCESS);
-    reset_gate();
-    CHECK_RESULT(pm_stream_launch_host_func(a, wait_gate, NULL), PM_SUCCESS);
-    CHECK_RESULT(pm_event_record(e, a), PM_SUCCESS);
     pthread_t syncer, opener;
-    REQUIRE(pthread_create(&opener, NULL, open_gate_if_stuck, NULL) == 0);
-    if (pthread_create(&syncer, NULL, synchronize_event, e) != 0) {
-        atomic_store(&gate_open, 1);
-        pthread_join(opener, NULL);
-        REQUIRE(!"a thread to synchronize");
-    }
-    usleep(50000); /* the synchronization waits by now */
+    REQUIRE(start_synchronizing(&a, &e, &syncer, &opener));
     CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
     CHECK(atomic_load(&gate_open) == 0); /* the destroy did not wait for the work */
     CHECK_RESULT(pm_event_query(e), PM_ERROR_INVALID_HANDLE);
