@@ -1,7 +1,7 @@
 /* The live-handle set alone: random adds, removes and lookups against a
  * brute-force model (with handles packed close, so that probe runs wrap and
- * removals shift members back), then threads adding and removing their own
- * handles while others look them up. */
+ * removals shift members back), the lookup that runs a callback for a member,
+ * then threads adding and removing their own handles while others look them up. */
 #include <pthread.h>
 #include <stdint.h>
 
@@ -100,9 +100,36 @@ static void thread_test(void)
     free(shared.slots);
 }
 
+/* contains_then runs its callback for a member only, with the handle. */
+static const void *seen;
+static int calls;
+static void note_then(const void *h)
+{
+    seen = h;
+    calls++;
+}
+
+static void then_test(void)
+{
+    static char a, b;
+    pm__handle_set set = PM__HANDLE_SET_INIT;
+    CHECK(!pm__handle_set_contains_then(&set, &a, note_then)); /* never grown */
+    CHECK(pm__handle_set_add(&set, &a));
+    CHECK(!pm__handle_set_contains_then(&set, &b, note_then));
+    CHECK(!pm__handle_set_contains_then(&set, NULL, note_then));
+    CHECK(calls == 0);
+    CHECK(pm__handle_set_contains_then(&set, &a, note_then));
+    CHECK(calls == 1 && seen == &a);
+    CHECK(pm__handle_set_remove(&set, &a));
+    CHECK(!pm__handle_set_contains_then(&set, &a, note_then));
+    CHECK(calls == 1);
+    free(set.slots);
+}
+
 int main(void)
 {
     model_test();
+    then_test();
     thread_test();
     printf("handle set: %s\n", check_failures ? "FAILED" : "ok");
     return check_failures ? 1 : 0;
