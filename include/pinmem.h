@@ -200,8 +200,8 @@ typedef struct pm_setting {
     const char *name;          /* "PINMEM_COPY_CHUNK" */
     char value[32];            /* "4M", "15", "auto", "-1" */
     const char *source;        /* "default", "environment" or "code" */
-    const char *default_value; /* "4M", "cores - 1, at most 15" */
-    const char *allowed;       /* "64K to 256M; 0: the default" */
+    const char *default_value; /* "4M", "usable CPUs - 1, from 1 to 15" */
+    const char *allowed;       /* "64K to 256M, in whole pages; 0: the default" */
     const char *doc;           /* what it does, in a line */
 } pm_setting;
 

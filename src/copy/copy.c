@@ -9,9 +9,9 @@
 #include "../instance.h"
 #include "copy.h"
 
-/* The bytes of a registered range the driver registered (its extent is
- * page-rounded; the driver knows only the bytes). Other kinds: all of the
- * extent is registered. */
+/* The bytes of a range the driver has registered: all of its extent, since
+ * a user's registration claims exactly its bytes, as the driver's does, and
+ * every other kind is pinned over its whole extent. */
 static void pinned_bytes(const pm__range *r, uintptr_t *lo, uintptr_t *hi)
 {
     *lo = r->kind == PM__RANGE_REGISTERED ? r->base : r->pin_base;

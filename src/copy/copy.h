@@ -6,8 +6,10 @@
  *
  * The files call downwards only, in this order (docs/design.md, checked by
  * tests/check_layers.sh):
- *   memcopy, counters, backend_copy, store_choice   CPU copies, counters, the backend's copy calls
+ *   memcopy, counters, trace, backend_copy,         CPU copies, counters, the engine's trace,
+ *   store_choice                                    the backend's copy calls
  *   settings                                        the settings in effect and their gate
+ *   plan                                            how a staged job is cut into pieces
  *   staging_*, staging, regcache                    the staging engines, the registration cache
  *   copy                                            pm_memcpy_htod/dtoh[_async]: the front end
  *   memcpy                                          pm_memcpy[_async], pm_device_alloc/free
