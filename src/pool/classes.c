@@ -30,7 +30,8 @@ void pm__classes_init(void)
 {
     for (unsigned c = 0; c < PM__POOL_CLASSES; c++) {
         size_t size = size_of_class(c);
-        size_t cap = ((size_t)128 << 10) / size; /* at most 128 KiB a class */
+        /* About 128 KiB a class, at most 32 blocks, and one block of the larger ones. */
+        size_t cap = ((size_t)128 << 10) / size;
         pm__classes[c] = (pm__class_info){
             .size = (uint32_t)size,
             .run_pages = (uint32_t)run_pages_of_class(size),
