@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "copy/copy.h"
@@ -984,6 +985,55 @@ static void budget(void)
     REQUIRE_PINNED(pm_mem_alloc_host(&big, 4 << 20), "a 4 MiB host allocation");
 }
 
+/* pm_copy_set_config waits for the copies in flight, not for every copy
+ * that starts while it waits: four threads that copy without a pause, so
+ * that one of them always holds the gate, once kept it out until they
+ * stopped. */
+static atomic_bool config_changed;
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *copy_until_changed(void *arg)
+{
+    const size_t n = 1 << 20;
+    double *give_up = arg;
+    SCOPED_MALLOC uint8_t *src = malloc(n);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
+    REQUIRE_OR(src && dev, NULL);
+    fill(src, n, 5);
+    while (!atomic_load(&config_changed) && seconds_now() < *give_up)
+        CHECK_RESULT(pm_memcpy_dtoh(src, dev, n), PM_SUCCESS);
+    return NULL;
+}
+
+static void config_amid_copies(void)
+{
+    pm_copy_config c = {.struct_size = sizeof c};
+    REQUIRE_RESULT(pm_copy_get_config(&c), PM_SUCCESS);
+    double give_up = seconds_now() + 10;
+    atomic_store(&config_changed, false);
+    pthread_t t[4];
+    double args[4] = {give_up, give_up, give_up, give_up};
+    unsigned started = start_threads(t, 4, copy_until_changed, args, sizeof args[0]);
+    CHECK(started == 4);
+    usleep(100000); /* the copies are under way */
+    c.spin_us = c.spin_us == UINT_MAX ? 100 : UINT_MAX;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    const double changed_at = seconds_now();
+    atomic_store(&config_changed, true);
+    join_threads(t, started);
+    if (changed_at >= give_up - 1)
+        fprintf(stderr, "pm_copy_set_config waited until the copies stopped\n");
+    CHECK(changed_at < give_up - 1);
+    c.spin_us = c.spin_us == UINT_MAX ? 100 : UINT_MAX;
+    CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -1013,5 +1063,6 @@ int main(void)
     store_kinds();
     learnt_stores();
     budget();
+    config_amid_copies();
     return check_finish("test_copy");
 }

@@ -13,6 +13,15 @@
 #include "copy.h"
 
 static pthread_rwlock_t gate = PTHREAD_RWLOCK_INITIALIZER;
+/* Held by a thread waiting to change the settings, and passed by every copy
+ * on its way to the gate: a change waits for the copies in flight only, not
+ * for each copy that starts meanwhile, as readers of the gate (preferred by
+ * glibc) would keep it out for as long as they overlap. */
+static pthread_mutex_t turnstile = PTHREAD_MUTEX_INITIALIZER;
+/* How many times the calling thread holds the gate for reading: one that
+ * enters again (the statistics, read from inside a copy) must not wait at
+ * the turnstile behind a change that waits for it. */
+static _Thread_local unsigned gate_depth;
 static pthread_once_t defaults_once = PTHREAD_ONCE_INIT;
 static pm__copy_settings settings;
 /* The environment's values (0 where it names none), and the configuration
@@ -304,6 +313,10 @@ static void choose_defaults(void)
 const pm__copy_settings *pm__copy_enter(void)
 {
     pthread_once(&defaults_once, choose_defaults);
+    if (gate_depth++ == 0) {
+        pthread_mutex_lock(&turnstile);
+        pthread_mutex_unlock(&turnstile);
+    }
     pthread_rwlock_rdlock(&gate);
     return &settings;
 }
@@ -311,8 +324,15 @@ const pm__copy_settings *pm__copy_enter(void)
 pm__copy_settings *pm__copy_enter_to_change(void)
 {
     pthread_once(&defaults_once, choose_defaults);
+    pthread_mutex_lock(&turnstile);
     pthread_rwlock_wrlock(&gate);
+    pthread_mutex_unlock(&turnstile);
     return &settings;
 }
 
-void pm__copy_leave(void) { pthread_rwlock_unlock(&gate); }
+void pm__copy_leave(void)
+{
+    if (gate_depth) /* 0 for the thread that changed the settings */
+        gate_depth--;
+    pthread_rwlock_unlock(&gate);
+}
