@@ -636,7 +636,9 @@ typedef struct pm_copy_config {
 
 /* config and its struct_size are checked. */
 PM_API pm_result pm_copy_get_config(pm_copy_config *config);
-/* Waits for copies in flight, then applies config to the copies after it.
+/* Waits for copies in flight, then applies config to the copies after it;
+ * copies that start while it waits wait for it, so a copy in flight must not
+ * wait (through stream work, say) for one another thread starts later.
  * config and its struct_size are checked, and each field against its limits
  * (above): a field outside them is PM_ERROR_INVALID_VALUE, with a detail
  * naming it, and nothing changes. */
