@@ -568,6 +568,132 @@ static void non_portable_memory_on_another_device(void)
     CHECK_RESULT(pm_mem_free_host(mine), PM_SUCCESS);
 }
 
+/* What one kind of pinned memory answers to the host-memory queries. */
+typedef struct host_answers {
+    pm_result flags_r, pointer_r, range_r;
+    unsigned flags;
+    bool pointer_is_p; /* the device pointer is the host address (unified addressing) */
+    bool range_is_p;   /* the range is [p, p + bytes) */
+} host_answers;
+
+typedef struct host_query {
+    void *p;
+    size_t bytes;
+    bool driver; /* asked of the driver, else of pinmem */
+    host_answers got;
+} host_query;
+
+/* In the current context: the flags, device pointer and address range of q->p. */
+static void ask_host_queries(void *arg)
+{
+    host_query *q = arg;
+    host_answers *a = &q->got;
+    pm_deviceptr dptr = 0, base = 0;
+    size_t size = 0;
+    if (q->driver) {
+        pm_result r = PM_SUCCESS;
+        const pm__cuda_api *cu = pm__cuda_api_load(&r);
+        CUdeviceptr d = 0, b = 0;
+        a->flags_r = (pm_result)cu->mem_host_get_flags(&a->flags, q->p);
+        a->pointer_r = (pm_result)cu->mem_host_get_device_pointer(&d, q->p, 0);
+        a->range_r = (pm_result)cu->mem_get_address_range(&b, &size, (CUdeviceptr)(uintptr_t)q->p);
+        dptr = d;
+        base = b;
+    } else {
+        a->flags_r = pm_mem_host_get_flags(&a->flags, q->p);
+        a->pointer_r = pm_mem_host_get_device_pointer(&dptr, q->p, 0);
+        a->range_r = pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)q->p);
+    }
+    a->pointer_is_p = dptr == (pm_deviceptr)(uintptr_t)q->p;
+    a->range_is_p = base == (pm_deviceptr)(uintptr_t)q->p && size == q->bytes;
+}
+
+enum { host_kinds = 3 };
+static const char *const host_kind_names[host_kinds] = {"alloc(0)", "alloc(PORTABLE)",
+                                                        "register(0)"};
+
+/* Makes kind k of pinned memory with the driver in the device in use's
+ * primary context (driver) or with pinmem; NULL where it could not. */
+static void *pin_kind(int k, size_t bytes, bool driver, void *registered)
+{
+    void *p = NULL;
+    pm_result r = PM_SUCCESS;
+    const pm__cuda_api *cu = pm__cuda_api_load(&r);
+    if (!driver) {
+        r = k == 2 ? pm_mem_host_register(registered, bytes, 0)
+                   : pm_mem_host_alloc(&p, bytes, k == 1 ? PM_MEMHOSTALLOC_PORTABLE : 0);
+        return r == PM_SUCCESS ? (k == 2 ? registered : p) : NULL;
+    }
+    CUdevice dev;
+    CUcontext ctx, popped;
+    if (!cu || cu->device_get(&dev, backend()->device_in_use) != CUDA_SUCCESS ||
+        cu->primary_ctx_retain(&ctx, dev) != CUDA_SUCCESS)
+        return NULL;
+    CUresult rc = CUDA_ERROR_UNKNOWN;
+    if (cu->ctx_push(ctx) == CUDA_SUCCESS) {
+        rc = k == 2 ? cu->mem_host_register(registered, bytes, 0)
+                    : cu->mem_host_alloc(&p, bytes, k == 1 ? CU_MEMHOSTALLOC_PORTABLE : 0);
+        cu->ctx_pop(&popped);
+    }
+    cu->primary_ctx_release(dev);
+    return rc == CUDA_SUCCESS ? (k == 2 ? registered : p) : NULL;
+}
+
+static void unpin_kind(int k, void *p, bool driver)
+{
+    pm_result r = PM_SUCCESS;
+    const pm__cuda_api *cu = pm__cuda_api_load(&r);
+    if (driver)
+        CHECK(cu && (k == 2 ? cu->mem_host_unregister(p) : cu->mem_free_host(p)) == CUDA_SUCCESS);
+    else
+        CHECK_RESULT(k == 2 ? pm_mem_host_unregister(p) : pm_mem_free_host(p), PM_SUCCESS);
+}
+
+/* Pinned memory of each kind, made on the device in use, asked about in
+ * another device's context: pinmem answers as the driver does
+ * (docs/driver-behavior.md, "Several devices"). */
+static void host_queries_on_another_device(void)
+{
+    NEED_TWO_DEVICES();
+    const pm__backend *b = backend();
+    REQUIRE(b);
+    const int other = b->device_in_use == 0 ? 1 : 0;
+    const size_t bytes = (size_t)1 << 20;
+    for (int k = 0; k < host_kinds; k++) {
+        host_query q[2] = {{.bytes = bytes, .driver = true}, {.bytes = bytes, .driver = false}};
+        void *plain[2] = {NULL, NULL};
+        for (int i = 0; i < 2; i++) {
+            plain[i] = k == 2 ? aligned_alloc(4096, bytes) : NULL;
+            q[i].p = k == 2 && !plain[i] ? NULL : pin_kind(k, bytes, q[i].driver, plain[i]);
+            CHECK(q[i].p != NULL);
+            if (q[i].p)
+                CHECK_RESULT(in_device_context(other, ask_host_queries, &q[i]), PM_SUCCESS);
+        }
+        const host_answers *d = &q[0].got, *m = &q[1].got;
+        printf("%s from device %d's context, driver / pinmem: flags %s 0x%x / %s 0x%x, device "
+               "pointer %s%s / %s%s, range %s%s / %s%s\n",
+               host_kind_names[k], other, pm_result_name(d->flags_r), d->flags,
+               pm_result_name(m->flags_r), m->flags, pm_result_name(d->pointer_r),
+               d->pointer_is_p ? " (p)" : "", pm_result_name(m->pointer_r),
+               m->pointer_is_p ? " (p)" : "", pm_result_name(d->range_r),
+               d->range_is_p ? " (p, bytes)" : "", pm_result_name(m->range_r),
+               m->range_is_p ? " (p, bytes)" : "");
+        if (q[0].p && q[1].p) {
+            CHECK_RESULT(m->flags_r, d->flags_r);
+            CHECK(d->flags_r != PM_SUCCESS || m->flags == d->flags);
+            CHECK_RESULT(m->pointer_r, d->pointer_r);
+            CHECK(d->pointer_r != PM_SUCCESS || m->pointer_is_p == d->pointer_is_p);
+            CHECK_RESULT(m->range_r, d->range_r);
+            CHECK(d->range_r != PM_SUCCESS || m->range_is_p == d->range_is_p);
+        }
+        for (int i = 0; i < 2; i++) {
+            if (q[i].p)
+                unpin_kind(k, q[i].p, q[i].driver);
+            free(plain[i]);
+        }
+    }
+}
+
 typedef struct device_copy {
     int ordinal;
     size_t bytes;
@@ -742,6 +868,7 @@ static void streams_of_another_device(void)
 static void streams_of_another_device(void) { NEED_TWO_DEVICES(); }
 static void portable_memory_on_another_device(void) { NEED_TWO_DEVICES(); }
 static void non_portable_memory_on_another_device(void) { NEED_TWO_DEVICES(); }
+static void host_queries_on_another_device(void) { NEED_TWO_DEVICES(); }
 static void copies_to_two_devices_at_once(void) { NEED_TWO_DEVICES(); }
 #endif
 
@@ -767,6 +894,7 @@ int main(int argc, char **argv)
     devices_are_distinct();
     portable_memory_on_another_device();
     non_portable_memory_on_another_device();
+    host_queries_on_another_device();
     copies_to_two_devices_at_once();
     streams_of_another_device();
     return check_finish("devices");
