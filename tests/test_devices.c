@@ -612,31 +612,37 @@ enum { host_kinds = 3 };
 static const char *const host_kind_names[host_kinds] = {"alloc(0)", "alloc(PORTABLE)",
                                                         "register(0)"};
 
+typedef struct driver_pin {
+    int kind;
+    size_t bytes;
+    void *p; /* the memory to register, or the allocation made */
+    CUresult rc;
+} driver_pin;
+
+static void pin_with_driver(void *arg)
+{
+    driver_pin *d = arg;
+    pm_result r = PM_SUCCESS;
+    const pm__cuda_api *cu = pm__cuda_api_load(&r);
+    d->rc = !cu             ? CUDA_ERROR_NOT_INITIALIZED
+            : d->kind == 2 ? cu->mem_host_register(d->p, d->bytes, 0)
+                           : cu->mem_host_alloc(&d->p, d->bytes,
+                                                d->kind == 1 ? CU_MEMHOSTALLOC_PORTABLE : 0);
+}
+
 /* Makes kind k of pinned memory with the driver in the device in use's
  * primary context (driver) or with pinmem; NULL where it could not. */
 static void *pin_kind(int k, size_t bytes, bool driver, void *registered)
 {
+    if (driver) {
+        driver_pin d = {k, bytes, registered, CUDA_ERROR_UNKNOWN};
+        pm_result r = in_device_context(backend()->device_in_use, pin_with_driver, &d);
+        return r == PM_SUCCESS && d.rc == CUDA_SUCCESS ? d.p : NULL;
+    }
     void *p = NULL;
-    pm_result r = PM_SUCCESS;
-    const pm__cuda_api *cu = pm__cuda_api_load(&r);
-    if (!driver) {
-        r = k == 2 ? pm_mem_host_register(registered, bytes, 0)
-                   : pm_mem_host_alloc(&p, bytes, k == 1 ? PM_MEMHOSTALLOC_PORTABLE : 0);
-        return r == PM_SUCCESS ? (k == 2 ? registered : p) : NULL;
-    }
-    CUdevice dev;
-    CUcontext ctx, popped;
-    if (!cu || cu->device_get(&dev, backend()->device_in_use) != CUDA_SUCCESS ||
-        cu->primary_ctx_retain(&ctx, dev) != CUDA_SUCCESS)
-        return NULL;
-    CUresult rc = CUDA_ERROR_UNKNOWN;
-    if (cu->ctx_push(ctx) == CUDA_SUCCESS) {
-        rc = k == 2 ? cu->mem_host_register(registered, bytes, 0)
-                    : cu->mem_host_alloc(&p, bytes, k == 1 ? CU_MEMHOSTALLOC_PORTABLE : 0);
-        cu->ctx_pop(&popped);
-    }
-    cu->primary_ctx_release(dev);
-    return rc == CUDA_SUCCESS ? (k == 2 ? registered : p) : NULL;
+    pm_result r = k == 2 ? pm_mem_host_register(registered, bytes, 0)
+                         : pm_mem_host_alloc(&p, bytes, k == 1 ? PM_MEMHOSTALLOC_PORTABLE : 0);
+    return r == PM_SUCCESS ? (k == 2 ? registered : p) : NULL;
 }
 
 static void unpin_kind(int k, void *p, bool driver)
