@@ -645,14 +645,26 @@ static void *pin_kind(int k, size_t bytes, bool driver, void *registered)
     return r == PM_SUCCESS ? (k == 2 ? registered : p) : NULL;
 }
 
-static void unpin_kind(int k, void *p, bool driver)
+static void unpin_with_driver(void *arg)
 {
+    driver_pin *d = arg;
     pm_result r = PM_SUCCESS;
     const pm__cuda_api *cu = pm__cuda_api_load(&r);
-    if (driver)
-        CHECK(cu && (k == 2 ? cu->mem_host_unregister(p) : cu->mem_free_host(p)) == CUDA_SUCCESS);
-    else
+    d->rc = !cu             ? CUDA_ERROR_NOT_INITIALIZED
+            : d->kind == 2 ? cu->mem_host_unregister(d->p)
+                           : cu->mem_free_host(d->p);
+}
+
+static void unpin_kind(int k, void *p, bool driver)
+{
+    if (driver) {
+        driver_pin d = {k, 0, p, CUDA_ERROR_UNKNOWN};
+        CHECK_RESULT(in_device_context(backend()->device_in_use, unpin_with_driver, &d),
+                     PM_SUCCESS);
+        CHECK(d.rc == CUDA_SUCCESS);
+    } else {
         CHECK_RESULT(k == 2 ? pm_mem_host_unregister(p) : pm_mem_free_host(p), PM_SUCCESS);
+    }
 }
 
 /* Pinned memory of each kind, made on the device in use, asked about in
