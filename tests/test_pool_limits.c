@@ -107,10 +107,10 @@ static void beyond_limit_fails(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
-/* A 2 GiB allocation the limit dooms fails within 200 ms, locks nothing and
- * touches no memory: from a fresh pool, and from one that has memory. The
- * bounds are loose; refusing after touching the pages takes seconds and
- * the whole size in RSS. */
+/* A 2 GiB allocation the limit dooms fails within a second, locks nothing
+ * and touches no memory: from a fresh pool, and from one that has memory.
+ * The bounds are loose (a sanitizer build on a busy machine took 0.23 s);
+ * refusing after touching the pages takes seconds and the whole size in RSS. */
 static void refusal_is_cheap(void)
 {
     for (int has_memory = 0; has_memory <= 1; has_memory++) {
@@ -124,11 +124,11 @@ static void refusal_is_cheap(void)
         CHECK_RESULT(pm_mem_alloc_from_pool(&p, (size_t)2 << 30, pool), PM_ERROR_OUT_OF_MEMORY);
         double took = now() - t0;
         unsigned long long rss_after = peak_rss_kib(), locked_after = locked_kib();
-        if (took >= 0.2 || rss_after > rss + 32 * 1024 || locked_after > locked)
+        if (took >= 1.0 || rss_after > rss + 32 * 1024 || locked_after > locked)
             fprintf(stderr, "refusing 2 GiB took %.3f s, peak RSS %llu -> %llu KiB, locked %llu -> "
                             "%llu KiB\n",
                     took, rss, rss_after, locked, locked_after);
-        CHECK(took < 0.2);
+        CHECK(took < 1.0);
         CHECK(rss_after <= rss + 32 * 1024);
         CHECK(locked_after <= locked);
         if (small)
