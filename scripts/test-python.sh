@@ -33,7 +33,9 @@ preload=
 if [[ $dir == *address* ]]; then
     # An AddressSanitizer build of the library in an ordinary interpreter: the
     # runtime goes first; the interpreter's own leaks at exit are not ours.
-    preload=$(gcc -print-file-name=libasan.so)
+    # libstdc++ is loaded at start too, or the runtime finds no __cxa_throw to
+    # forward to and aborts at the first C++ exception (PyTorch's, say).
+    preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)"
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 fi
 echo "== Python suites ($py, $dir/libpinmem.so)"
