@@ -397,11 +397,6 @@ static pm_result take_element(batch *c, size_t i, pm_deviceptr dst, pm_deviceptr
     return ok ? PM_SUCCESS : pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory", name);
 }
 
-static void count(_Atomic unsigned long long *counter, unsigned long long n)
-{
-    atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
-}
-
 static pm_result check_arrays(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
                               const size_t *sizes, size_t n)
 {
@@ -505,8 +500,8 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
     /* The bytes were counted as they went (batch_run.c); the call counts
      * where it succeeded. */
     if (r == PM_SUCCESS) {
-        count(&pm__copy_count.batch_calls, copies > 0);
-        count(&pm__copy_count.batch_copies, copies);
+        pm__count(&pm__copy_count.batch_calls, copies > 0);
+        pm__count(&pm__copy_count.batch_copies, copies);
     }
     pm__batch_plan_free(&c.plan);
     return r;

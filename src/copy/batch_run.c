@@ -79,11 +79,6 @@ static pm_result out_of_memory(void)
     return pm__fail(PM_ERROR_OUT_OF_MEMORY, "%s: out of memory", PM__BATCH_NAME);
 }
 
-static void count(_Atomic unsigned long long *counter, unsigned long long n)
-{
-    atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
-}
-
 /* The pageable pieces of one direction through the staging engine; where no
  * ring can be pinned, each through the backend's own path. */
 static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, pm__direction dir,
@@ -103,7 +98,7 @@ static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, 
                                           PM__VIA_PAGEABLE);
         if (each != PM_SUCCESS)
             return each;
-        count(&pm__copy_count.driver_bytes, g->bytes);
+        pm__count(&pm__copy_count.driver_bytes, g->bytes);
     }
     return PM_SUCCESS;
 }
@@ -134,7 +129,7 @@ static pm_result run_blocks(const pm__copy_settings *set, const pm__backend *b,
     if (no_ring)
         r = blocks_as_dmas(b, k, stream, one_call);
     if (r == PM_SUCCESS)
-        count(&pm__copy_count.direct_bytes, k->bytes);
+        pm__count(&pm__copy_count.direct_bytes, k->bytes);
     return r;
 }
 
@@ -154,11 +149,10 @@ pm_result pm__batch_run(const pm__copy_settings *set, const pm__backend *b, pm__
                                    one_call);
     }
     if (r == PM_SUCCESS) {
-        count(&pm__copy_count.direct_bytes, p->direct);
-        count(&pm__copy_count.driver_bytes, p->driver);
-    }
-    if (r == PM_SUCCESS)
+        pm__count(&pm__copy_count.direct_bytes, p->direct);
+        pm__count(&pm__copy_count.driver_bytes, p->driver);
         r = run_blocks(set, b, &p->kernel, stream, one_call);
+    }
     for (size_t i = 0; i < p->host.n && r == PM_SUCCESS; i++)
         r = b->copy_any(p->host.dst[i], p->host.src[i], p->host.bytes[i], stream, false, false);
     if (r == PM_SUCCESS)

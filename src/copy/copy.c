@@ -67,11 +67,6 @@ static piece next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t
     return (piece){min_addr(lo, end), false, false};
 }
 
-static void count(_Atomic unsigned long long *counter, size_t n)
-{
-    atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
-}
-
 pm__piece pm__copy_next_piece(pm__ranges *ranges, size_t registration_piece, uintptr_t at,
                               uintptr_t end)
 {
@@ -93,7 +88,7 @@ static pm_result cached_copy(const pm__backend *b, pm__regcache_entry *e, pm__di
     }
     pm__regcache_release(e);
     if (r == PM_SUCCESS)
-        count(&pm__copy_count.cached_bytes, n);
+        pm__count(&pm__copy_count.cached_bytes, n);
     return r;
 }
 
@@ -106,7 +101,7 @@ static pm_result driver_copy(const pm__backend *b, pm__direction dir, uint8_t *h
     pm_result r =
         pm__copy_backend(b, dir, host, dev, n, s, sync ? PM__VIA_SYNC : PM__VIA_PAGEABLE);
     if (r == PM_SUCCESS)
-        count(&pm__copy_count.driver_bytes, n);
+        pm__count(&pm__copy_count.driver_bytes, n);
     return r;
 }
 
@@ -252,7 +247,7 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
                                  whole ? PM__VIA_SYNC : PM__VIA_PINNED);
             queued |= !whole;
             if (r == PM_SUCCESS)
-                count(&pm__copy_count.direct_bytes, n);
+                pm__count(&pm__copy_count.direct_bytes, n);
         } else {
             if (!set)
                 set = pm__copy_enter();

@@ -154,6 +154,12 @@ typedef struct pm__copy_counters {
 
 extern pm__copy_counters pm__copy_count;
 
+/* Adds n to one of pm__copy_count's counters (statistics only: relaxed). */
+static inline void pm__count(_Atomic unsigned long long *counter, unsigned long long n)
+{
+    atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
+}
+
 /* settings.c. Copies hold the gate for reading while they run, so that
  * pm_copy_set_config (which takes it for writing) never changes the engine
  * under them. Both take the defaults on first use; pm__copy_leave leaves
