@@ -6,6 +6,7 @@
  * that a copy never reaches up for its settings. */
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -14,10 +15,12 @@
 
 static pthread_rwlock_t gate = PTHREAD_RWLOCK_INITIALIZER;
 /* Held by a thread waiting to change the settings, and passed by every copy
- * on its way to the gate: a change waits for the copies in flight only, not
- * for each copy that starts meanwhile, as readers of the gate (preferred by
- * glibc) would keep it out for as long as they overlap. */
+ * that starts while change_waiting is set: a change waits for the copies in
+ * flight only, not for each copy that starts meanwhile, as readers of the
+ * gate (preferred by glibc) would keep it out for as long as they overlap.
+ * Copies read the flag alone otherwise, so the mutex stays off their path. */
 static pthread_mutex_t turnstile = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool change_waiting;
 /* How many times the calling thread holds the gate for reading: one that
  * enters again (the statistics, read from inside a copy) must not wait at
  * the turnstile behind a change that waits for it. */
@@ -313,7 +316,7 @@ static void choose_defaults(void)
 const pm__copy_settings *pm__copy_enter(void)
 {
     pthread_once(&defaults_once, choose_defaults);
-    if (gate_depth++ == 0) {
+    if (gate_depth++ == 0 && atomic_load_explicit(&change_waiting, memory_order_acquire)) {
         pthread_mutex_lock(&turnstile);
         pthread_mutex_unlock(&turnstile);
     }
@@ -325,7 +328,9 @@ pm__copy_settings *pm__copy_enter_to_change(void)
 {
     pthread_once(&defaults_once, choose_defaults);
     pthread_mutex_lock(&turnstile);
+    atomic_store_explicit(&change_waiting, true, memory_order_release);
     pthread_rwlock_wrlock(&gate);
+    atomic_store_explicit(&change_waiting, false, memory_order_relaxed);
     pthread_mutex_unlock(&turnstile);
     return &settings;
 }
