@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,24 @@
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pm__pinmem_api api;
 static const pm__pinmem_api *usable;
+/* A load is under way in this process, on some thread. */
+static atomic_bool loading;
+/* This process was forked while its parent loaded pinmem: the loader's and
+ * pinmem's state were half made there, so this child leaves both alone. */
+static atomic_bool forked_while_loading;
+
+static void note_fork_in_child(void)
+{
+    if (atomic_load_explicit(&loading, memory_order_relaxed))
+        atomic_store_explicit(&forked_while_loading, true, memory_order_relaxed);
+}
+
+/* At load, before any thread can begin loading: glibc leaves out of a fork's
+ * child step a handler registered while that fork was under way. */
+__attribute__((constructor)) static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, note_fork_in_child);
+}
 
 /* The directory this library was loaded from, with a trailing slash. */
 static bool own_directory(char *dir, size_t cap)
@@ -94,8 +113,13 @@ static bool backend_serves(void)
     return false;
 }
 
-static void load(void)
+static void load_pinmem(void)
 {
+    if (atomic_load_explicit(&forked_while_loading, memory_order_relaxed)) {
+        pm__preload_say("this process was forked while its parent loaded pinmem; the CUDA "
+                        "runtime's own calls serve this process");
+        return;
+    }
     void *h = open_library();
     if (!h) {
         pm__preload_say("libpinmem.so could not be loaded (%s); the CUDA runtime's own calls "
@@ -123,6 +147,13 @@ static void load(void)
     api.direct_max = config.direct_max;
     api.dtoh_direct_max = config.dtoh_direct_max;
     usable = &api;
+}
+
+static void load(void)
+{
+    atomic_store_explicit(&loading, true, memory_order_relaxed);
+    load_pinmem();
+    atomic_store_explicit(&loading, false, memory_order_relaxed);
 }
 
 const pm__pinmem_api *pm__pinmem(void)

@@ -23,6 +23,25 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *buckets[BUCKETS];
 static atomic_size_t count;
 
+/* A child forked while another thread held the lock would wait for it in its
+ * first call here for ever: fork takes the lock, so both sides get it free. */
+static void lock_for_fork(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+static void unlock_after_fork(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+/* At load, before any thread can take the lock: a registration racing a fork
+ * may miss that fork's prepare step yet run its child step. */
+__attribute__((constructor)) static void guard_fork(void)
+{
+    pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+}
+
 static entry **bucket(uintptr_t p)
 {
     uint64_t h = (uint64_t)p * 0x9E3779B97F4A7C15ull;

@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "options.h"
 #include "proc_maps.h"
+#include "test_hooks.h"
 #include "versioned.h"
 
 /* maps_fd until /proc/self/maps is first asked for. */
@@ -29,6 +30,9 @@ static pid_t init_pid;
 /* Initialisation ran and failed: nothing was started, and a forked child
  * gives the parent's answer rather than the forked child's. */
 static atomic_bool init_failed;
+/* Initialisation began: a child forked from here on, even midway, refuses
+ * (the other thread's locks and half-made state are not the child's). */
+static atomic_bool init_begun;
 /* The modules' hooks, newest first: pushed with a compare-and-swap and read
  * without a lock, so that the child of a fork can walk them. */
 static _Atomic(pm__instance_hooks *) hooks;
@@ -42,9 +46,12 @@ void pm__instance_add_hooks(pm__instance_hooks *h)
 }
 
 /* Runs in the child, on its one thread: only atomic stores, no locks (the
- * parent's other threads may have held any). */
+ * parent's other threads may have held any). A child of a parent that never
+ * began initialising is a process like any other. */
 static void after_fork_in_child(void)
 {
+    if (!atomic_load_explicit(&init_begun, memory_order_acquire))
+        return;
     if (atomic_load_explicit(&init_failed, memory_order_acquire))
         return; /* every call keeps failing as in the parent */
     atomic_store_explicit(&ready, false, memory_order_relaxed);
@@ -52,6 +59,13 @@ static void after_fork_in_child(void)
     for (pm__instance_hooks *h = atomic_load_explicit(&hooks, memory_order_acquire); h; h = h->next)
         if (h->after_fork_in_child)
             h->after_fork_in_child();
+}
+
+/* At load, before any thread can begin initialising: registered later, the
+ * hook could miss a fork that another thread's initialisation raced. */
+__attribute__((constructor)) static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
 /* PINMEM_STATS=1, at exit: every module's statistics. */
@@ -92,7 +106,8 @@ static void initialise(void)
      * driver cannot be used after fork, and the parent's streams, workers and
      * locks are not in the child. */
     init_pid = getpid();
-    pthread_atfork(NULL, NULL, after_fork_in_child);
+    atomic_store_explicit(&init_begun, true, memory_order_release);
+    PM__TEST_INIT_MIDWAY();
     init_result = pm__options_load(); /* a bad PINMEM_* value fails here */
     if (init_result == PM_SUCCESS)
         init_result = open_backend(&instance.backend);

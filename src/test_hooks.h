@@ -78,6 +78,10 @@ extern void (*_Atomic pm__test_destroy_midway)(void);
  * between can be placed there. */
 extern void (*_Atomic pm__test_record_midway)(void);
 #define PM__TEST_RECORD_MIDWAY() PM__TEST_RUN_HOOK(pm__test_record_midway)
+/* Where set, initialisation calls it once it has begun (a fork from then on
+ * must leave the child refusing), so that a fork can be placed there. */
+extern void (*_Atomic pm__test_init_midway)(void);
+#define PM__TEST_INIT_MIDWAY() PM__TEST_RUN_HOOK(pm__test_init_midway)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -95,6 +99,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_POLICIES_REFUSED() false
 #define PM__TEST_DESTROY_MIDWAY() ((void)0)
 #define PM__TEST_RECORD_MIDWAY() ((void)0)
+#define PM__TEST_INIT_MIDWAY() ((void)0)
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

@@ -3,7 +3,8 @@
  * naming the parent: no hang in staged copies, on streams with work queued,
  * in synchronization; no pool fast path that still hands out or takes back
  * blocks; nothing reported pinned. A child forked before the parent's first
- * call initialises as usual. The parent goes on unharmed, and a child it
+ * call initialises as usual; one forked while another thread initialises
+ * refuses. The parent goes on unharmed, and a child it
  * forks while pinmem reads a file inherits none of its descriptors. */
 #include <fcntl.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 
 #include "check.h"
 #include "copy_util.h"
+#include "test_hooks.h"
 
 /* Runs body in a child that a watchdog ends after 20 s, so that a hang
  * fails the test instead of stalling it. 0 when the child passed. */
@@ -72,6 +74,71 @@ static int failed_parent(void *arg)
     CHECK_RESULT(pm_init(0), PM_ERROR_INVALID_VALUE);
     CHECK(in_child(grandchild_of_failure, arg) == 0);
     return check_finish("fork: a parent whose initialisation failed");
+}
+
+/* A fork that another thread's first call races: the fork begins (its
+ * prepare step) before that thread starts initialising, and the child is
+ * made while the initialisation is midway. The child must refuse, as the
+ * child of any fork after initialisation began: the parent's half-made
+ * state and the locks its thread held are not the child's. */
+static atomic_int race_stage; /* 1: the fork began, 2: init is midway, 3: the child is made */
+static pid_t racing_parent;
+
+static void wait_for_stage(int stage)
+{
+    for (int waited_ms = 0; atomic_load(&race_stage) < stage && waited_ms < 5000; waited_ms++)
+        usleep(1000);
+}
+
+static void fork_begins(void)
+{
+    if (getpid() != racing_parent || atomic_load(&race_stage) != 0)
+        return;
+    atomic_store(&race_stage, 1);
+    wait_for_stage(2);
+}
+
+static void init_midway(void)
+{
+    if (getpid() != racing_parent)
+        return;
+    atomic_store(&race_stage, 2);
+    wait_for_stage(3);
+}
+
+static void *initialise_when_fork_begins(void *arg)
+{
+    wait_for_stage(1);
+    *(pm_result *)arg = pm_init(0);
+    return NULL;
+}
+
+static int refuses_after_racing_fork(void *arg)
+{
+    (void)arg;
+    CHECK_RESULT(pm_init(0), PM_ERROR_NOT_INITIALIZED);
+    CHECK(strstr(pm_last_error_detail(), "forked") != NULL);
+    return check_finish("fork: child of a fork that raced initialisation");
+}
+
+static int fork_racing_initialisation(void *arg)
+{
+    (void)arg;
+    racing_parent = getpid();
+    pthread_atfork(fork_begins, NULL, NULL);
+    atomic_store(&pm__test_init_midway, init_midway);
+    pm_result initialised = PM_ERROR_UNKNOWN;
+    pthread_t t;
+    if (pthread_create(&t, NULL, initialise_when_fork_begins, &initialised) != 0) {
+        CHECK(!"a thread to initialise");
+        return check_finish("fork: a fork racing initialisation");
+    }
+    int child = in_child(refuses_after_racing_fork, NULL);
+    atomic_store(&race_stage, 3);
+    pthread_join(t, NULL);
+    CHECK(child == 0);
+    CHECK_RESULT(initialised, PM_SUCCESS);
+    return check_finish("fork: a fork racing initialisation");
 }
 
 /* What the parent holds when it forks. */
@@ -353,6 +420,7 @@ int main(void)
     /* Before the parent's first call: the child initialises on its own. */
     CHECK(in_child(fresh_child, NULL) == 0);
     CHECK(in_child(failed_parent, NULL) == 0);
+    CHECK(in_child(fork_racing_initialisation, NULL) == 0);
     initialiser = getpid();
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     if (!on_backend("posix"))

@@ -36,6 +36,23 @@ static struct {
 } calls[MAX_NAMES];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* every table below */
 
+/* A forked child finds the lock free, whatever the parent's threads held,
+ * so that a hang in a child is the preload's own. */
+static void lock_for_fork(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+static void unlock_after_fork(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+__attribute__((constructor)) static void guard_fork(void)
+{
+    pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+}
+
 static void count(const char *name)
 {
     pthread_mutex_lock(&lock);
@@ -78,6 +95,13 @@ static _Atomic cudaError_t sticky;
 EXPORT void fake_set_sticky(cudaError_t e)
 {
     sticky = e;
+}
+
+/* Loads pinmem as this runtime's first call would, without initialising it:
+ * a fork must not catch that loading, which is the runtime's own affair. */
+EXPORT void fake_load_pinmem(void)
+{
+    (void)pmd();
 }
 
 #define ENTER()                  \

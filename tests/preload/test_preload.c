@@ -6,10 +6,15 @@
  *
  * usage: test_preload [CASE...]  (default: all cases) */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -45,6 +50,7 @@ cudaError_t cudaPeekAtLastError(void);
 int fake_calls(const char *name);
 int fake_replay(cudaStream_t s);
 void fake_set_sticky(cudaError_t e);
+void fake_load_pinmem(void);
 
 /* What this run expects pinmem to serve. */
 static bool alloc_on, copy_on;
@@ -618,6 +624,96 @@ static void case_threads(void)
     }
 }
 
+/* A forked child's notes from the preload are its own, not the test's. */
+static void quiet_stderr(void)
+{
+    int quiet = open("/dev/null", O_WRONLY);
+    if (quiet >= 0)
+        dup2(quiet, STDERR_FILENO);
+}
+
+/* Pins and frees until told to stop, so that a fork catches it midway
+ * (a registration looks through the whole table of pointers). */
+static void *churn(void *arg)
+{
+    atomic_bool *stop = arg;
+    uint8_t *page = aligned_alloc(4096, 4096);
+    while (page && !atomic_load(stop)) {
+        void *p = NULL;
+        if (cudaHostAlloc(&p, 4096, 0) == cudaSuccess) {
+            if (cudaHostRegister(page, 4096, 0) == cudaSuccess)
+                cudaHostUnregister(page);
+            cudaFreeHost(p);
+        }
+    }
+    free(page);
+    return NULL;
+}
+
+/* Waits up to ten seconds for a child (sanitizers and a busy machine slow
+ * it); a child still running then is killed and counted as hung. */
+static bool child_finished(pid_t pid)
+{
+    for (int waited_ms = 0; waited_ms < 10000; waited_ms++) {
+        int status;
+        pid_t got = waitpid(pid, &status, WNOHANG);
+        if (got == pid)
+            return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (got < 0)
+            return false;
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return false;
+}
+
+/* A child forked while another thread pins and frees answers its own calls:
+ * the preload's table of pointers must not stay locked in the child. */
+static void case_fork_while_pinning(void)
+{
+    enum { FORKS = 200, CHURNERS = 3 };
+    static uint8_t page[4096] __attribute__((aligned(4096)));
+    /* Loaded first: a fork during loading is not this case (the stand-in's
+     * own loading would not survive it, as the real runtime's is its own). */
+    fake_load_pinmem();
+    void *warm = NULL;
+    if (cudaHostAlloc(&warm, 4096, 0) == cudaSuccess)
+        cudaFreeHost(warm);
+    atomic_bool stop = false;
+    pthread_t t[CHURNERS];
+    int started = 0;
+    while (started < CHURNERS && pthread_create(&t[started], NULL, churn, &stop) == 0)
+        started++;
+    int finished = 0, forked = 0;
+    for (int i = 0; i < FORKS; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* The answers do not matter here (a forked child may not use the
+             * runtime), only that each call returns; the preload's notes on
+             * them are the child's. */
+            void *p = NULL;
+            quiet_stderr();
+            cudaHostRegister(page, sizeof page, 0);
+            cudaHostUnregister(page);
+            if (cudaHostAlloc(&p, 4096, 0) == cudaSuccess)
+                cudaFreeHost(p);
+            _exit(0);
+        }
+        if (pid < 0)
+            break;
+        forked++;
+        finished += child_finished(pid);
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
+    CHECK(started == CHURNERS);
+    CHECK(forked == FORKS);
+    CHECK(finished == forked);
+    cudaGetLastError();
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -634,6 +730,7 @@ static const struct {
     {"capture_elsewhere", case_capture_elsewhere},
     {"default_streams", case_default_streams},
     {"threads", case_threads},
+    {"fork_while_pinning", case_fork_while_pinning},
 };
 
 int main(int argc, char **argv)
