@@ -2,13 +2,14 @@
  * again at the same address, discarded with MADV_DONTNEED, or freed and
  * malloc'ed again. Copies small enough for the driver's own path are staged
  * where they touch cached memory. An invalidation, or a user's registration,
- * that dooms an entry whose registration then fails returns. A cached buffer
- * moved or grown with mremap leaves nothing behind in the cache's
- * userfaultfd that could make a read(2) into its missing pages fail. Shared
- * memory is not cached, and unmaps are heard while an undo waits. And a
- * fault sweep: the k-th backend copy fails, or the staging ring cannot be
- * pinned: clean errors or the backend's own path, correct data after, no
- * thread left waiting, nothing left pinned. */
+ * that dooms an entry whose registration then fails returns, and a range
+ * unmapped and mapped anew while the cache registers it is not cached. A
+ * cached buffer moved or grown with mremap leaves nothing behind in the
+ * cache's userfaultfd that could make a read(2) into its missing pages
+ * fail. Shared memory is not cached, and unmaps are heard while an undo
+ * waits. And a fault sweep: the k-th backend copy fails, or the staging ring
+ * cannot be pinned: clean errors or the backend's own path, correct data
+ * after, no thread left waiting, nothing left pinned. */
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <malloc.h>
@@ -225,6 +226,14 @@ static unsigned long long now_ms(void)
     return (unsigned long long)ts.tv_sec * 1000 + (unsigned long long)ts.tv_nsec / 1000000;
 }
 
+/* Waits until *flag is set, for 5 s at most. */
+static void await_flag(atomic_int *flag)
+{
+    unsigned long long until = now_ms() + 5000;
+    while (!atomic_load(flag) && now_ms() < until)
+        usleep(100);
+}
+
 static pm_result slow_cache_register(void *p, size_t bytes)
 {
     atomic_store(&registering, 1);
@@ -248,9 +257,7 @@ typedef struct doomer {
 static void *doom_it(void *arg)
 {
     doomer *d = arg;
-    unsigned long long until = now_ms() + 5000;
-    while (!atomic_load(&registering) && now_ms() < until)
-        usleep(100);
+    await_flag(&registering);
     if (d->by_register) {
         d->result = pm_mem_host_register(d->p, d->n, 0);
         if (d->result == PM_SUCCESS)
@@ -339,23 +346,6 @@ static bool doom_during_failed_registration(bool file, bool by_register)
     }
     munmap(p, n);
     pm_device_free(dev);
-    return true;
-}
-
-/* false when a call hung. */
-static bool failed_registrations(void)
-{
-    small_copy_config(1);
-    if (!stats().cache_listening) {
-        small_copy_config(0);
-        printf("skipped: %s: the registration cache cannot hear unmaps here\n", __func__);
-        return true;
-    }
-    for (int file = 0; file < 2; file++)
-        for (int by_register = 0; by_register < 2; by_register++)
-            if (!doom_during_failed_registration(file, by_register))
-                return false;
-    small_copy_config(0);
     return true;
 }
 
@@ -537,6 +527,85 @@ static void mremap_cases(void)
         mremap_grown_in_place();
     }
     small_copy_config(0);
+}
+
+/* Unmaps d->p and maps new memory in its place, with new bytes, once the
+ * cache is registering it. */
+static void *remap_it(void *arg)
+{
+    doomer *d = arg;
+    await_flag(&registering);
+    d->result = PM_ERROR_UNKNOWN;
+    if (munmap(d->p, d->n) == 0 && map_at(d->p) == d->p) {
+        fill(d->p, d->n, 33);
+        d->result = PM_SUCCESS;
+    }
+    atomic_store(&d->done, 1);
+    return NULL;
+}
+
+/* The other thread's remapping, which the driver's registration waits for. */
+static doomer *remapping;
+
+static pm_result register_after_remap(void *p, size_t bytes)
+{
+    atomic_store(&registering, 1);
+    await_flag(&remapping->done);
+    return real_cache_register(p, bytes);
+}
+
+/* A range unmapped and mapped anew while the cache registers it: the watch
+ * starts before the driver pins, so the unmap is heard and nothing is
+ * cached (pinned, the old pages would be sent for the new ones). */
+static void remapped_while_registering(void)
+{
+    if (!kernel_watches_writes())
+        SKIP_CASE("the kernel watches missing pages only here");
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(buffer_bytes);
+    SCOPED_MALLOC uint8_t *back = malloc(buffer_bytes);
+    uint8_t *p = map_at(NULL);
+    REQUIRE(dev && back && p);
+    fill(p, buffer_bytes, 32);
+    pm_result ignored;
+    pm__backend *b = &pm__instance_get(&ignored)->backend;
+    real_cache_register = b->cache_register;
+    atomic_store(&registering, 0);
+    const unsigned long long registrations = stats().cache_registrations,
+                             invalidations = stats().cache_invalidations;
+    doomer d = {.p = p, .n = buffer_bytes};
+    remapping = &d;
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, remap_it, &d) == 0);
+    b->cache_register = register_after_remap;
+    CHECK_RESULT(pm_memcpy_htod(dev, p, buffer_bytes), PM_SUCCESS);
+    b->cache_register = real_cache_register;
+    pthread_join(t, NULL);
+    if (d.result != PM_SUCCESS) /* p is not ours to unmap now */
+        SKIP_CASE("another thread took the range between the unmap and the map");
+    CHECK(atomic_load(&registering) == 1); /* the race was run */
+    CHECK(stats().cache_registrations == registrations);
+    CHECK(stats().cache_invalidations == invalidations + 1);
+    fill(p, buffer_bytes, 34); /* copies of the new memory send its bytes, cached or not */
+    send_and_check(p, dev, 34, back);
+    munmap(p, buffer_bytes);
+}
+
+/* false when a call hung. */
+static bool failed_registrations(void)
+{
+    small_copy_config(1);
+    if (!stats().cache_listening) {
+        small_copy_config(0);
+        printf("skipped: %s: the registration cache cannot hear unmaps here\n", __func__);
+        return true;
+    }
+    for (int file = 0; file < 2; file++)
+        for (int by_register = 0; by_register < 2; by_register++)
+            if (!doom_during_failed_registration(file, by_register))
+                return false;
+    remapped_while_registering();
+    small_copy_config(0);
+    return true;
 }
 
 /* The monitor's undoing of doomed registrations, held back until released,

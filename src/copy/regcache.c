@@ -55,7 +55,7 @@ struct pm__regcache_entry {
     bool ready;        /* registered with the driver and the userfaultfd */
     bool doomed;       /* no new copy may use it; undone once refs is 0 */
     bool undoing;      /* the undoer is unregistering it */
-    bool in_uffd;      /* still registered with the userfaultfd */
+    bool in_uffd;      /* its watch stands (set and cleared under the lock) */
     unsigned long long last_use;
     struct pm__regcache_entry *next;
     struct pm__regcache_entry *undo_next; /* the undoer's own list, while undoing */
@@ -390,17 +390,6 @@ static bool make_room_locked(size_t want, size_t max)
     return true;
 }
 
-/* Registers [lo, hi) with the driver, then with the userfaultfd (after: the
- * driver's pinning faults pages in from the kernel, which a userfaultfd in
- * user-mode-only mode would refuse).
- *
- * The userfaultfd watches for write-protect faults, which never come (no
- * page is ever write-protected): the registration exists for its events.
- * Missing-page faults are the fallback where the kernel cannot watch
- * writes to the memory: then every fault on a missing page of the range,
- * and of whatever a mapping grows by in place (mremap gives no event for
- * that), goes through the monitor, and in user-mode-only mode a system
- * call that writes into such a page fails with EFAULT. */
 /* Whether every page of [lo, hi) lies in private mappings. */
 static bool all_private(uintptr_t lo, uintptr_t hi)
 {
@@ -419,30 +408,52 @@ static bool all_private(uintptr_t lo, uintptr_t hi)
     return ok && covered >= hi;
 }
 
-static bool register_range(uintptr_t lo, uintptr_t hi)
+/* Has the userfaultfd watch e's range in mode, under the lock and with
+ * in_uffd set, so that the monitor's unwatching around a moved mapping
+ * cannot end the watch unseen; true without a watch where e was doomed
+ * meanwhile (settle_fresh hands it to the undoer). */
+static bool start_watch(entry *e, unsigned long long mode)
 {
+    struct uffdio_register reg = {.range = {.start = e->lo, .len = e->hi - e->lo}, .mode = mode};
+    pthread_mutex_lock(&rc.lock);
+    bool ok = e->doomed || ioctl(rc.uffd, UFFDIO_REGISTER, &reg) == 0;
+    e->in_uffd = !e->doomed && ok;
+    pthread_mutex_unlock(&rc.lock);
+    return ok;
+}
+
+/* Registers a fresh entry's range with the driver, watched by the
+ * userfaultfd.
+ *
+ * The watch is for write-protect faults, which never come (no page is ever
+ * write-protected): it exists for its events, and starts before the driver
+ * pins, so that an unmap or discard from then on is heard (after, a range
+ * unmapped and mapped anew meanwhile would stay cached with its old pages).
+ * Missing-page faults are the fallback where the kernel cannot watch writes
+ * to the memory; that watch starts after the pinning, which faults pages in
+ * from the kernel, and a userfaultfd in user-mode-only mode would refuse
+ * those. Then every fault on a missing page of the range, and of whatever a
+ * mapping grows by in place (mremap gives no event for that), goes through
+ * the monitor, and in user-mode-only mode a system call that writes into
+ * such a page fails with EFAULT. A watch left by a failed registration is
+ * ended by settle_fresh. */
+static bool register_range(entry *fresh)
+{
+    const uintptr_t lo = fresh->lo, hi = fresh->hi;
     if (!all_private(lo, hi))
         return false;
     if (pm__budget_take(hi - lo, "registration cache") != PM_SUCCESS)
         return false;
+    const bool writes = start_watch(fresh, UFFDIO_REGISTER_MODE_WP);
     const pm__backend *b = pm__instance_backend();
-    if (b->cache_register((void *)lo, hi - lo) != PM_SUCCESS) {
+    bool ok = b->cache_register((void *)lo, hi - lo) == PM_SUCCESS;
+    if (ok && !writes && !start_watch(fresh, UFFDIO_REGISTER_MODE_MISSING)) {
+        b->cache_unregister((void *)lo, hi - lo); /* not anonymous memory, say */
+        ok = false;
+    }
+    if (!ok)
         pm__budget_give(hi - lo);
-        return false;
-    }
-    struct uffdio_register reg = {.range = {.start = lo, .len = hi - lo},
-                                  .mode = UFFDIO_REGISTER_MODE_WP};
-    bool watched = ioctl(rc.uffd, UFFDIO_REGISTER, &reg) == 0;
-    if (!watched) {
-        reg.mode = UFFDIO_REGISTER_MODE_MISSING;
-        watched = ioctl(rc.uffd, UFFDIO_REGISTER, &reg) == 0;
-    }
-    if (!watched) { /* not anonymous memory, say */
-        b->cache_unregister((void *)lo, hi - lo);
-        pm__budget_give(hi - lo);
-        return false;
-    }
-    return true;
+    return ok;
 }
 
 /* Under the lock: the ready entry that covers [lo, hi) (*hit), else a
@@ -492,8 +503,8 @@ static entry *settle_fresh(entry *fresh, uintptr_t lo, uintptr_t hi, bool ok)
 {
     pthread_mutex_lock(&rc.lock);
     if (ok && fresh->doomed) {
-        /* Invalidated while it was being registered: not for this copy. */
-        uffd_unregister(lo, hi);
+        /* Invalidated while it was being registered: not for this copy (the
+         * doom ended its watch, if it had one yet). */
         fresh->ready = true;
         fresh->refs = 0;
         pthread_mutex_unlock(&rc.lock);
@@ -502,8 +513,9 @@ static entry *settle_fresh(entry *fresh, uintptr_t lo, uintptr_t hi, bool ok)
     }
     if (ok) {
         fresh->ready = true;
-        fresh->in_uffd = true;
     } else {
+        if (fresh->in_uffd) /* a watch for writes, started before the registration failed */
+            uffd_unregister(lo, hi);
         for (entry **link = &rc.entries; *link; link = &(*link)->next)
             if (*link == fresh) {
                 *link = fresh->next;
@@ -543,7 +555,7 @@ pm__regcache_entry *pm__regcache_acquire(const pm__copy_settings *set, const voi
         return e;
     }
     wake_monitor();
-    return e ? settle_fresh(e, lo, hi, register_range(lo, hi)) : NULL;
+    return e ? settle_fresh(e, lo, hi, register_range(e)) : NULL;
 }
 
 void pm__regcache_release(pm__regcache_entry *e)
