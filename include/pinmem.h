@@ -753,7 +753,8 @@ PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t byte
  * The mappings' permissions come from /proc/self/maps: by its PROCMAP_QUERY
  * ioctl on Linux 6.11 and later (about a microsecond), else by reading its
  * text as far as the range (a time that grows with the mappings below it);
- * where /proc cannot be read, only whether each page is mapped is checked.
+ * where /proc cannot be read (or no file descriptor is left for it), only
+ * whether each page is mapped is checked.
  * bytes 0 succeeds; a range that wraps around and an access of other bits or
  * none are PM_ERROR_INVALID_VALUE. */
 PM_API pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,

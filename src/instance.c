@@ -172,7 +172,10 @@ int pm__instance_maps_file(pm__instance *inst)
     int fd = atomic_load_explicit(&inst->maps_fd, memory_order_acquire);
     if (fd != MAPS_UNOPENED)
         return fd;
-    fd = pm__proc_maps_open();
+    bool for_now = false;
+    fd = pm__proc_maps_open(&for_now);
+    if (fd < 0 && for_now)
+        return -1; /* out of descriptors at this moment: the next call opens it */
     int expected = MAPS_UNOPENED;
     if (!atomic_compare_exchange_strong_explicit(&inst->maps_fd, &expected, fd,
                                                  memory_order_acq_rel, memory_order_acquire)) {

@@ -21,7 +21,8 @@ typedef struct pm__instance {
 pm__instance *pm__instance_get(pm_result *r);
 
 /* /proc/self/maps, which says what each mapping permits (proc_maps.h):
- * opened on first use and kept; -1 where the kernel cannot say. A forked
+ * opened on first use and kept; -1 where the kernel cannot say, or where
+ * the file cannot be opened now (tried again on the next call). A forked
  * child never reads its parent's: every call of such a child refuses. */
 int pm__instance_maps_file(pm__instance *inst);
 

@@ -52,9 +52,10 @@ int pm__proc_maps_query(int fd, uintptr_t address, pm__mapping *m)
     return 0;
 }
 
-int pm__proc_maps_open(void)
+int pm__proc_maps_open(bool *for_now)
 {
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    *for_now = fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM);
     pm__mapping m;
     if (fd >= 0 && pm__proc_maps_query(fd, (uintptr_t)&m, &m) != 0) {
         close(fd); /* no PROCMAP_QUERY here */

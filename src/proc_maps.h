@@ -16,8 +16,10 @@ typedef struct pm__mapping {
 } pm__mapping;
 
 /* /proc/self/maps opened for queries, or -1 where the kernel cannot answer
- * them (the file is then closed). */
-int pm__proc_maps_open(void);
+ * them (the file is then closed) or the file cannot be opened; *for_now then
+ * says whether that may pass (the process or the system out of file
+ * descriptors or memory), so that asking again later may succeed. */
+int pm__proc_maps_open(bool *for_now);
 
 /* 0 with *m the mapping that holds address; otherwise -1 with errno ENOENT
  * where no mapping does, or another errno where the kernel did not answer. */

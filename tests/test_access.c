@@ -3,10 +3,14 @@
  * mapped file of a long name, the span it answers, bad arguments, eight
  * threads at once; all of it again where the kernel has no query of the
  * mappings (before Linux 6.11) and the file's text answers (section
- * "no_query", a process of its own), and a query refused midway. */
+ * "no_query", a process of its own), a query refused midway, and a first
+ * check made while the process had no file descriptor to spare (section
+ * "out_of_files"). */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -408,6 +412,43 @@ static void kernel_without_the_query(void)
     munmap(p, 2 * page);
 }
 
+/* Out of file descriptors at the first check, which then cannot read the
+ * mappings (msync answers): a later check, with descriptors to spare, opens
+ * the file for queries as a first check does, where the kernel answers them
+ * (a process of its own, since the file is opened once). */
+static void out_of_files_at_the_first_check(void)
+{
+    const int files = open_files();
+    pm__maps_text t;
+    REQUIRE(files > 0 && pm__maps_text_open(&t) == 0);
+    pm__mapping m;
+    const int queries = pm__proc_maps_query(t.fd, (uintptr_t)&m, &m) == 0;
+    pm__maps_text_close(&t);
+    uint8_t *p = three_pages();
+    REQUIRE(p);
+    struct rlimit was, few;
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &was) == 0);
+    few = was;
+    if (few.rlim_cur > (rlim_t)files + 8)
+        few.rlim_cur = (rlim_t)files + 8;
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &few) == 0);
+    int held[64], n = 0;
+    while (n < 64 && (held[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+        n++;
+    const int exhausted = n < 64 && errno == EMFILE;
+    CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_READ, NULL, NULL), PM_SUCCESS);
+    while (n > 0)
+        close(held[--n]);
+    CHECK(setrlimit(RLIMIT_NOFILE, &was) == 0);
+    REQUIRE(exhausted);
+
+    REQUIRE(mprotect(p, page, PROT_NONE) == 0);
+    const pm_result told = permissions_told() ? PM_ERROR_INVALID_VALUE : PM_SUCCESS;
+    CHECK_RESULT(pm_mem_check_access(at(p), page, PM_ACCESS_READ, NULL, NULL), told);
+    CHECK(open_files() == files + queries); /* the file kept for the queries */
+    munmap(p, 3 * page);
+}
+
 int main(int argc, char **argv)
 {
     page = (size_t)sysconf(_SC_PAGESIZE);
@@ -415,6 +456,8 @@ int main(int argc, char **argv)
     printf("backend: %s\n", pm_backend_name());
     if (argc > 1 && strcmp(argv[1], "no_query") == 0) {
         kernel_without_the_query();
+    } else if (argc > 1 && strcmp(argv[1], "out_of_files") == 0) {
+        out_of_files_at_the_first_check();
     } else {
         capabilities(permissions_told());
         told_cases();
