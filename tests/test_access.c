@@ -10,6 +10,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/mman.h>
@@ -318,15 +320,28 @@ static void a_long_file_name(void)
     }
 }
 
+/* Where the threads meet: no thread starts or ends while others check, as
+ * starting and ending map and unmap pages (ASan's per-thread memory among
+ * them), which may land in the hole for a while. */
+typedef struct {
+    atomic_int ready, finished;
+    atomic_bool go;
+    int threads; /* how many meet, set before go */
+} threads_gate;
+
 typedef struct {
     uint8_t *pages; /* page 0 read-write, page 1 inaccessible, page 2 unmapped */
     int tells;      /* the kernel says what a mapping permits */
     int rounds;
+    threads_gate *gate;
 } threads_arg;
 
 static void *check_in_a_thread(void *v)
 {
     const threads_arg *a = v;
+    atomic_fetch_add(&a->gate->ready, 1);
+    while (!atomic_load(&a->gate->go))
+        sched_yield();
     for (int i = 0; i < a->rounds; i++) {
         CHECK_RESULT(pm_mem_check_access(at(a->pages + i % 64), 64, PM_ACCESS_WRITE, NULL, NULL),
                      PM_SUCCESS);
@@ -336,6 +351,9 @@ static void *check_in_a_thread(void *v)
             CHECK_RESULT(pm_mem_check_access(at(a->pages + page), 1, PM_ACCESS_READ, NULL, NULL),
                          PM_ERROR_INVALID_VALUE);
     }
+    atomic_fetch_add(&a->gate->finished, 1);
+    while (atomic_load(&a->gate->finished) < a->gate->threads)
+        sched_yield();
     return NULL;
 }
 
@@ -343,15 +361,21 @@ static void eight_threads(void)
 {
     uint8_t *p = three_pages();
     REQUIRE(p);
-    REQUIRE(mprotect(p + page, page, PROT_NONE) == 0);
-    REQUIRE(munmap(p + 2 * page, page) == 0);
-    threads_arg a = {p, permissions_told(), 2000};
+    threads_gate gate = {.threads = 0};
+    threads_arg a = {p, permissions_told(), 2000, &gate};
     threads_arg args[8];
     for (int i = 0; i < 8; i++)
         args[i] = a;
     pthread_t t[8];
     unsigned started = start_threads(t, 8, check_in_a_thread, args, sizeof args[0]);
     CHECK(started == 8);
+    while (atomic_load(&gate.ready) < (int)started)
+        sched_yield();
+    /* the hole made once every thread has started */
+    CHECK(mprotect(p + page, page, PROT_NONE) == 0);
+    CHECK(munmap(p + 2 * page, page) == 0);
+    gate.threads = (int)started;
+    atomic_store(&gate.go, true);
     join_threads(t, started);
     munmap(p, 2 * page);
 }
