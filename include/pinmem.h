@@ -744,9 +744,11 @@ PM_API pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t byte
  * may not read or write; an address that comes from outside the program can
  * be checked here first. PM_SUCCESS where every page of the range lies in
  * host mappings that permit that access, or where the range lies inside one
- * allocation the library or the driver knows (device memory, which the
- * process's mappings leave the CPU no access to; not on the posix backend,
- * whose copies are the CPU's); *span_base and *span_size
+ * device allocation the library or the driver knows (which the process's
+ * mappings leave the CPU no access to; not on the posix backend, whose
+ * copies are the CPU's). Page-locked host memory passes only as its mapping
+ * permits: the driver reads a small copy's page-locked source with the CPU.
+ * *span_base and *span_size
  * (either pointer may be NULL) then receive a range that holds [p, p + bytes)
  * and passes as well, the one mapping or allocation that holds it, else the
  * range itself. Otherwise PM_ERROR_INVALID_VALUE, the detail saying why.

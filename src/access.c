@@ -5,7 +5,8 @@
  * its permissions (the PROCMAP_QUERY ioctl of /proc/self/maps); older kernels
  * give the same in that file's text, read up to the range on every check.
  * Device memory lies in mappings that permit nothing, so there the library
- * and the driver say whether the range is one allocation they know. Where
+ * and the driver say whether the range is one device allocation they know;
+ * page-locked host memory answers by its mapping, as any host memory. Where
  * /proc cannot be read, msync says only whether every page is mapped. */
 #include <errno.h>
 #include <stdint.h>
@@ -97,13 +98,14 @@ static bool in_one_allocation(pm_deviceptr p, size_t bytes, bool device_only, wa
 {
     pm_deviceptr base;
     size_t size;
-    unsigned flags;
+    pm__memory_kind kind;
     pm__detail_saved before; /* an address outside every allocation is no failure here */
     pm__detail_save(&before);
     bool inside = pm_mem_get_address_range(&base, &size, p) == PM_SUCCESS && bytes <= size &&
                   p - base <= size - bytes;
-    if (inside && device_only) /* host memory answers for its flags, device memory does not */
-        inside = pm_mem_host_get_flags(&flags, (void *)(uintptr_t)p) != PM_SUCCESS;
+    if (inside && device_only) /* a registration answers no host flags, so the memory type */
+        inside = pm__instance_backend()->pointer_kind(p, bytes, &kind) == PM_SUCCESS &&
+                 kind == PM__MEMORY_DEVICE;
     pm__detail_restore(&before);
     if (inside) {
         w->lo = (uintptr_t)base;
@@ -156,9 +158,11 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     if (verdict == ACCESS_UNANSWERED)
         verdict = ask_msync(start, end);
     /* Where device memory is the process's own (posix), the CPU moves every
-     * byte of a copy, so what its mapping forbids stays forbidden. */
+     * byte of a copy, so what its mapping forbids stays forbidden; elsewhere
+     * only device memory passes so, as the driver reads a small copy's
+     * page-locked source with the CPU (docs/driver-behavior.md). */
     if (verdict == ACCESS_NOTHING && !inst->backend.device_is_host_memory &&
-        in_one_allocation(p, bytes, false, &w))
+        in_one_allocation(p, bytes, true, &w))
         verdict = ACCESS_GOOD;
     const uintptr_t lo = w.lo, hi = w.hi;
     const char *how = access == PM_ACCESS_READ    ? "readable"
