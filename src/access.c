@@ -90,11 +90,10 @@ static access_verdict ask_text(walk *w)
     return v;
 }
 
-/* Whether [p, p + bytes) lies inside one allocation the library or the
- * driver knows (device memory, which no mapping lets the CPU touch, or
- * page-locked host memory unless device_only); if so, w's span is that
- * allocation. */
-static bool in_one_allocation(pm_deviceptr p, size_t bytes, bool device_only, walk *w)
+/* Whether [p, p + bytes) lies inside one device allocation the library or
+ * the driver knows (which no mapping lets the CPU touch); if so, w's span is
+ * that allocation. */
+static bool in_one_device_allocation(pm_deviceptr p, size_t bytes, walk *w)
 {
     pm_deviceptr base;
     size_t size;
@@ -102,10 +101,9 @@ static bool in_one_allocation(pm_deviceptr p, size_t bytes, bool device_only, wa
     pm__detail_saved before; /* an address outside every allocation is no failure here */
     pm__detail_save(&before);
     bool inside = pm_mem_get_address_range(&base, &size, p) == PM_SUCCESS && bytes <= size &&
-                  p - base <= size - bytes;
-    if (inside && device_only) /* a registration answers no host flags, so the memory type */
-        inside = pm__instance_backend()->pointer_kind(p, bytes, &kind) == PM_SUCCESS &&
-                 kind == PM__MEMORY_DEVICE;
+                  p - base <= size - bytes &&
+                  pm__instance_backend()->pointer_kind(p, bytes, &kind) == PM_SUCCESS &&
+                  kind == PM__MEMORY_DEVICE; /* not page-locked host memory */
     pm__detail_restore(&before);
     if (inside) {
         w->lo = (uintptr_t)base;
@@ -148,7 +146,7 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     access_verdict verdict = ACCESS_UNANSWERED;
     if (fd >= 0)
         verdict = ask_query(fd, &w);
-    else if (in_one_allocation(p, bytes, true, &w))
+    else if (in_one_device_allocation(p, bytes, &w))
         verdict = ACCESS_GOOD; /* the text costs tens of microseconds or more: this first */
     if (verdict == ACCESS_UNANSWERED) {
         w.at = start; /* a query refused midway: from the start again */
@@ -162,7 +160,7 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
      * only device memory passes so, as the driver reads a small copy's
      * page-locked source with the CPU (docs/driver-behavior.md). */
     if (verdict == ACCESS_NOTHING && !inst->backend.device_is_host_memory &&
-        in_one_allocation(p, bytes, true, &w))
+        in_one_device_allocation(p, bytes, &w))
         verdict = ACCESS_GOOD;
     const uintptr_t lo = w.lo, hi = w.hi;
     const char *how = access == PM_ACCESS_READ    ? "readable"
