@@ -1,5 +1,5 @@
-"""Whether a copy may read, or write, a range of addresses no pinmem object
-holds: an int address given to copy() must fail cleanly, not fault in the
+"""Whether a copy may read, or write, a range of addresses given as an int:
+an int address given to copy() must fail cleanly, not fault in the
 copy. The library asks the kernel without touching the memory
 (pm_mem_check_access): readable or writable mappings as the copy needs, or
 one device allocation. Before Linux 6.11 the library reads the text of

@@ -287,9 +287,8 @@ def bench_overhead(reps):
     rows = [("C call through ctypes (pm_memcpy)", raw),
             ("pinmem.copy(int, int, 64)", per_call(lambda: pinmem.copy(d_ptr, s_ptr, n))),
             ("pinmem.copy(DeviceBuffer, Buffer, 64)", per_call(lambda: pinmem.copy(dst, src, n)))]
-    # an int address inside a pinmem buffer needs no system call; one that
-    # pinmem holds no object for is checked by the library
-    # (pm_mem_check_access): its mappings, and for device memory its allocation
+    # an int address is checked by the library (pm_mem_check_access): host
+    # memory, pinmem's or not, by its mapping, device memory by its allocation
     rows.append(("pinmem.copy(int, int inside a Buffer)", per_call(lambda: pinmem.copy(d_ptr, s_ptr + 64, n))))
     page = bytearray(4096)
     held = (ctypes.c_char * len(page)).from_buffer(page)

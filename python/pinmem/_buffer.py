@@ -351,7 +351,7 @@ class DeviceBuffer(Closing):
         self._ptr = d.value
         self._nbytes = nbytes
         self._copies = 0
-        own(d.value, nbytes)
+        own(d.value, nbytes, device=True)
 
     @property
     def ptr(self):

@@ -40,16 +40,18 @@ UNKNOWN = "unknown"  # an int address: the library tells
 # The memory behind live pinmem objects (Buffer, DeviceBuffer, Registration),
 # base address -> bytes, and the same bases sorted: each object adds its
 # range when made and removes it before the memory goes, so an int address
-# inside one needs no system call. Reads take no lock (copy() reads on every
+# inside device memory of one needs no system call. Reads take no lock (copy() reads on every
 # call); a read that races an update can only miss, and a miss asks the system.
-# read_only: the bases of read-only registrations, which no copy may write.
+# read_only: the bases of read-only registrations, which no copy may write;
+# device: the bases of device memory.
 owned = {}
 _bases = []
 _read_only = set()
+_device = set()
 _owned_lock = threading.Lock()
 
 
-def own(base, nbytes, read_only=False):
+def own(base, nbytes, read_only=False, device=False):
     """Records [base, base + nbytes) as the memory of a live pinmem object."""
     if not base:
         return
@@ -59,12 +61,15 @@ def own(base, nbytes, read_only=False):
         owned[base] = nbytes
         if read_only:
             _read_only.add(base)
+        if device:
+            _device.add(base)
 
 
 def disown(base):
     """Forgets the range at base; called before its memory is given back."""
     with _owned_lock:
         _read_only.discard(base)
+        _device.discard(base)
         if owned.pop(base, None) is not None:
             i = bisect.bisect_left(_bases, base)
             if i < len(_bases) and _bases[i] == base:
@@ -96,9 +101,8 @@ _backend = []
 
 
 def _cpu_copies():
-    """Whether the CPU moves every byte a copy moves (the posix backend): a
-    pinmem object's memory the program made inaccessible is then checked as
-    any other, where on cuda the DMA engine reads it."""
+    """Whether the CPU moves every byte a copy moves (the posix backend),
+    device memory included, which its mapping then governs as any other."""
     if not _backend:
         from . import backend
 
@@ -113,15 +117,18 @@ _REMEMBERED = 16
 def access_problem(address, nbytes, write, good=None, what="pinmem.copy"):
     """None when a copy may read (or, with write, write) [address, address +
     nbytes); else why not, as words to follow "the source" or "the
-    destination" in an error. Inside a live pinmem object it may; otherwise
-    the library asks the system (_access). good: a list that keeps the
+    destination" in an error. Inside a live pinmem object's device memory it
+    may (on cuda); otherwise the library asks the system (_access). good: a list that keeps the
     mappings and device allocations found good between calls (a batch's),
     newest first."""
     base = _owner(address, nbytes)
     if base is not None:
         if write and base in _read_only:
             return f"address {address:#x} lies in memory registered read-only"
-        if not _cpu_copies():
+        # Host memory is checked even inside a pinmem object, since the program
+        # may have made it inaccessible and the driver reads small copies of it
+        # with the CPU; device memory has no mapping to ask on cuda.
+        if base in _device and not _cpu_copies():
             return None
     if good:
         end = address + nbytes

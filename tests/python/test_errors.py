@@ -174,29 +174,47 @@ def test_int_address_in_read_only_registration():
     assert data.startswith(b"immutable bytes") and bytes(out) == data[:16]
 
 
-def _inaccessible_registration():
-    """Registered pages the program then made inaccessible (PROT_NONE), and
-    a function that makes them readable and writable again."""
+_PAGES = 1 << 16
+
+
+def _pinned_pages(kind):
+    """Page-locked memory of the given kind (a registration of mmap pages or
+    a pinmem.empty Buffer), its address, and a function that closes it."""
+    if kind == "buffer":
+        b = pinmem.empty(_PAGES)
+        return b.ptr, b.close
+    import mmap
+
+    r = pinmem.register(mmap.mmap(-1, _PAGES))
+    return r.ptr, r.close
+
+
+@pytest.mark.parametrize("kind", ["registration", "buffer"])
+def test_inaccessible_pinned_memory(kind):
+    # the driver reads a small copy's page-locked side with the CPU, and a
+    # host-to-host copy is the CPU's: pages made PROT_NONE must raise
     import mmap
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    pages = mmap.mmap(-1, 1 << 16)
-    r = pinmem.register(pages)
-    assert libc.mprotect(r.ptr, 1 << 16, 0) == 0  # PROT_NONE
-    return r, lambda: libc.mprotect(r.ptr, 1 << 16, mmap.PROT_READ | mmap.PROT_WRITE)
-
-
-def test_inaccessible_registered_memory_on_posix():
-    if pinmem.backend() != "posix":
-        pytest.skip("on cuda a registration made PROT_NONE still passes the access check")
-    r, restore = _inaccessible_registration()
+    ptr, close = _pinned_pages(kind)
     try:
-        with pytest.raises(ValueError, match="neither readable host memory"):
-            pinmem.copy(bytearray(16), r.ptr, 16)
+        assert libc.mprotect(ptr, _PAGES, 0) == 0  # PROT_NONE
+        try:
+            with pinmem.device_empty(16) as dev:
+                for dst, src in ((bytearray(16), ptr + 64), (dev, ptr), (ptr, b"x" * 16), (ptr, dev)):
+                    with pytest.raises(ValueError, match="neither (readable|writable) host memory"):
+                        pinmem.copy(dst, src, 16)
+                with pytest.raises(ValueError, match="element 1's source"):
+                    pinmem.copy_batch([dev.ptr, dev.ptr + 8], [dev.ptr + 8, ptr], [8, 8])
+        finally:
+            assert libc.mprotect(ptr, _PAGES, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+        out = bytearray(16)
+        pinmem.copy(ptr, b"y" * 16)
+        pinmem.copy(out, ptr, 16)
+        assert bytes(out) == b"y" * 16
     finally:
-        restore()
-        r.close()
+        close()
 
 
 def test_posix_checks_device_ranges_and_streams():
