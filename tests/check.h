@@ -82,6 +82,20 @@ static inline int check_failed_(void)
         return SKIP_STATUS;                \
     } while (0)
 
+/* 1 in a ThreadSanitizer build: it checks every access and gives each fresh
+ * page shadow pages, so the largest cases shrink under it, where races, not
+ * sizes, are what it is for. */
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+#ifndef UNDER_TSAN
+#define UNDER_TSAN 0
+#endif
+
 /* pm_backend_name() is NULL when no backend could be initialised. */
 static inline int on_backend(const char *name)
 {

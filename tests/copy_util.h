@@ -97,16 +97,42 @@ static inline uint8_t pattern_byte(size_t i, unsigned seed)
     return (uint8_t)(x >> 56);
 }
 
+/* The pattern's bytes [i, i + 8), in memory order. Fill and compare move
+ * eight bytes at a time: byte by byte, ThreadSanitizer's check of every access
+ * made the 64 MiB cases take minutes. */
+static inline uint64_t pattern_word(size_t i, unsigned seed)
+{
+    uint64_t word = 0;
+    for (size_t k = 0; k < 8; k++)
+        word |= (uint64_t)pattern_byte(i + k, seed) << (8 * k);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    word = __builtin_bswap64(word);
+#endif
+    return word;
+}
+
 static inline void fill(uint8_t *p, size_t n, unsigned seed)
 {
-    for (size_t i = 0; i < n; i++)
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word = pattern_word(i, seed);
+        memcpy(p + i, &word, 8);
+    }
+    for (; i < n; i++)
         p[i] = pattern_byte(i, seed);
 }
 
 /* Index of the first byte that differs from the pattern, or n. */
 static inline size_t first_mismatch(const uint8_t *p, size_t n, unsigned seed)
 {
-    for (size_t i = 0; i < n; i++)
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        if (word != pattern_word(i, seed))
+            break;
+    }
+    for (; i < n; i++)
         if (p[i] != pattern_byte(i, seed))
             return i;
     return n;

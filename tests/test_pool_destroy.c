@@ -23,14 +23,7 @@ static const size_t MiB = 1u << 20;
 
 /* Rounds of the races: enough to catch the old faults most runs, few enough
  * for ThreadSanitizer's pace on two cores. */
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-#ifdef UNDER_TSAN
+#if UNDER_TSAN
 enum { racing_rounds = 150, pair_rounds = 1000 };
 #else
 enum { racing_rounds = 600, pair_rounds = 3000 };
