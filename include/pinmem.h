@@ -266,7 +266,8 @@ PM_API pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, un
  * pflags must not be NULL; p as for pm_mem_host_get_device_pointer. */
 PM_API pm_result pm_mem_host_get_flags(unsigned *pflags, void *p);
 /* cuMemGetAddressRange: base and size as allocated or registered (not
- * page-rounded); a pool block's as allocated. Either output may be NULL
+ * page-rounded); a pool block's as allocated; device memory's as allocated
+ * by pm_device_alloc, on both backends. Either output may be NULL
  * (both: PM_SUCCESS, nothing done). In pinmem's memory, an address past an
  * allocation's bytes or in a pool block that is not allocated is
  * PM_ERROR_NOT_FOUND. */

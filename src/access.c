@@ -146,7 +146,7 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
     access_verdict verdict = ACCESS_UNANSWERED;
     if (fd >= 0)
         verdict = ask_query(fd, &w);
-    else if (in_one_device_allocation(p, bytes, &w))
+    else if (!inst->backend.device_is_host_memory && in_one_device_allocation(p, bytes, &w))
         verdict = ACCESS_GOOD; /* the text costs tens of microseconds or more: this first */
     if (verdict == ACCESS_UNANSWERED) {
         w.at = start; /* a query refused midway: from the start again */

@@ -172,12 +172,20 @@ static void device_memory(void)
                      PM_ERROR_INVALID_VALUE);
         CHECK(detail_has("neither readable host memory"));
     }
+    /* on posix the CPU copies device memory too, so its mapping answers */
+    uint8_t *inside = (uint8_t *)(uintptr_t)((d + 2 * page) & ~(pm_deviceptr)(page - 1));
+    if (!on_backend("cuda") && permissions_told() && mprotect(inside, page, PROT_NONE) == 0) {
+        CHECK_RESULT(pm_mem_check_access(at(inside), 16, PM_ACCESS_READ, NULL, NULL),
+                     PM_ERROR_INVALID_VALUE);
+        CHECK(detail_has("neither readable host memory"));
+        CHECK(mprotect(inside, page, PROT_READ | PROT_WRITE) == 0);
+    }
     CHECK_RESULT(pm_device_free(d), PM_SUCCESS);
 }
 
-/* Page-locked memory the program made inaccessible still passes where copies
- * move it by DMA: the library knows it as one allocation (pinmem.h). On
- * posix the CPU copies, and its mapping answers. */
+/* Page-locked memory the program made inaccessible is refused on every
+ * backend: its mapping answers, since the driver reads a small copy's
+ * page-locked side with the CPU. */
 static void page_locked_memory(void)
 {
     void *h = NULL;

@@ -387,6 +387,25 @@ static void dlpack_deleter(void)
     pm_dlpack_deleter(NULL);
 }
 
+/* Device memory's range is its allocation, of the size asked for, on both
+ * backends (the driver's answer, measured on an H200): one byte past it is
+ * no part of it. */
+static void device_memory_address_range(void)
+{
+    const size_t n = 1000;
+    pm_deviceptr d = device_alloc(n), base = 0;
+    REQUIRE(d != 0);
+    size_t size = 0;
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, d), PM_SUCCESS);
+    CHECK(base == d && size == n);
+    base = 0;
+    CHECK_RESULT(pm_mem_get_address_range(&base, NULL, d + n - 1), PM_SUCCESS);
+    CHECK(base == d);
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, d + n), PM_ERROR_NOT_FOUND);
+    device_free(d);
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, d), PM_ERROR_NOT_FOUND);
+}
+
 int main(void)
 {
     successes_leave_no_detail(); /* first: the thread initialises the library */
@@ -399,5 +418,6 @@ int main(void)
     pool_memory_to_host_calls();
     failures_leave_no_trace();
     dlpack_deleter();
+    device_memory_address_range();
     return check_finish("api");
 }

@@ -246,15 +246,6 @@ static pm_result posix_foreign_get_device_pointer(pm_deviceptr *out, void *p)
                     "pm_mem_host_get_device_pointer: %p is not pinned memory", p);
 }
 
-static pm_result posix_foreign_get_address_range(pm_deviceptr *pbase, size_t *psize,
-                                                 pm_deviceptr dptr)
-{
-    (void)pbase;
-    (void)psize;
-    return pm__fail(PM_ERROR_NOT_FOUND, "pm_mem_get_address_range: 0x%llx is not pinned memory",
-                    dptr);
-}
-
 static pm_result posix_chunk_commit(void *p, size_t len, int numa_node)
 {
     pm_result r = check_lockable(len, "pool memory");
@@ -550,7 +541,6 @@ pm_result pm__backend_posix_open(pm__backend *out)
     out->foreign_unregister = posix_foreign_unregister;
     out->foreign_get_flags = posix_foreign_get_flags;
     out->foreign_get_device_pointer = posix_foreign_get_device_pointer;
-    out->foreign_get_address_range = posix_foreign_get_address_range;
     out->stream_create = pm__posix_stream_create;
     out->stream_check = pm__posix_stream_check;
     out->stream_id = pm__posix_stream_id;

@@ -112,6 +112,21 @@ static pm_result posix_pointer_kind(pm_deviceptr p, size_t bytes, pm__memory_kin
     return posix_pointer_extent(p, bytes, kind, &lo, &hi);
 }
 
+/* As the driver answers for device memory: the allocation's base and the
+ * size asked for; the rest of its last page is no part of it. */
+static pm_result posix_device_address_range(pm_deviceptr *pbase, size_t *psize, pm_deviceptr p)
+{
+    pm__range r;
+    if (!devices_made() || !pm__ranges_find(devices_made(), (uintptr_t)p, &r))
+        return pm__fail(PM_ERROR_NOT_FOUND,
+                        "pm_mem_get_address_range: 0x%llx is neither pinned nor device memory", p);
+    if (pbase)
+        *pbase = (pm_deviceptr)r.base;
+    if (psize)
+        *psize = r.size;
+    return PM_SUCCESS;
+}
+
 /* One simulated device and no contexts: every copy runs where it is. */
 static pm_result posix_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm__place *out)
 {
@@ -179,6 +194,7 @@ void pm__posix_device_open(pm__backend *out)
     out->pointer_kind = posix_pointer_kind;
     out->pointer_extent = posix_pointer_extent;
     out->pointer_device = posix_pointer_device;
+    out->foreign_get_address_range = posix_device_address_range;
     out->copy_place = posix_copy_place;
     out->place_enter = posix_place_enter;
     out->place_leave = posix_place_leave;
