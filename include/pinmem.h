@@ -101,8 +101,9 @@ PM_API int pm_last_driver_error(void);
  * PINMEM_* value (the detail names it), PM_ERROR_NO_DEVICE when
  * PINMEM_BACKEND=cuda and the driver cannot be used.
  *
- * fork(): a child of a process that has initialised pinmem cannot use it, as
- * the CUDA driver cannot be used after fork (and the parent's streams,
+ * fork(): a child of a process that has initialised pinmem, or was
+ * initialising it on another thread when it forked, cannot use it, as the
+ * CUDA driver cannot be used after fork (and the parent's streams,
  * staging threads and locks are not in the child). In such a child every
  * call fails at once with PM_ERROR_NOT_INITIALIZED, and pm_last_error_detail()
  * names the process that initialised pinmem; nothing waits, and nothing is
@@ -481,9 +482,10 @@ PM_API pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t ca
  * later, as with the driver); device to host into pageable memory completes
  * before returning, and into page-locked memory runs in stream order.
  *
- * bytes 0 succeeds and does nothing; otherwise a NULL pointer on either side
- * and a range that wraps around are PM_ERROR_INVALID_VALUE, and the stream
- * is checked.
+ * bytes 0 succeeds and does nothing; otherwise a NULL pointer on either side,
+ * a range that wraps around and a destination any byte of which lies in a
+ * READ_ONLY registration (the driver refuses every copy into one) are
+ * PM_ERROR_INVALID_VALUE, before anything moves, and the stream is checked.
  *
  * Where a copy runs (cuda): in its stream's context; on the default stream,
  * in the calling thread's current context, or, for a thread without one,
@@ -728,8 +730,9 @@ PM_API pm_result pm_device_free(pm_deviceptr dptr);
  * page-locked host memory only, as pm_memcpy_htod_async does.
  *
  * bytes 0 succeeds and does nothing; otherwise NULL on either side, ranges
- * that wrap around the address space or overlap each other, a device range
- * that runs past its allocation's end (posix) and a stream that is not live
+ * that wrap around the address space or overlap each other, a destination
+ * any byte of which lies in a READ_ONLY registration, a device range that
+ * runs past its allocation's end (posix) and a stream that is not live
  * (posix) are INVALID_VALUE (INVALID_HANDLE for the stream). pm_memcpy is
  * ordered on the default stream, as the synchronous copies above are. */
 PM_API pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes);
@@ -779,8 +782,9 @@ PM_API pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned acce
  * PM_ERROR_INVALID_VALUE and a detail naming its index: a NULL pointer with a size, a range
  * that wraps around, a destination that overlaps its own source, another element's
  * destination or another element's source (copies in a batch may not depend on each
- * other), a device range that runs past its allocation's end (posix). An element of 0
- * bytes does nothing and its pointers are not looked at. count 0 and a NULL array are
+ * other), a destination any byte of which lies in a READ_ONLY registration, a device
+ * range that runs past its allocation's end (posix). An element of 0 bytes does nothing
+ * and its pointers are not looked at. count 0 and a NULL array are
  * PM_ERROR_INVALID_VALUE, as with the driver; the stream is checked
  * (PM_ERROR_INVALID_HANDLE). On a stream that is capturing a graph (cuda) every host side
  * must be page-locked (PM_ERROR_STREAM_CAPTURE_UNSUPPORTED otherwise, as
