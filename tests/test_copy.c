@@ -1034,6 +1034,47 @@ static void config_amid_copies(void)
     CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
 }
 
+/* The statistics, which count the engine's threads without holding the
+ * copy gate, read beside new shapes of engine (pm_copy_set_config stops it,
+ * the next copy starts it): each read counts no threads, the old shape's or
+ * the new one's. The stop once zeroed the count outside the engine's lock,
+ * a data race ThreadSanitizer reports. */
+static atomic_bool shapes_done;
+
+static void *read_stats_until_done(void *arg)
+{
+    const unsigned *counts = arg;
+    while (!atomic_load(&shapes_done)) {
+        const unsigned n = staging_threads_now();
+        CHECK(n == 0 || n == counts[0] || n == counts[1]);
+    }
+    return NULL;
+}
+
+static void stats_amid_new_shapes(void)
+{
+    pm_copy_config saved = {.struct_size = sizeof saved};
+    REQUIRE_RESULT(pm_copy_get_config(&saved), PM_SUCCESS);
+    const size_t n = 256 << 10;
+    SCOPED_MALLOC uint8_t *src = malloc(n);
+    SCOPED_DEVICE pm_deviceptr dev = device_alloc(n);
+    REQUIRE(src && dev);
+    fill(src, n, 41);
+    unsigned counts[2] = {saved.workers, saved.workers > 1 ? saved.workers - 1 : 2};
+    atomic_store(&shapes_done, false);
+    pthread_t reader;
+    REQUIRE(start_threads(&reader, 1, read_stats_until_done, counts, sizeof counts) == 1);
+    pm_copy_config c = saved;
+    for (unsigned i = 0; i < 40; i++) {
+        CHECK_RESULT(pm_memcpy_htod(dev, src, n), PM_SUCCESS); /* starts the engine */
+        c.workers = counts[(i + 1) % 2];
+        CHECK_RESULT(pm_copy_set_config(&c), PM_SUCCESS);
+    }
+    atomic_store(&shapes_done, true);
+    join_threads(&reader, 1);
+    CHECK_RESULT(pm_copy_set_config(&saved), PM_SUCCESS);
+}
+
 int main(void)
 {
     if (pm_init(0) != PM_SUCCESS) {
@@ -1064,5 +1105,6 @@ int main(void)
     learnt_stores();
     budget();
     config_amid_copies();
+    stats_amid_new_shapes();
     return check_finish("test_copy");
 }

@@ -268,7 +268,10 @@ static void stop(engine *eng)
     free(eng->starts);
     eng->threads = NULL;
     eng->starts = NULL;
+    /* Under the lock: the statistics count the threads without the gate. */
+    pthread_mutex_lock(&eng->lock);
     eng->n_threads = eng->want_threads = 0;
+    pthread_mutex_unlock(&eng->lock);
     free_ring(eng);
     pthread_mutex_lock(&eng->lock);
     eng->stopping = false;
