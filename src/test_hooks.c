@@ -20,6 +20,7 @@ atomic_bool pm__fault_policies_refused;
 void (*_Atomic pm__test_destroy_midway)(void);
 void (*_Atomic pm__test_record_midway)(void);
 void (*_Atomic pm__test_init_midway)(void);
+void (*_Atomic pm__test_reap_midway)(void);
 _Thread_local int pm__test_thread_relaxed;
 
 int pm__test_relax_thread(void)

@@ -82,6 +82,10 @@ extern void (*_Atomic pm__test_record_midway)(void);
  * must leave the child refusing), so that a fork can be placed there. */
 extern void (*_Atomic pm__test_init_midway)(void);
 #define PM__TEST_INIT_MIDWAY() PM__TEST_RUN_HOOK(pm__test_init_midway)
+/* Where set, the pools' reaper calls it while it holds its lock, so that a
+ * fork can be placed there. */
+extern void (*_Atomic pm__test_reap_midway)(void);
+#define PM__TEST_REAP_MIDWAY() PM__TEST_RUN_HOOK(pm__test_reap_midway)
 #define PM__TEST_WAIT_REFUSED() \
     (atomic_load(&pm__fault_global_capture) && !pm__test_thread_relaxed)
 /* Relaxes the calling thread's mode in the model; the mode it had. */
@@ -100,6 +104,7 @@ int pm__test_relax_thread(void);
 #define PM__TEST_DESTROY_MIDWAY() ((void)0)
 #define PM__TEST_RECORD_MIDWAY() ((void)0)
 #define PM__TEST_INIT_MIDWAY() ((void)0)
+#define PM__TEST_REAP_MIDWAY() ((void)0)
 #define PM__TEST_RELAX_THREAD() 0
 #define PM__TEST_RESTORE_THREAD(saved) ((void)(saved))
 #endif

@@ -4,8 +4,9 @@
  * in synchronization; no pool fast path that still hands out or takes back
  * blocks; nothing reported pinned. A child forked before the parent's first
  * call initialises as usual; one forked while another thread initialises
- * refuses. The parent goes on unharmed, and a child it
- * forks while pinmem reads a file inherits none of its descriptors. */
+ * refuses. The parent goes on unharmed, a child it forks while pinmem reads
+ * a file inherits none of its descriptors, and one it forks while the pools'
+ * reaper holds its lock exits. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -415,6 +416,60 @@ static void descriptors_stay_private(void)
     CHECK(leaked == 0);
 }
 
+/* A fork while the pools' reaper holds its lock (hook pm__test_reap_midway),
+ * waiting for a destroyed pool's last block to come back on a stream: the
+ * child's exit() must not wait for that lock, which no thread of the child
+ * will ever let go. */
+static atomic_int reap_stage; /* 1: the reaper holds its lock, 2: the child is made */
+
+static void reaper_holds_lock(void)
+{
+    if (getpid() != initialiser || atomic_load(&reap_stage) != 0)
+        return;
+    atomic_store(&reap_stage, 1);
+    for (int waited_ms = 0; atomic_load(&reap_stage) < 2 && waited_ms < 5000; waited_ms++)
+        usleep(1000);
+}
+
+static int exits_with_handlers(void *arg)
+{
+    (void)arg;
+    fflush(stdout);
+    exit(0); /* runs the handlers the parent registered with atexit */
+}
+
+static void fork_while_reaping(void)
+{
+    parent_state st = {0};
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    pm_mem_pool_t pool;
+    REQUIRE_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    void *block = NULL;
+    if (pm_mem_alloc_from_pool(&block, 64, pool) != PM_SUCCESS) {
+        CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+        SKIP_CASE("no pool memory here");
+    }
+    REQUIRE(pipe(st.release) == 0);
+    pm_stream_t s = NULL;
+    CHECK_RESULT(pm_stream_create(&s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(s, wait_for_parent, &st), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(block, s), PM_SUCCESS);
+    atomic_store(&pm__test_reap_midway, reaper_holds_lock);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS); /* the reaper waits for the block */
+    for (int waited_ms = 0; atomic_load(&reap_stage) < 1 && waited_ms < 5000; waited_ms++)
+        usleep(1000);
+    CHECK(atomic_load(&reap_stage) == 1);
+    int child = in_child(exits_with_handlers, NULL);
+    atomic_store(&reap_stage, 2);
+    atomic_store(&pm__test_reap_midway, NULL);
+    CHECK(child == 0);
+    CHECK(write(st.release[1], "x", 1) == 1);
+    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(s), PM_SUCCESS);
+    close(st.release[0]);
+    close(st.release[1]);
+}
+
 int main(void)
 {
     /* Before the parent's first call: the child initialises on its own. */
@@ -429,5 +484,6 @@ int main(void)
     used_parent();
     own_stream_at_fork();
     descriptors_stay_private();
+    fork_while_reaping();
     return check_finish("fork");
 }

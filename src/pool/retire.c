@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../instance.h"
 #include "../thread_start.h"
 #include "pool_internal.h"
 
@@ -93,8 +94,13 @@ static void teardown(pm__pool *pool)
     free(pool);
 }
 
+/* Not in a forked child, which has no reaper: a thread of its parent may have
+ * held the lock at the fork, and the child's exit would wait for it forever. */
 static void stop_at_exit(void)
 {
+    pm_result ignored;
+    if (!pm__instance_get(&ignored))
+        return;
     pthread_mutex_lock(&reap_lock);
     exiting = true;
     pthread_cond_broadcast(&reap_wake);
@@ -138,6 +144,7 @@ static void *reaper_main(void *backend)
     long nap_us = 1000;
     pthread_mutex_lock(&reap_lock);
     while (reap_list && !exiting) {
+        PM__TEST_REAP_MIDWAY();
         pm__pool *pool = take_ready_locked(false);
         if (pool) {
             pthread_mutex_unlock(&reap_lock);
