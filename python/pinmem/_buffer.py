@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 
 from . import _dlpack, _lib
-from ._closing import Closing
+from ._closing import Closing, free_in_forked_child
 from ._errors import check
 from ._resolve import DEVICE, HOST, disown, own
 
@@ -21,7 +21,7 @@ _api.PyMemoryView_FromMemory.restype = ctypes.py_object
 _api.PyMemoryView_FromMemory.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
 _PyBUF_READ, _PyBUF_WRITE = 0x100, 0x200
 
-_close_lock = threading.Lock()
+_close_lock = free_in_forked_child(threading.Lock())
 
 
 def _raw_view(address, nbytes):

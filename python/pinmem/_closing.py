@@ -1,5 +1,15 @@
 """What every pinmem object that holds a resource does with close()."""
 
+import os
+
+
+def free_in_forked_child(lock):
+    """lock, made free again in each child of fork: a thread of the parent
+    may have held it at the fork, and the child's finalizers take it as
+    they let go of the objects the child inherited (pinmem.h, pm_init)."""
+    os.register_at_fork(after_in_child=lock._at_fork_reinit)
+    return lock
+
 
 class Closing:
     """close() when a ``with`` block ends, and on garbage collection, where

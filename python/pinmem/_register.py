@@ -3,14 +3,14 @@
 import threading
 
 from . import _lib
-from ._closing import Closing
+from ._closing import Closing, free_in_forked_child
 from ._errors import check
 from ._resolve import DEVICE, HOST, UNKNOWN, disown, own, resolve
 
 REGISTER_FLAGS = 0xF  # PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
 READ_ONLY = 0x8
 
-_lock = threading.Lock()
+_lock = free_in_forked_child(threading.Lock())
 
 
 class Registration(Closing):

@@ -6,6 +6,7 @@ import sys
 import threading
 
 from . import _access, _dlpack
+from ._closing import free_in_forked_child
 
 PyBUF_SIMPLE = 0
 
@@ -48,7 +49,7 @@ owned = {}
 _bases = []
 _read_only = set()
 _device = set()
-_owned_lock = threading.Lock()
+_owned_lock = free_in_forked_child(threading.Lock())
 
 
 def own(base, nbytes, read_only=False, device=False):

@@ -253,6 +253,55 @@ def test_freed_on_garbage_collection():
     assert ptr
 
 
+def test_forked_child_lets_go_beside_locks_held_at_fork():
+    """A child forked while another thread of the parent held the locks that
+    letting go of a pinmem object takes (as a thread making or closing one
+    does) lets go of the objects it inherited: the child refuses every call
+    (pinmem.h, pm_init), but their finalizers still run there, and no thread
+    of the child will ever release what the parent's thread held."""
+    import os
+    import signal
+    import threading
+
+    from pinmem import _buffer, _register, _resolve
+
+    objects = [pinmem.empty(4096), pinmem.device_empty(4096),
+               pinmem.register(bytearray(8192))]
+    held, release = threading.Event(), threading.Event()
+
+    def hold():  # in the order closing takes them
+        with _buffer._close_lock, _register._lock, _resolve._owned_lock:
+            held.set()
+            release.wait()
+
+    # No finalizer may run here meanwhile: it would wait for the holder.
+    gc.collect()
+    gc.disable()
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(10)  # a hang fails the test rather than stalling it
+                objects.clear()
+                gc.collect()
+                code = 0
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        holder.join()
+        gc.enable()
+    _, status = os.waitpid(pid, 0)
+    assert not os.WIFSIGNALED(status), f"the child hung (signal {os.WTERMSIG(status)})"
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    for o in objects:
+        o.close()
+
+
 def test_not_made_directly():
     with pytest.raises(TypeError):
         pinmem.Buffer()
