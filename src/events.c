@@ -99,6 +99,8 @@ static pm_result hold_pair(const char *name, const pm__backend *b, pm_event_t ev
     return r;
 }
 
+static void forget_at_thread_exit(unsigned long long id);
+
 pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 {
     PM__INSTANCE_OR_RETURN(inst);
@@ -126,6 +128,8 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
     pthread_rwlock_unlock(&event->lock);
     let_go(b, event);
     pm__order_set_free(&order);
+    if (r == PM_SUCCESS && pm__stream_is_threads_own(stream))
+        forget_at_thread_exit(id); /* streams that wait for the event learn of it */
     return r;
 }
 
@@ -159,11 +163,12 @@ pm_result pm_event_synchronize(pm_event_t event)
     return r;
 }
 
-/* What a thread's own stream (PM_STREAM_PER_THREAD) learned is forgotten
- * when the thread exits, with its stream, as pm_stream_destroy forgets what
- * a stream the user made learned: else every thread that ever waited there
- * would stay in stream_order.c's list. The key holds the id learned last;
- * forgetting an id early only misses reuse. */
+/* What a thread's own stream (PM_STREAM_PER_THREAD) learned, and what other
+ * streams learned of it, is forgotten when the thread exits, with its
+ * stream, as pm_stream_destroy forgets a stream the user made: else every
+ * thread that ever waited or recorded there would stay in stream_order.c's
+ * lists. The key holds the id seen last; forgetting an id early only misses
+ * reuse. */
 static pthread_key_t own_order_key;
 static pthread_once_t own_order_once = PTHREAD_ONCE_INIT;
 static bool have_own_order_key;

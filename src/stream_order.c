@@ -114,6 +114,16 @@ bool pm__order_follows(unsigned long long stream_id, unsigned long long other_id
     return follows;
 }
 
+/* Drops set's point for stream_id, if any. */
+static void set_drop(pm__order_set *set, unsigned long long stream_id)
+{
+    for (size_t i = 0; i < set->n; i++)
+        if (set->points[i].stream_id == stream_id) {
+            set->points[i] = set->points[--set->n];
+            return;
+        }
+}
+
 void pm__order_forget(unsigned long long stream_id)
 {
     pthread_mutex_lock(&lock);
@@ -122,7 +132,21 @@ void pm__order_forget(unsigned long long stream_id)
         pm__order_set_free(&w->waits_for);
         *w = waiters[--n_waiters];
     }
+    /* Ids are never reused: points of a stream that is gone would only pile
+     * up in the streams that waited for it, each thread's own stream one more. */
+    for (size_t i = 0; i < n_waiters; i++)
+        set_drop(&waiters[i].waits_for, stream_id);
     pthread_mutex_unlock(&lock);
+}
+
+size_t pm__order_known_points(void)
+{
+    pthread_mutex_lock(&lock);
+    size_t n = 0;
+    for (size_t i = 0; i < n_waiters; i++)
+        n += waiters[i].waits_for.n;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 size_t pm__order_known_streams(void)

@@ -38,10 +38,12 @@ bool pm__order_learn(unsigned long long stream_id, const pm__order_set *set);
  * (before) tick. */
 bool pm__order_follows(unsigned long long stream_id, unsigned long long other_id,
                        unsigned long long tick);
-/* stream_id is gone: drop what is known of it. */
+/* stream_id is gone: drop what it learned, and what others learned of it. */
 void pm__order_forget(unsigned long long stream_id);
 void pm__order_set_free(pm__order_set *set);
 /* How many streams have learned something (what the tests count). */
 size_t pm__order_known_streams(void);
+/* How many points they have learned in all (what the tests count). */
+size_t pm__order_known_points(void);
 
 #endif

@@ -455,6 +455,36 @@ static void own_streams_forgotten(void)
     CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
 }
 
+static void *record_on_own_stream(void *waiter)
+{
+    pm_event_t e = NULL;
+    CHECK_RESULT(pm_event_create(&e), PM_SUCCESS);
+    if (!e)
+        return NULL;
+    CHECK_RESULT(pm_event_record(e, PM_STREAM_PER_THREAD), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_wait_event(waiter, e), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    return NULL;
+}
+
+/* What other streams learned of a thread's own stream goes with the thread
+ * too: a stream that waits for events of many short-lived threads would
+ * otherwise keep a point for each of them for good. */
+static void own_streams_forgotten_by_waiters(void)
+{
+    enum { threads = 32 };
+    pm_stream_t a = NULL;
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    size_t before = pm__order_known_points();
+    for (int i = 0; i < threads; i++) {
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, record_on_own_stream, a) == 0);
+        pthread_join(t, NULL);
+    }
+    CHECK(pm__order_known_points() == before);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+}
+
 /* ------------------------------- the legacy stream and threads' own ones */
 
 static atomic_int own_queued;
@@ -595,6 +625,7 @@ int main(void)
     destroy_while_synchronizing();
     destroy_while_used();
     own_streams_forgotten();
+    own_streams_forgotten_by_waiters();
     legacy_orders_own_streams();
     frees_wait_for_queued_work();
     event_race();
