@@ -7,7 +7,9 @@ def free_in_forked_child(lock):
     """lock, made free again in each child of fork: a thread of the parent
     may have held it at the fork, and the child's finalizers take it as
     they let go of the objects the child inherited (pinmem.h, pm_init)."""
-    os.register_at_fork(after_in_child=lock._at_fork_reinit)
+    reinit = getattr(lock, "_at_fork_reinit", None)  # CPython's, since 3.9
+    if reinit is not None:
+        os.register_at_fork(after_in_child=reinit)
     return lock
 
 
