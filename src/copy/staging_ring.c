@@ -268,12 +268,10 @@ static void stop(engine *eng)
     free(eng->starts);
     eng->threads = NULL;
     eng->starts = NULL;
-    /* Under the lock: the statistics count the threads without the gate. */
-    pthread_mutex_lock(&eng->lock);
-    eng->n_threads = eng->want_threads = 0;
-    pthread_mutex_unlock(&eng->lock);
     free_ring(eng);
     pthread_mutex_lock(&eng->lock);
+    /* Under the lock: the statistics count the threads without the gate. */
+    eng->n_threads = eng->want_threads = 0;
     eng->stopping = false;
     atomic_store(&eng->stop_spinning, false);
     eng->started = false;
