@@ -112,7 +112,13 @@ PM_API int pm_last_driver_error(void);
  * exits). Only the calls that need no library state work there: the version,
  * result names and strings, and the last error. A child forked before its
  * parent's first pinmem call, and any process after exec, initialise as
- * usual. */
+ * usual.
+ *
+ * pthread_cancel(): no pinmem call is a cancellation point. A thread
+ * cancelled while a call waits (for a stream, an event, a copy) finishes the
+ * call, which returns its usual result, and the request acts at the thread's
+ * next cancellation point after it; a thread that makes asynchronous
+ * cancellation its type must not call pinmem. */
 PM_API pm_result pm_init(unsigned flags);
 /* "cuda" or "posix"; NULL when no backend could be initialised (and in a
  * forked child, see pm_init). */

@@ -16,6 +16,7 @@
 #include "errors.h"
 #include "instance.h"
 #include "proc_maps.h"
+#include "no_cancel.h"
 
 typedef enum {
     ACCESS_GOOD,
@@ -122,6 +123,7 @@ static access_verdict ask_msync(uintptr_t start, uintptr_t end)
 pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
                               pm_deviceptr *span_base, size_t *span_size)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (access == 0 || (access & ~(unsigned)(PM_ACCESS_READ | PM_ACCESS_WRITE)))
         return pm__fail(PM_ERROR_INVALID_VALUE,

@@ -14,6 +14,7 @@
 #include "pool/pool.h"
 #include "stream_order.h"
 #include "test_hooks.h"
+#include "no_cancel.h"
 
 struct pm_event_s {
     /* The marker and the order point change together, under the write lock
@@ -54,6 +55,7 @@ static void let_go(const pm__backend *b, pm_event_t e)
 
 pm_result pm_event_create(pm_event_t *event)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     if (!event)
@@ -75,6 +77,7 @@ pm_result pm_event_create(pm_event_t *event)
 
 pm_result pm_event_destroy(pm_event_t event)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!event || !pm__handle_set_remove(&live_events, event))
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_event_destroy: %p is not a live event",
@@ -103,6 +106,7 @@ static void forget_at_thread_exit(unsigned long long id);
 
 pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;
@@ -135,6 +139,7 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 
 pm_result pm_event_query(pm_event_t event)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = hold_event("pm_event_query", event);
     if (r != PM_SUCCESS)
@@ -149,6 +154,7 @@ pm_result pm_event_query(pm_event_t event)
 
 pm_result pm_event_synchronize(pm_event_t event)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = hold_event("pm_event_synchronize", event);
     if (r != PM_SUCCESS)
@@ -199,6 +205,7 @@ static void forget_at_thread_exit(unsigned long long id)
 
 pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;

@@ -16,6 +16,7 @@
 #include "errors.h"
 #include "instance.h"
 #include "pool/pool.h"
+#include "no_cancel.h"
 
 #define ALLOC_FLAGS \
     (PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP | PM_MEMHOSTALLOC_WRITECOMBINED)
@@ -90,6 +91,7 @@ static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned f
 
 pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!pp)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_alloc: pp is NULL");
@@ -120,6 +122,7 @@ pm_result pm_mem_alloc_host(void **pp, size_t bytesize)
 
 pm_result pm_mem_free_host(void *p)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!p)
         return PM_SUCCESS;
@@ -199,6 +202,7 @@ static bool take_budget(size_t bytes, void *result)
 
 pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!p || bytesize == 0)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_register: %s",
@@ -259,6 +263,7 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
 
 pm_result pm_mem_host_unregister(void *p)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!p)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_unregister: p is NULL");

@@ -14,6 +14,7 @@
 #include "proc_maps.h"
 #include "test_hooks.h"
 #include "versioned.h"
+#include "no_cancel.h"
 
 /* maps_fd until /proc/self/maps is first asked for. */
 #define MAPS_UNOPENED (-2)
@@ -98,6 +99,7 @@ static pm_result open_backend(pm__backend *b)
 
 static void initialise(void)
 {
+    PM__NO_CANCEL;
     /* Trying the driver first fails on machines without one; a selection
      * that then succeeds must not leave that failure as the thread's detail. */
     pm__detail_saved before;

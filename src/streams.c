@@ -3,9 +3,11 @@
 #include "instance.h"
 #include "pool/pool.h"
 #include "stream_order.h"
+#include "no_cancel.h"
 
 pm_result pm_stream_create(pm_stream_t *stream)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!stream)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_stream_create: stream is NULL");
@@ -14,6 +16,7 @@ pm_result pm_stream_create(pm_stream_t *stream)
 
 pm_result pm_stream_synchronize(pm_stream_t stream)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = inst->backend.stream_check(stream);
     if (r == PM_SUCCESS)
@@ -25,6 +28,7 @@ pm_result pm_stream_synchronize(pm_stream_t stream)
 
 pm_result pm_stream_destroy(pm_stream_t stream)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!stream || stream == PM_STREAM_LEGACY)
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: the default stream lives on");
@@ -46,6 +50,7 @@ pm_result pm_stream_destroy(pm_stream_t stream)
 
 pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!fn)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_stream_launch_host_func: fn is NULL");

@@ -36,6 +36,7 @@
 #include "../errors.h"
 #include "../instance.h"
 #include "batch.h"
+#include "../no_cancel.h"
 
 static const char name[] = PM__BATCH_NAME;
 
@@ -443,6 +444,7 @@ static pm_result plan_elements(batch *c, const pm_deviceptr *dsts, const pm_devi
 pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *srcs,
                                 const size_t *sizes, size_t count_, pm_stream_t stream)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = check_arrays(dsts, srcs, sizes, count_);
     if (r != PM_SUCCESS)

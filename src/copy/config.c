@@ -10,6 +10,7 @@
 #include "../instance.h"
 #include "../versioned.h"
 #include "copy.h"
+#include "../no_cancel.h"
 
 /* The configuration in effect, every field filled (gate held). */
 static pm_copy_config config_of(const pm__copy_settings *s)
@@ -54,6 +55,7 @@ pm_result pm_copy_get_config(pm_copy_config *config)
 
 pm_result pm_copy_set_config(const pm_copy_config *given)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_set_config", given);

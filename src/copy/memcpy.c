@@ -10,9 +10,11 @@
 #include "../errors.h"
 #include "../instance.h"
 #include "copy.h"
+#include "../no_cancel.h"
 
 pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!dptr)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_device_alloc: dptr is NULL");
@@ -23,6 +25,7 @@ pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes)
 
 pm_result pm_device_alloc_on(pm_deviceptr *dptr, size_t bytes, int ordinal)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     if (!dptr)
@@ -39,6 +42,7 @@ pm_result pm_device_alloc_on(pm_deviceptr *dptr, size_t bytes, int ordinal)
 
 pm_result pm_device_free(pm_deviceptr dptr)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (dptr == 0)
         return PM_SUCCESS;
@@ -117,10 +121,12 @@ static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_devic
 
 pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes)
 {
+    PM__NO_CANCEL;
     return copy_any_direction("pm_memcpy", dst, src, bytes, NULL, true);
 }
 
 pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t stream)
 {
+    PM__NO_CANCEL;
     return copy_any_direction("pm_memcpy_async", dst, src, bytes, stream, false);
 }

@@ -9,6 +9,7 @@
 #include "../errors.h"
 #include "../instance.h"
 #include "fast.h"
+#include "../no_cancel.h"
 
 /* Process-wide (part of the lazily created instance): spare caches, and the
  * key whose destructor flushes a thread's caches when it exits. */
@@ -452,6 +453,7 @@ static pm_result not_pool_memory(void *p)
 
 pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
+    PM__NO_CANCEL;
     pm_result r = alloc_once(pool, pp, bytesize, async, s);
     /* Free blocks may sit in threads' caches (this one's too): back to the
      * pool, where this allocation can take them, and try again. */
@@ -496,6 +498,7 @@ static pm_result claim_free(void *p, pm__span **out_span, _Atomic uint64_t **out
 
 pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
 {
+    PM__NO_CANCEL;
     pm__span *span = NULL;
     _Atomic uint64_t *req = NULL;
     size_t bytes = 0;

@@ -8,6 +8,7 @@
 #include "../instance.h"
 #include "../test_hooks.h"
 #include "fast.h"
+#include "../no_cancel.h"
 
 /* Made under a lock rather than once, so that a creation that ran out of
  * memory is tried again by the next call instead of failing for good. */
@@ -120,6 +121,7 @@ static pm_result create(pm__instance *inst, pm__pool **out, const pm_mem_pool_pr
 
 pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
@@ -133,6 +135,7 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
 
 pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_get_default_pool: pool is NULL");
@@ -154,6 +157,7 @@ pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
 
 pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
 {
+    PM__NO_CANCEL;
     pm__pool *pool = NULL;
     pm_result r = pm__pool_of_handle(handle, &pool);
     if (r != PM_SUCCESS)

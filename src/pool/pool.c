@@ -8,6 +8,7 @@
 #include "../instance.h"
 #include "../versioned.h"
 #include "fast.h"
+#include "../no_cancel.h"
 
 /* The pool this thread checked last, and the epoch it checked it in. */
 static _Thread_local pm__pool *checked_pool __attribute__((tls_model("initial-exec")));
@@ -205,6 +206,7 @@ static void release_down_to(pm__pool *pool, unsigned long long keep)
 
 pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
 {
+    PM__NO_CANCEL;
     pm__pool *pool = NULL;
     pm_result r = pm__pool_of_handle(handle, &pool);
     if (r != PM_SUCCESS)
@@ -263,6 +265,7 @@ static pm_result check_attribute_call(pm_mem_pool_t handle, pm__pool **pool, voi
 
 pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
+    PM__NO_CANCEL;
     pm__pool *pool = NULL;
     pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_set_attribute");
     if (r != PM_SUCCESS)
