@@ -15,8 +15,8 @@
 
 #include "errors.h"
 #include "instance.h"
-#include "proc_maps.h"
 #include "no_cancel.h"
+#include "proc_maps.h"
 
 typedef enum {
     ACCESS_GOOD,

@@ -10,11 +10,12 @@
 
 #include "errors.h"
 #include "handle_set.h"
+#include "host_func.h"
 #include "instance.h"
+#include "no_cancel.h"
 #include "pool/pool.h"
 #include "stream_order.h"
 #include "test_hooks.h"
-#include "no_cancel.h"
 
 struct pm_event_s {
     /* The marker and the order point change together, under the write lock
@@ -56,6 +57,7 @@ static void let_go(const pm__backend *b, pm_event_t e)
 pm_result pm_event_create(pm_event_t *event)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_event_create");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     if (!event)
@@ -78,6 +80,7 @@ pm_result pm_event_create(pm_event_t *event)
 pm_result pm_event_destroy(pm_event_t event)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_event_destroy");
     PM__INSTANCE_OR_RETURN(inst);
     if (!event || !pm__handle_set_remove(&live_events, event))
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_event_destroy: %p is not a live event",
@@ -107,6 +110,8 @@ static void forget_at_thread_exit(unsigned long long id);
 pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 {
     PM__NO_CANCEL;
+    if (!stream || stream == PM_STREAM_LEGACY)
+        PM__REFUSED_IN_HOST_FUNC("pm_event_record on the legacy stream");
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;

@@ -14,9 +14,10 @@
 #include "budget.h"
 #include "copy/copy.h"
 #include "errors.h"
+#include "host_func.h"
 #include "instance.h"
-#include "pool/pool.h"
 #include "no_cancel.h"
+#include "pool/pool.h"
 
 #define ALLOC_FLAGS \
     (PM_MEMHOSTALLOC_PORTABLE | PM_MEMHOSTALLOC_DEVICEMAP | PM_MEMHOSTALLOC_WRITECOMBINED)
@@ -92,6 +93,7 @@ static pm_result alloc_and_claim(pm__instance *inst, size_t bytesize, unsigned f
 pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_host_alloc");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pp)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_alloc: pp is NULL");
@@ -117,12 +119,14 @@ pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags)
 
 pm_result pm_mem_alloc_host(void **pp, size_t bytesize)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_alloc_host");
     return pm_mem_host_alloc(pp, bytesize, 0);
 }
 
 pm_result pm_mem_free_host(void *p)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_free_host");
     PM__INSTANCE_OR_RETURN(inst);
     if (!p)
         return PM_SUCCESS;
@@ -203,6 +207,7 @@ static bool take_budget(size_t bytes, void *result)
 pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_host_register");
     PM__INSTANCE_OR_RETURN(inst);
     if (!p || bytesize == 0)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_register: %s",
@@ -264,6 +269,7 @@ pm_result pm_mem_host_register(void *p, size_t bytesize, unsigned flags)
 pm_result pm_mem_host_unregister(void *p)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_host_unregister");
     PM__INSTANCE_OR_RETURN(inst);
     if (!p)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_unregister: p is NULL");
@@ -314,6 +320,7 @@ static pm_result past_the_bytes(pm_result code, const char *call, const void *p,
 
 pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_host_get_flags");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pflags)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_flags: pflags is NULL");
@@ -336,6 +343,7 @@ pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
 
 pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned flags)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_host_get_device_pointer");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pdptr)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_host_get_device_pointer: pdptr is NULL");
@@ -361,6 +369,7 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
 
 pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_get_address_range");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pbase && !psize)
         return PM_SUCCESS;

@@ -10,11 +10,11 @@
 
 #include "budget.h"
 #include "errors.h"
+#include "no_cancel.h"
 #include "options.h"
 #include "proc_maps.h"
 #include "test_hooks.h"
 #include "versioned.h"
-#include "no_cancel.h"
 
 /* maps_fd until /proc/self/maps is first asked for. */
 #define MAPS_UNOPENED (-2)

@@ -1,13 +1,17 @@
 /* pm_stream_*: the backend's streams, plus what pools do when one settles. */
+#include <stdlib.h>
+
 #include "errors.h"
+#include "host_func.h"
 #include "instance.h"
+#include "no_cancel.h"
 #include "pool/pool.h"
 #include "stream_order.h"
-#include "no_cancel.h"
 
 pm_result pm_stream_create(pm_stream_t *stream)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_stream_create");
     PM__INSTANCE_OR_RETURN(inst);
     if (!stream)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_stream_create: stream is NULL");
@@ -17,6 +21,8 @@ pm_result pm_stream_create(pm_stream_t *stream)
 pm_result pm_stream_synchronize(pm_stream_t stream)
 {
     PM__NO_CANCEL;
+    if (!stream || stream == PM_STREAM_LEGACY)
+        PM__REFUSED_IN_HOST_FUNC("pm_stream_synchronize of the legacy stream");
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = inst->backend.stream_check(stream);
     if (r == PM_SUCCESS)
@@ -29,6 +35,7 @@ pm_result pm_stream_synchronize(pm_stream_t stream)
 pm_result pm_stream_destroy(pm_stream_t stream)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_stream_destroy");
     PM__INSTANCE_OR_RETURN(inst);
     if (!stream || stream == PM_STREAM_LEGACY)
         return pm__fail(PM_ERROR_INVALID_HANDLE, "pm_stream_destroy: the default stream lives on");
@@ -57,5 +64,13 @@ pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), 
     pm_result r = inst->backend.stream_check(stream);
     if (r != PM_SUCCESS)
         return r;
-    return inst->backend.stream_launch_host_func(stream, fn, arg);
+    /* Run through a wrapper that marks the thread, so that the calls fn makes
+     * answer as the driver's do inside a host function. */
+    void *wrapped = pm__host_func_wrap(fn, arg);
+    if (!wrapped)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_stream_launch_host_func: out of memory");
+    r = inst->backend.stream_launch_host_func(stream, pm__host_func_run, wrapped);
+    if (r != PM_SUCCESS)
+        free(wrapped);
+    return r;
 }

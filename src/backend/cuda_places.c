@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "../errors.h"
+#include "../host_func.h"
 
 static const pm__cuda_api *cu;
 static CUcontext primary;
@@ -128,11 +129,23 @@ pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm_
     return PM_SUCCESS;
 }
 
+/* The driver's thread that runs host functions may neither ask for nor
+ * change its context (NOT_PERMITTED). Inside pinmem's host functions the
+ * calls left (host_func.h) are bound to a stream or event, so they go to the
+ * driver as they are; inside another's (the runtime's), the call fails here,
+ * before anything moves. */
+static bool context_calls_refused(CUresult rc)
+{
+    return rc == CUDA_ERROR_NOT_PERMITTED && pm__in_host_func;
+}
+
 pm_result pm__cuda_home_enter(pm__place_scope *scope)
 {
     scope->pushed = false;
     CUcontext current = NULL;
     CUresult rc = cu->ctx_get_current(&current);
+    if (context_calls_refused(rc))
+        return PM_SUCCESS;
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuCtxGetCurrent");
     if (current)
@@ -154,10 +167,12 @@ pm_result pm__cuda_place_enter(const pm__place *p, pm__place_scope *scope)
 {
     scope->pushed = false;
     CUcontext current = NULL;
-    if (!p->context || (cu->ctx_get_current(&current) == CUDA_SUCCESS &&
-                        current == (CUcontext)p->context))
+    if (!p->context)
         return PM_SUCCESS;
-    CUresult rc = cu->ctx_push((CUcontext)p->context);
+    CUresult rc = cu->ctx_get_current(&current);
+    if (context_calls_refused(rc) || (rc == CUDA_SUCCESS && current == (CUcontext)p->context))
+        return PM_SUCCESS;
+    rc = cu->ctx_push((CUcontext)p->context);
     if (rc != CUDA_SUCCESS)
         return pm__cuda_fail(rc, "cuCtxPushCurrent");
     scope->pushed = true;

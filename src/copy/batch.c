@@ -34,9 +34,10 @@
 #include <string.h>
 
 #include "../errors.h"
+#include "../host_func.h"
 #include "../instance.h"
-#include "batch.h"
 #include "../no_cancel.h"
+#include "batch.h"
 
 static const char name[] = PM__BATCH_NAME;
 
@@ -445,6 +446,7 @@ pm_result pm_memcpy_batch_async(const pm_deviceptr *dsts, const pm_deviceptr *sr
                                 const size_t *sizes, size_t count_, pm_stream_t stream)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_memcpy_batch_async");
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = check_arrays(dsts, srcs, sizes, count_);
     if (r != PM_SUCCESS)

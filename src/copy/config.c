@@ -8,9 +8,9 @@
 
 #include "../budget.h"
 #include "../instance.h"
+#include "../no_cancel.h"
 #include "../versioned.h"
 #include "copy.h"
-#include "../no_cancel.h"
 
 /* The configuration in effect, every field filled (gate held). */
 static pm_copy_config config_of(const pm__copy_settings *s)

@@ -6,9 +6,10 @@
 #include <stdint.h>
 
 #include "../errors.h"
+#include "../host_func.h"
 #include "../instance.h"
-#include "copy.h"
 #include "../no_cancel.h"
+#include "copy.h"
 
 /* The bytes of a range the driver has registered: all of its extent, since
  * a user's registration claims exactly its bytes, as the driver's does, and
@@ -306,6 +307,7 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
 pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_memcpy_htod");
     return pm__copy("pm_memcpy_htod", PM__HTOD, (uint8_t *)src, dst, bytes, NULL, true,
                     PM__CAPTURE_NONE);
 }
@@ -313,12 +315,14 @@ pm_result pm_memcpy_htod(pm_deviceptr dst, const void *src, size_t bytes)
 pm_result pm_memcpy_dtoh(void *dst, pm_deviceptr src, size_t bytes)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_memcpy_dtoh");
     return pm__copy("pm_memcpy_dtoh", PM__DTOH, dst, src, bytes, NULL, true, PM__CAPTURE_NONE);
 }
 
 pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes, pm_stream_t stream)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_memcpy_htod_async");
     return pm__copy("pm_memcpy_htod_async", PM__HTOD, (uint8_t *)src, dst, bytes, stream, false,
                     PM__CAPTURE_ASK);
 }
@@ -326,6 +330,7 @@ pm_result pm_memcpy_htod_async(pm_deviceptr dst, const void *src, size_t bytes, 
 pm_result pm_memcpy_dtoh_async(void *dst, pm_deviceptr src, size_t bytes, pm_stream_t stream)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_memcpy_dtoh_async");
     return pm__copy("pm_memcpy_dtoh_async", PM__DTOH, dst, src, bytes, stream, false,
                     PM__CAPTURE_ASK);
 }
@@ -333,6 +338,7 @@ pm_result pm_memcpy_dtoh_async(void *dst, pm_deviceptr src, size_t bytes, pm_str
 pm_result pm_mem_invalidate(void *p, size_t bytes)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_invalidate");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     if (!p && bytes)

@@ -8,13 +8,15 @@
 #include <stdio.h>
 
 #include "../errors.h"
+#include "../host_func.h"
 #include "../instance.h"
-#include "copy.h"
 #include "../no_cancel.h"
+#include "copy.h"
 
 pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_device_alloc");
     PM__INSTANCE_OR_RETURN(inst);
     if (!dptr)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_device_alloc: dptr is NULL");
@@ -26,6 +28,7 @@ pm_result pm_device_alloc(pm_deviceptr *dptr, size_t bytes)
 pm_result pm_device_alloc_on(pm_deviceptr *dptr, size_t bytes, int ordinal)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_device_alloc_on");
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     if (!dptr)
@@ -43,6 +46,7 @@ pm_result pm_device_alloc_on(pm_deviceptr *dptr, size_t bytes, int ordinal)
 pm_result pm_device_free(pm_deviceptr dptr)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_device_free");
     PM__INSTANCE_OR_RETURN(inst);
     if (dptr == 0)
         return PM_SUCCESS;
@@ -122,11 +126,13 @@ static pm_result copy_any_direction(const char *name, pm_deviceptr dst, pm_devic
 pm_result pm_memcpy(pm_deviceptr dst, pm_deviceptr src, size_t bytes)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_memcpy");
     return copy_any_direction("pm_memcpy", dst, src, bytes, NULL, true);
 }
 
 pm_result pm_memcpy_async(pm_deviceptr dst, pm_deviceptr src, size_t bytes, pm_stream_t stream)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_memcpy_async");
     return copy_any_direction("pm_memcpy_async", dst, src, bytes, stream, false);
 }

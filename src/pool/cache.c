@@ -8,8 +8,8 @@
 
 #include "../errors.h"
 #include "../instance.h"
-#include "fast.h"
 #include "../no_cancel.h"
+#include "fast.h"
 
 /* Process-wide (part of the lazily created instance): spare caches, and the
  * key whose destructor flushes a thread's caches when it exits. */

@@ -5,10 +5,11 @@
 #include <stdlib.h>
 
 #include "../errors.h"
+#include "../host_func.h"
 #include "../instance.h"
+#include "../no_cancel.h"
 #include "../test_hooks.h"
 #include "fast.h"
-#include "../no_cancel.h"
 
 /* Made under a lock rather than once, so that a creation that ran out of
  * memory is tried again by the next call instead of failing for good. */
@@ -122,6 +123,7 @@ static pm_result create(pm__instance *inst, pm__pool **out, const pm_mem_pool_pr
 pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_create");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_pool_create: pool is NULL");
@@ -158,6 +160,7 @@ pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
 pm_result pm_mem_pool_destroy(pm_mem_pool_t handle)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_destroy");
     pm__pool *pool = NULL;
     pm_result r = pm__pool_of_handle(handle, &pool);
     if (r != PM_SUCCESS)

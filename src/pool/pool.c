@@ -5,10 +5,11 @@
 #include <string.h>
 
 #include "../errors.h"
+#include "../host_func.h"
 #include "../instance.h"
+#include "../no_cancel.h"
 #include "../versioned.h"
 #include "fast.h"
-#include "../no_cancel.h"
 
 /* The pool this thread checked last, and the epoch it checked it in. */
 static _Thread_local pm__pool *checked_pool __attribute__((tls_model("initial-exec")));
@@ -89,6 +90,7 @@ static inline bool checked_recently(pm_mem_pool_t pool)
 static __attribute__((noinline)) pm_result alloc_general(void **pp, size_t bytesize,
                                                         pm_mem_pool_t pool)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_alloc_from_pool");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = check_alloc_args(pp, pool);
@@ -103,7 +105,7 @@ static __attribute__((noinline)) pm_result alloc_general(void **pp, size_t bytes
 
 pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
 {
-    if (pp && bytesize - 1 < PM__POOL_SMALL_MAX && checked_recently(pool) &&
+    if (pp && bytesize - 1 < PM__POOL_SMALL_MAX && checked_recently(pool) && !pm__in_host_func &&
         pm__pool_try_alloc_fast((pm__pool *)pool, bytesize, pp, false, NULL))
         return PM_SUCCESS;
     return alloc_general(pp, bytesize, pool);
@@ -112,6 +114,7 @@ pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
 pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t pool,
                                        pm_stream_t stream)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_alloc_from_pool_async");
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = check_alloc_args(pp, pool);
     if (r == PM_SUCCESS)
@@ -130,6 +133,7 @@ pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t
 
 static __attribute__((noinline)) pm_result free_general(void *p)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_free");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     if (!p)
@@ -176,13 +180,15 @@ static inline __attribute__((always_inline)) pm__span *run_of(void *p)
 pm_result pm_mem_free(void *p)
 {
     pm__span *run;
-    if (p && (run = run_of(p)) && pm__pool_try_free_fast(p, false, NULL, run))
+    if (p && !pm__in_host_func && (run = run_of(p)) &&
+        pm__pool_try_free_fast(p, false, NULL, run))
         return PM_SUCCESS;
     return free_general(p);
 }
 
 pm_result pm_mem_free_async(void *p, pm_stream_t stream)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_free_async");
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = inst->backend.stream_check(stream);
     if (r != PM_SUCCESS)
@@ -207,6 +213,7 @@ static void release_down_to(pm__pool *pool, unsigned long long keep)
 pm_result pm_mem_pool_trim_to(pm_mem_pool_t handle, size_t min_bytes_to_keep)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_trim_to");
     pm__pool *pool = NULL;
     pm_result r = pm__pool_of_handle(handle, &pool);
     if (r != PM_SUCCESS)

@@ -1,0 +1,42 @@
+#include "host_func.h"
+
+#include <stdlib.h>
+
+#include "errors.h"
+
+_Thread_local bool pm__in_host_func __attribute__((tls_model("initial-exec")));
+
+typedef struct pm__host_func {
+    void (*fn)(void *arg);
+    void *arg;
+} pm__host_func;
+
+void *pm__host_func_wrap(void (*fn)(void *arg), void *arg)
+{
+    pm__host_func *h = malloc(sizeof *h);
+    if (h)
+        *h = (pm__host_func){fn, arg};
+    return h;
+}
+
+void pm__host_func_run(void *wrapped)
+{
+    pm__host_func h = *(pm__host_func *)wrapped;
+    free(wrapped);
+    /* A host function that launches another runs the inner one later, on
+     * its own; the flag is the thread's, for the length of this one. */
+    bool outer = pm__in_host_func;
+    pm__in_host_func = true;
+    h.fn(h.arg);
+    pm__in_host_func = outer;
+}
+
+__attribute__((cold, noinline)) pm_result pm__host_func_refusal(const char *call)
+{
+    return pm__fail(PM_ERROR_NOT_PERMITTED,
+                    "%s: called inside a host function (pm_stream_launch_host_func), where the "
+                    "driver permits no call that allocates, frees, registers, asks about or "
+                    "copies memory, makes or destroys streams, events or pools, or uses the "
+                    "legacy stream",
+                    call);
+}
