@@ -311,10 +311,10 @@ PM_API pm_result pm_stream_synchronize(pm_stream_t stream);
 /* Enqueues fn(arg) on the stream, after the work before it (cuLaunchHostFunc).
  * fn must not be NULL. Inside fn, as inside the driver's host functions,
  * every call that allocates, frees, registers, asks about or copies memory,
- * makes or destroys a stream, event or pool, or uses the legacy stream
- * returns PM_ERROR_NOT_PERMITTED and changes nothing; waiting for, recording
- * on and launching host functions on other streams, and event queries, go
- * through. A wait for fn's own stream, or for an event recorded behind fn,
+ * makes or destroys a stream, event or pool (or sets or reads its
+ * attributes), or uses the legacy or the per-thread default stream returns
+ * PM_ERROR_NOT_PERMITTED and changes nothing; waiting for, recording on and
+ * launching host functions on other streams, and event queries, go through. A wait for fn's own stream, or for an event recorded behind fn,
  * never returns, as with the driver. */
 PM_API pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg);
 

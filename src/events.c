@@ -110,8 +110,7 @@ static void forget_at_thread_exit(unsigned long long id);
 pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 {
     PM__NO_CANCEL;
-    if (!stream || stream == PM_STREAM_LEGACY)
-        PM__REFUSED_IN_HOST_FUNC("pm_event_record on the legacy stream");
+    PM__REFUSED_IN_HOST_FUNC_ON(stream, "pm_event_record on a default stream");
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;
@@ -211,6 +210,7 @@ static void forget_at_thread_exit(unsigned long long id)
 pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC_ON(stream, "pm_stream_wait_event on a default stream");
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;

@@ -37,6 +37,6 @@ __attribute__((cold, noinline)) pm_result pm__host_func_refusal(const char *call
                     "%s: called inside a host function (pm_stream_launch_host_func), where the "
                     "driver permits no call that allocates, frees, registers, asks about or "
                     "copies memory, makes or destroys streams, events or pools, or uses the "
-                    "legacy stream",
+                    "legacy or per-thread default stream",
                     call);
 }

@@ -1,8 +1,8 @@
 /* Calls made inside a host function (pm_stream_launch_host_func) answer as
  * the driver's do there: it refuses every call that allocates, frees,
  * registers, asks about or copies memory, makes or destroys a stream, event
- * or pool, or touches the legacy stream, with NOT_PERMITTED, and lets
- * queries, waits and records on other streams through
+ * or pool, or uses the legacy or per-thread default stream, with
+ * NOT_PERMITTED, and lets queries, waits and records on other streams through
  * (docs/driver-behavior.md, "Calls inside a host function"). */
 #ifndef PINMEM_HOST_FUNC_H
 #define PINMEM_HOST_FUNC_H
@@ -28,6 +28,15 @@ pm_result pm__host_func_refusal(const char *call);
     do {                                              \
         if (pm__in_host_func)                         \
             return pm__host_func_refusal(call);       \
+    } while (0)
+
+/* The same, for a call on stream when it is the legacy or the per-thread
+ * default stream, which no host function may use. */
+#define PM__REFUSED_IN_HOST_FUNC_ON(stream, call)                                 \
+    do {                                                                          \
+        if (pm__in_host_func && (!(stream) || (stream) == PM_STREAM_LEGACY ||     \
+                                 (stream) == PM_STREAM_PER_THREAD))               \
+            return pm__host_func_refusal(call);                                   \
     } while (0)
 
 #endif

@@ -2,9 +2,9 @@
  * as the driver's did there (H200, driver 580, bench/probe/host_func_calls.c;
  * docs/driver-behavior.md): every call that allocates, frees, registers,
  * asks about or copies memory, makes or destroys a stream, event or pool, or
- * uses the legacy stream is refused with NOT_PERMITTED, and changes nothing;
- * waits for and records on other streams, event queries and further host
- * functions go through. The function runs on a stream of its own and on the
+ * uses the legacy or per-thread default stream is refused with
+ * NOT_PERMITTED, and changes nothing; waits for and records on other
+ * streams, event queries and further host functions go through. The function runs on a stream of its own and on the
  * legacy stream; after it, every call works again on that thread and the
  * objects it was handed are whole. */
 #include <pthread.h>
@@ -77,6 +77,9 @@ static void pool_calls(setting *s)
     REFUSED(pm_mem_pool_create(&pool, &props));
     REFUSED(pm_mem_pool_destroy(s->pool));
     REFUSED(pm_mem_pool_trim_to(s->pool, 0));
+    unsigned long long threshold = 0;
+    REFUSED(pm_mem_pool_get_attribute(s->pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+    REFUSED(pm_mem_pool_set_attribute(s->pool, PM_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
     REFUSED(pm_mem_alloc_from_pool(&p, 4096, s->pool));
     REFUSED(pm_mem_alloc_from_pool_async(&p, 4096, s->pool, s->stream));
     REFUSED(pm_mem_alloc_from_pool_async(&p, 4096, s->pool, s->idle));
@@ -110,7 +113,11 @@ static void stream_and_event_calls(setting *s, bool on_legacy)
     REFUSED(pm_event_destroy(s->done));
     REFUSED(pm_stream_synchronize(NULL));
     REFUSED(pm_stream_synchronize(PM_STREAM_LEGACY));
+    REFUSED(pm_stream_synchronize(PM_STREAM_PER_THREAD));
     REFUSED(pm_event_record(s->done, NULL));
+    REFUSED(pm_event_record(s->done, PM_STREAM_PER_THREAD));
+    REFUSED(pm_stream_wait_event(NULL, s->done));
+    REFUSED(pm_stream_launch_host_func(PM_STREAM_LEGACY, nested, s));
     /* Not the legacy stream: these go through, as the driver's do. */
     CHECK_RESULT(pm_stream_synchronize(s->idle), PM_SUCCESS);
     CHECK_RESULT(pm_event_query(s->done), PM_SUCCESS);

@@ -156,10 +156,36 @@ static CUresult copy_dtoh_pageable(place *p)
     return cuMemcpyDtoH(buf, p->device, sizeof buf);
 }
 
+static CUresult per_thread_sync(place *p)
+{
+    (void)p;
+    return cuStreamSynchronize(CU_STREAM_PER_THREAD);
+}
+static CUresult per_thread_record(place *p) { return cuEventRecord(p->done, CU_STREAM_PER_THREAD); }
+static CUresult legacy_wait_event(place *p) { return cuStreamWaitEvent(CU_STREAM_LEGACY, p->done, 0); }
+static CUresult legacy_launch(place *p)
+{
+    (void)p;
+    return cuLaunchHostFunc(CU_STREAM_LEGACY, nothing, NULL);
+}
+static CUresult pool_attributes(place *p)
+{
+    cuuint64_t threshold = 0;
+    CUresult r = cuMemPoolGetAttribute(p->host_pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+    return r != CUDA_SUCCESS
+               ? r
+               : cuMemPoolSetAttribute(p->host_pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+}
+
 static const struct {
     const char *name;
     CUresult (*call)(place *);
 } calls[] = {
+    {"cuStreamSynchronize(per-thread)", per_thread_sync},
+    {"cuEventRecord(per-thread)", per_thread_record},
+    {"cuStreamWaitEvent(legacy, done event)", legacy_wait_event},
+    {"cuLaunchHostFunc(legacy)", legacy_launch},
+    {"cuMemPoolGet + SetAttribute", pool_attributes},
     {"cuMemGetAddressRange(pinned)", address_range},
     {"cuMemHostGetDevicePointer", device_pointer},
     {"cuPointerGetAttribute(memory type)", pointer_attribute},

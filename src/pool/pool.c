@@ -273,6 +273,7 @@ static pm_result check_attribute_call(pm_mem_pool_t handle, pm__pool **pool, voi
 pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_set_attribute");
     pm__pool *pool = NULL;
     pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_set_attribute");
     if (r != PM_SUCCESS)
@@ -315,6 +316,7 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
 
 pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_get_attribute");
     pm__pool *pool = NULL;
     pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_get_attribute");
     if (r != PM_SUCCESS)
