@@ -17,34 +17,12 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "child.h"
 #include "copy_util.h"
 #include "test_hooks.h"
 
-/* Runs body in a child that a watchdog ends after 20 s, so that a hang
- * fails the test instead of stalling it. 0 when the child passed. */
-static int in_child(int (*body)(void *), void *arg)
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        alarm(20);
-        check_failures = 0; /* the child counts its own */
-        int rc = body(arg);
-        fflush(stdout);
-        _exit(rc);
-    }
-    if (pid < 0)
-        return -1;
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (WIFSIGNALED(status)) {
-        fprintf(stderr, "child ended by signal %d%s\n", WTERMSIG(status),
-                WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
-        return -1;
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+/* Each case's watchdog. */
+enum { WATCHDOG_S = 20 };
 
 static int fresh_child(void *arg)
 {
@@ -73,7 +51,7 @@ static int failed_parent(void *arg)
 {
     setenv("PINMEM_BACKEND", "bogus", 1);
     CHECK_RESULT(pm_init(0), PM_ERROR_INVALID_VALUE);
-    CHECK(in_child(grandchild_of_failure, arg) == 0);
+    CHECK(in_child(grandchild_of_failure, arg, WATCHDOG_S) == 0);
     return check_finish("fork: a parent whose initialisation failed");
 }
 
@@ -134,7 +112,7 @@ static int fork_racing_initialisation(void *arg)
         CHECK(!"a thread to initialise");
         return check_finish("fork: a fork racing initialisation");
     }
-    int child = in_child(refuses_after_racing_fork, NULL);
+    int child = in_child(refuses_after_racing_fork, NULL, WATCHDOG_S);
     atomic_store(&race_stage, 3);
     pthread_join(t, NULL);
     CHECK(child == 0);
@@ -237,7 +215,7 @@ static int child_then_grandchild(void *arg)
 {
     (void)arg;
     expect_refusal(pm_init(0), "pm_init");
-    CHECK(in_child(grandchild, NULL) == 0);
+    CHECK(in_child(grandchild, NULL, WATCHDOG_S) == 0);
     return check_finish("fork: child forking again");
 }
 
@@ -285,8 +263,8 @@ static void used_parent(void)
     REQUIRE_RESULT(pm_stream_create(&st.stream), PM_SUCCESS);
     CHECK_RESULT(pm_stream_launch_host_func(st.stream, wait_for_parent, &st), PM_SUCCESS);
 
-    CHECK(in_child(used_child, &st) == 0);
-    CHECK(in_child(child_then_grandchild, NULL) == 0);
+    CHECK(in_child(used_child, &st, WATCHDOG_S) == 0);
+    CHECK(in_child(child_then_grandchild, NULL, WATCHDOG_S) == 0);
 
     /* The parent is unharmed: its stream runs on, its pools and memory work. */
     CHECK(write(st.release[1], "x", 1) == 1);
@@ -459,7 +437,7 @@ static void fork_while_reaping(void)
     for (int waited_ms = 0; atomic_load(&reap_stage) < 1 && waited_ms < 5000; waited_ms++)
         usleep(1000);
     CHECK(atomic_load(&reap_stage) == 1);
-    int child = in_child(exits_with_handlers, NULL);
+    int child = in_child(exits_with_handlers, NULL, WATCHDOG_S);
     atomic_store(&reap_stage, 2);
     atomic_store(&pm__test_reap_midway, NULL);
     CHECK(child == 0);
@@ -473,9 +451,9 @@ static void fork_while_reaping(void)
 int main(void)
 {
     /* Before the parent's first call: the child initialises on its own. */
-    CHECK(in_child(fresh_child, NULL) == 0);
-    CHECK(in_child(failed_parent, NULL) == 0);
-    CHECK(in_child(fork_racing_initialisation, NULL) == 0);
+    CHECK(in_child(fresh_child, NULL, WATCHDOG_S) == 0);
+    CHECK(in_child(failed_parent, NULL, WATCHDOG_S) == 0);
+    CHECK(in_child(fork_racing_initialisation, NULL, WATCHDOG_S) == 0);
     initialiser = getpid();
     CHECK_RESULT(pm_init(0), PM_SUCCESS);
     if (!on_backend("posix"))

@@ -22,32 +22,9 @@
 #endif
 
 #include "check.h"
+#include "child.h"
 #include "copy_util.h"
 #include "stream_util.h"
-
-/* 0 when the child passed; a hang shows as SIGALRM. */
-static int in_child(int (*body)(void), unsigned watchdog_s)
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        alarm(watchdog_s);
-        int rc = body();
-        fflush(stdout);
-        _exit(rc);
-    }
-    if (pid < 0)
-        return -1;
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (WIFSIGNALED(status)) {
-        fprintf(stderr, "child ended by signal %d%s\n", WTERMSIG(status),
-                WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
-        return -1;
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /* AddressSanitizer: the frames a cancellation unwinds keep their redzones,
  * and its own code at the thread's exit runs over them; so a cancelled
@@ -118,8 +95,9 @@ static void cancel_at_gate(waiter *w)
     CHECK(atomic_load(&w->result) == PM_SUCCESS);
 }
 
-static int stream_synchronize_cancelled(void)
+static int stream_synchronize_cancelled(void *unused)
 {
+    (void)unused;
     waiter w = {.call = synchronize_stream};
     REQUIRE_RESULT_OR(pm_stream_create(&w.stream), PM_SUCCESS, 1);
     CHECK_RESULT(pm_stream_launch_host_func(w.stream, wait_gate, NULL), PM_SUCCESS);
@@ -132,8 +110,9 @@ static int stream_synchronize_cancelled(void)
     return check_finish("cancel: pm_stream_synchronize");
 }
 
-static int event_synchronize_cancelled(void)
+static int event_synchronize_cancelled(void *unused)
 {
+    (void)unused;
     waiter w = {.call = synchronize_event};
     REQUIRE_RESULT_OR(pm_stream_create(&w.stream), PM_SUCCESS, 1);
     CHECK_RESULT(pm_event_create(&w.event), PM_SUCCESS);
@@ -149,8 +128,9 @@ static int event_synchronize_cancelled(void)
 }
 
 /* A synchronous copy from pageable memory first waits for the legacy stream. */
-static int copy_cancelled_behind_stream(void)
+static int copy_cancelled_behind_stream(void *unused)
 {
+    (void)unused;
     enum { BYTES = 8 << 20 };
     waiter w = {.call = copy_to_device, .bytes = BYTES};
     SCOPED_MALLOC uint8_t *host = malloc(BYTES);
@@ -274,8 +254,9 @@ static bool locked_back_to(unsigned long long baseline)
     return locked_kib() <= baseline;
 }
 
-static int cancelled_at_random(void)
+static int cancelled_at_random(void *unused)
 {
+    (void)unused;
     const size_t bytes = UNDER_TSAN ? 1 << 20 : 8 << 20;
     const int rounds = UNDER_TSAN ? 60 : 400;
     held h = {.bytes = bytes};
@@ -332,7 +313,7 @@ static int cancelled_at_random(void)
 
 static const struct {
     const char *name;
-    int (*body)(void);
+    int (*body)(void *);
     unsigned watchdog_s;
 } cases[] = {
     {"stream_synchronize", stream_synchronize_cancelled, 30},
@@ -347,7 +328,7 @@ int main(int argc, char **argv)
     int failed = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (argc < 2 || strcmp(argv[1], cases[i].name) == 0)
-            failed |= in_child(cases[i].body, cases[i].watchdog_s) != 0;
+            failed |= in_child(cases[i].body, NULL, cases[i].watchdog_s) != 0;
     printf("cancel: %s\n", failed ? "some cases failed" : "all cases passed");
     return failed;
 }
