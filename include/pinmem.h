@@ -314,8 +314,9 @@ PM_API pm_result pm_stream_synchronize(pm_stream_t stream);
  * makes or destroys a stream, event or pool (or sets or reads its
  * attributes), or uses the legacy or the per-thread default stream returns
  * PM_ERROR_NOT_PERMITTED and changes nothing; waiting for, recording on and
- * launching host functions on other streams, and event queries, go through. A wait for fn's own stream, or for an event recorded behind fn,
- * never returns, as with the driver. */
+ * launching host functions on other streams, and event queries, go through.
+ * A wait for fn's own stream, or for an event recorded behind fn, never
+ * returns, as with the driver. */
 PM_API pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg);
 
 /* ------------------------------------------------------------------- events */

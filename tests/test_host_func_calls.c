@@ -4,9 +4,10 @@
  * asks about or copies memory, makes or destroys a stream, event or pool, or
  * uses the legacy or per-thread default stream is refused with
  * NOT_PERMITTED, and changes nothing; waits for and records on other
- * streams, event queries and further host functions go through. The function runs on a stream of its own and on the
- * legacy stream; after it, every call works again on that thread and the
- * objects it was handed are whole. */
+ * streams, event queries and further host functions go through. The
+ * function runs on a stream of its own and on the legacy stream; after it,
+ * every call works again on that thread and the objects it was handed are
+ * whole. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>

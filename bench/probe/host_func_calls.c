@@ -162,7 +162,10 @@ static CUresult per_thread_sync(place *p)
     return cuStreamSynchronize(CU_STREAM_PER_THREAD);
 }
 static CUresult per_thread_record(place *p) { return cuEventRecord(p->done, CU_STREAM_PER_THREAD); }
-static CUresult legacy_wait_event(place *p) { return cuStreamWaitEvent(CU_STREAM_LEGACY, p->done, 0); }
+static CUresult legacy_wait_event(place *p)
+{
+    return cuStreamWaitEvent(CU_STREAM_LEGACY, p->done, 0);
+}
 static CUresult legacy_launch(place *p)
 {
     (void)p;
