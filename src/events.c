@@ -110,7 +110,8 @@ static void forget_at_thread_exit(unsigned long long id);
 pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 {
     PM__NO_CANCEL;
-    PM__REFUSED_IN_HOST_FUNC_ON(stream, "pm_event_record on a default stream");
+    if (pm__stream_is_legacy(stream) || pm__stream_is_threads_own(stream))
+        PM__REFUSED_IN_HOST_FUNC("pm_event_record on a default stream");
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;
@@ -210,7 +211,8 @@ static void forget_at_thread_exit(unsigned long long id)
 pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
 {
     PM__NO_CANCEL;
-    PM__REFUSED_IN_HOST_FUNC_ON(stream, "pm_stream_wait_event on a default stream");
+    if (pm__stream_is_legacy(stream) || pm__stream_is_threads_own(stream))
+        PM__REFUSED_IN_HOST_FUNC("pm_stream_wait_event on a default stream");
     PM__INSTANCE_OR_RETURN(inst);
     const pm__backend *b = &inst->backend;
     unsigned long long id = 0;

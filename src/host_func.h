@@ -30,13 +30,4 @@ pm_result pm__host_func_refusal(const char *call);
             return pm__host_func_refusal(call);       \
     } while (0)
 
-/* The same, for a call on stream when it is the legacy or the per-thread
- * default stream, which no host function may use. */
-#define PM__REFUSED_IN_HOST_FUNC_ON(stream, call)                                 \
-    do {                                                                          \
-        if (pm__in_host_func && (!(stream) || (stream) == PM_STREAM_LEGACY ||     \
-                                 (stream) == PM_STREAM_PER_THREAD))               \
-            return pm__host_func_refusal(call);                                   \
-    } while (0)
-
 #endif

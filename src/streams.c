@@ -21,7 +21,8 @@ pm_result pm_stream_create(pm_stream_t *stream)
 pm_result pm_stream_synchronize(pm_stream_t stream)
 {
     PM__NO_CANCEL;
-    PM__REFUSED_IN_HOST_FUNC_ON(stream, "pm_stream_synchronize of a default stream");
+    if (pm__stream_is_legacy(stream) || pm__stream_is_threads_own(stream))
+        PM__REFUSED_IN_HOST_FUNC("pm_stream_synchronize of a default stream");
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = inst->backend.stream_check(stream);
     if (r == PM_SUCCESS)
@@ -57,7 +58,8 @@ pm_result pm_stream_destroy(pm_stream_t stream)
 pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg)
 {
     PM__NO_CANCEL;
-    PM__REFUSED_IN_HOST_FUNC_ON(stream, "pm_stream_launch_host_func on a default stream");
+    if (pm__stream_is_legacy(stream) || pm__stream_is_threads_own(stream))
+        PM__REFUSED_IN_HOST_FUNC("pm_stream_launch_host_func on a default stream");
     PM__INSTANCE_OR_RETURN(inst);
     if (!fn)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_stream_launch_host_func: fn is NULL");

@@ -6,10 +6,8 @@
  * Each case runs in a child that a watchdog ends, so a lock left held fails
  * the case instead of stalling the test. */
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__has_include)

@@ -8,13 +8,13 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
-#include "copy_util.h"
 
 enum { EXIT_STATUS = 3, COPY_BYTES = 16 << 20, THREADS = 4 };
 
