@@ -137,6 +137,32 @@ static void exit_while_cache_unpins(unsigned round)
     exit(EXIT_STATUS);
 }
 
+/* The host function that ends the program. */
+static void exit_from_host_func(void *unused)
+{
+    (void)unused;
+    exit(EXIT_STATUS);
+}
+
+/* A host function on a stream calls exit() behind queued copies, while the
+ * main thread waits for that stream. */
+static void exit_inside_host_func(unsigned round)
+{
+    job j = {0};
+    if (!job_make(&j))
+        _exit(1);
+    for (unsigned i = 0; i < round % 4; i++)
+        pm_memcpy_htod_async(j.device, j.pageable, COPY_BYTES, j.stream);
+    if (pm_stream_launch_host_func(j.stream, exit_from_host_func, NULL) != PM_SUCCESS)
+        _exit(1);
+    pm_memcpy_dtoh_async(j.pageable, j.device, COPY_BYTES, j.stream);
+    if (round % 2)
+        pm_stream_synchronize(j.stream);
+    else
+        pause();
+    _exit(1);
+}
+
 static const struct {
     const char *name;
     void (*body)(unsigned round);
@@ -145,6 +171,7 @@ static const struct {
     {"while_threads_copy", exit_while_threads_copy},
     {"while_pool_reaped", exit_while_pool_reaped},
     {"while_cache_unpins", exit_while_cache_unpins},
+    {"inside_host_func", exit_inside_host_func},
 };
 
 /* Each round a fresh child, which must end by its exit() with its status. */

@@ -4,7 +4,8 @@
  * an event recorded behind it, the legacy stream, the context, another idle
  * stream; queries; allocating, registering and freeing page-locked memory,
  * host pools' calls, streams and events made and destroyed, device memory;
- * synchronous and asynchronous copies. Each call runs in a child of its
+ * synchronous and asynchronous copies; default pools and device queries;
+ * exit() from inside the function. Each call runs in a child of its
  * own, on a stream of its own and on the legacy stream, and a watchdog tells
  * a call that never returns.
  * gcc -O2 -Ibench/probe -I/usr/local/cuda/include bench/probe/host_func_calls.c -lcuda
@@ -180,10 +181,63 @@ static CUresult pool_attributes(place *p)
                : cuMemPoolSetAttribute(p->host_pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
 }
 
+static CUresult host_default_pool(place *p)
+{
+    (void)p;
+    CUmemoryPool pool;
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    return cuMemGetDefaultMemPool(&pool, &where, CU_MEM_ALLOCATION_TYPE_PINNED);
+}
+static CUresult host_current_pool(place *p)
+{
+    (void)p;
+    CUmemoryPool pool;
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    return cuMemGetMemPool(&pool, &where, CU_MEM_ALLOCATION_TYPE_PINNED);
+}
+static CUresult device_default_pool(place *p)
+{
+    (void)p;
+    CUmemoryPool pool;
+    return cuDeviceGetDefaultMemPool(&pool, 0);
+}
+static CUresult device_count(place *p)
+{
+    (void)p;
+    int n = 0;
+    return cuDeviceGetCount(&n);
+}
+static CUresult device_attribute(place *p)
+{
+    (void)p;
+    int v = 0;
+    return cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+}
+static CUresult device_memory_info(place *p)
+{
+    (void)p;
+    size_t free_bytes, total;
+    return cuMemGetInfo(&free_bytes, &total);
+}
+/* Ends the process from inside the function: the status tells whether exit
+ * ran to its end. */
+static CUresult exit_process(place *p)
+{
+    (void)p;
+    exit(7);
+}
+
 static const struct {
     const char *name;
     CUresult (*call)(place *);
 } calls[] = {
+    {"cuMemGetDefaultMemPool(host)", host_default_pool},
+    {"cuMemGetMemPool(host)", host_current_pool},
+    {"cuDeviceGetDefaultMemPool", device_default_pool},
+    {"cuDeviceGetCount", device_count},
+    {"cuDeviceGetAttribute", device_attribute},
+    {"cuMemGetInfo", device_memory_info},
+    {"exit(7)", exit_process},
     {"cuStreamSynchronize(per-thread)", per_thread_sync},
     {"cuEventRecord(per-thread)", per_thread_record},
     {"cuStreamWaitEvent(legacy, done event)", legacy_wait_event},
@@ -282,6 +336,8 @@ int main(void)
             if (WIFSIGNALED(status))
                 printf("%s\n", WTERMSIG(status) == SIGALRM ? " ... did not return in 5 s"
                                                             : strsignal(WTERMSIG(status)));
+            else if (WEXITSTATUS(status) != 0)
+                printf("process ended with status %d\n", WEXITSTATUS(status));
         }
     return 0;
 }
