@@ -10,7 +10,8 @@
 #     non_blocking copy returns; .cpu() after a kernel; torch.cuda.graph
 #     capture and replay of a pinned copy; a capture while another thread
 #     copies; a DataLoader with pin_memory=True, num_workers=4; a CuPy
-#     script; the runtime's answers and last errors, call by call;
+#     script; the runtime's answers and last errors, call by call, and
+#     inside a host function the runtime runs, and after it;
 #   install(): 24 pinned tensors of 2.08 GiB (fewer when the machine lacks
 #     the memory, said in the table), cold 1 GiB pinned tensor (target 8x),
 #     reuse behind torch.cuda._sleep, graph capture and replay, a DataLoader.

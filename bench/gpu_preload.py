@@ -213,6 +213,50 @@ def cupy_script(arg):
     return {"ok": ok}
 
 
+def _runtime_function(name):
+    """The runtime's function name as the program calls it: the preload's
+    when it is there, else the libcudart already loaded (by torch)."""
+    import ctypes
+
+    glob = ctypes.CDLL(None)
+    if hasattr(glob, name):
+        return getattr(glob, name)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/libcudart.so" in line:
+                return getattr(ctypes.CDLL(line.split()[-1], mode=os.RTLD_NOLOAD), name)
+    raise RuntimeError("no libcudart in the process")
+
+
+def _answer_log():
+    """A list of answers, and the function that notes one with the runtime's
+    last error after it."""
+    answers = []
+
+    def note(what, rc):
+        answers.append(f"{what}: {rc} (last error {_runtime_function('cudaGetLastError')()})")
+        return rc
+
+    return answers, note
+
+
+def _page_aligned(nbytes):
+    """A buffer of nbytes and its first page-aligned address (a c_void_p)."""
+    import ctypes
+
+    buf = ctypes.create_string_buffer(nbytes)
+    return buf, ctypes.c_void_p(ctypes.addressof(buf) + 4096 - ctypes.addressof(buf) % 4096)
+
+
+def _device_and_pageable(torch, nbytes):
+    """A device tensor and a pageable one of random bytes, and their addresses."""
+    import ctypes
+
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    return dev, host, ctypes.c_void_p(dev.data_ptr()), ctypes.c_void_p(host.data_ptr())
+
+
 def runtime_answers(arg):
     """The runtime's answers to a fixed sequence of the interposed calls,
     errors and last errors included (pointers as relations, not values), to
@@ -220,23 +264,9 @@ def runtime_answers(arg):
     import ctypes
 
     torch = _torch_cuda()
-    glob = ctypes.CDLL(None)  # the preload's functions first, when it is there
-    local = None
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            if "/libcudart.so" in line:
-                local = ctypes.CDLL(line.split()[-1], mode=os.RTLD_NOLOAD)
-                break
-
-    def fn(name):
-        return getattr(glob, name) if hasattr(glob, name) else getattr(local, name)
-
+    fn = _runtime_function
     c_void_p, c_size_t, c_uint, byref = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.byref
-    answers = []
-
-    def note(what, rc):
-        answers.append(f"{what}: {rc} (last error {fn('cudaGetLastError')()})")
-        return rc
+    answers, note = _answer_log()
 
     def flags_of(p):
         f = c_uint()
@@ -276,8 +306,7 @@ def runtime_answers(arg):
     note("cudaHostAlloc(NULL)", fn("cudaHostAlloc")(None, c_size_t(4096), c_uint(0)))
     note("cudaMallocHost(0)", fn("cudaMallocHost")(byref(p), c_size_t(0)))
     note("cudaFreeHost(NULL)", fn("cudaFreeHost")(None))
-    buf = ctypes.create_string_buffer(3 << 20)
-    base = c_void_p(ctypes.addressof(buf) + 4096 - ctypes.addressof(buf) % 4096)
+    buf, base = _page_aligned(3 << 20)
     for flags in (0, 1, 2, 8, 4):
         rc = note(f"cudaHostRegister(2 MiB, {flags:#x})",
                   fn("cudaHostRegister")(base, c_size_t(2 << 20), c_uint(flags)))
@@ -290,9 +319,7 @@ def runtime_answers(arg):
             note("  cudaHostUnregister again", fn("cudaHostUnregister")(base))
     note("cudaHostUnregister(NULL)", fn("cudaHostUnregister")(None))
     flags_of(base)
-    dev = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
-    host = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8)
-    dptr, hptr = c_void_p(dev.data_ptr()), c_void_p(host.data_ptr())
+    dev, host, dptr, hptr = _device_and_pageable(torch, 8 << 20)
     for kind in (1, 4, 7):
         note(f"cudaMemcpy(dev, pageable, 8 MiB, kind {kind})",
              fn("cudaMemcpy")(dptr, hptr, c_size_t(8 << 20), kind))
@@ -303,6 +330,53 @@ def runtime_answers(arg):
     note("cudaMemcpy(dev, pageable, 0 bytes, kind 1)", fn("cudaMemcpy")(dptr, hptr, c_size_t(0), 1))
     torch.cuda.synchronize()
     answers.append(f"bytes back equal: {bool(torch.equal(dev.cpu(), host))}")
+    return {"answers": answers}
+
+
+def host_func_answers(arg):
+    """The runtime's answers to the interposed calls made inside a host
+    function the runtime runs (cudaLaunchHostFunc on the legacy stream),
+    where the driver refuses them, and to the frees of the same memory after
+    it; to compare without and with the preload, whose served memory must
+    stay its own when a call inside is refused."""
+    import ctypes
+
+    torch = _torch_cuda()
+    fn = _runtime_function
+    c_void_p, c_size_t, c_uint, byref = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.byref
+    answers, note = _answer_log()
+
+    pinned = c_void_p()
+    note("cudaHostAlloc(64 MiB) before",
+         fn("cudaHostAlloc")(byref(pinned), c_size_t(64 << 20), c_uint(0)))
+    buf, base = _page_aligned(3 << 20)
+    note("cudaHostRegister(2 MiB) before",
+         fn("cudaHostRegister")(base, c_size_t(2 << 20), c_uint(0)))
+    dev, host, dptr, hptr = _device_and_pageable(torch, 8 << 20)
+    side = c_void_p()
+    fn("cudaStreamCreate")(byref(side))
+
+    def inside(_):
+        p = c_void_p()
+        note("  inside: cudaHostAlloc(1 MiB)",
+             fn("cudaHostAlloc")(byref(p), c_size_t(1 << 20), c_uint(0)))
+        note("  inside: cudaMallocHost(4 KiB)", fn("cudaMallocHost")(byref(p), c_size_t(4096)))
+        note("  inside: cudaFreeHost(made before)", fn("cudaFreeHost")(pinned))
+        note("  inside: cudaHostUnregister(made before)", fn("cudaHostUnregister")(base))
+        f = c_uint()
+        note("  inside: cudaHostGetFlags", fn("cudaHostGetFlags")(byref(f), pinned))
+        note("  inside: cudaMemcpy(dev, pageable, 8 MiB)",
+             fn("cudaMemcpy")(dptr, hptr, c_size_t(8 << 20), 1))
+        note("  inside: cudaMemcpyAsync(dev, pageable, 8 MiB, another stream)",
+             fn("cudaMemcpyAsync")(dptr, hptr, c_size_t(8 << 20), 1, side))
+
+    callback = ctypes.CFUNCTYPE(None, c_void_p)(inside)
+    note("cudaLaunchHostFunc(legacy)", fn("cudaLaunchHostFunc")(None, callback, None))
+    note("cudaStreamSynchronize(legacy)", fn("cudaStreamSynchronize")(None))
+    note("cudaStreamSynchronize(another)", fn("cudaStreamSynchronize")(side))
+    note("cudaFreeHost after", fn("cudaFreeHost")(pinned))
+    note("cudaHostUnregister after", fn("cudaHostUnregister")(base))
+    fn("cudaStreamDestroy")(side)
     return {"answers": answers}
 
 
@@ -351,7 +425,7 @@ def install_reuse(arg):
 
 CHECKS = {f.__name__: f for f in (cold_pin, to_cuda, overwrite, cpu_after_kernel, graph,
                                    graph_while_copying, dataloader, cupy_script, runtime_answers,
-                                   install_footprint, install_reuse)}
+                                   host_func_answers, install_footprint, install_reuse)}
 
 
 # ---------------------------------------------------------------- driver
@@ -506,18 +580,23 @@ def main():
         print(f"  cupy_script: {json.dumps(r)}", flush=True)
         row("preload: a CuPy script runs unaffected", None if "skipped" in r else
             r.get("ok") is True, r.get("skipped") or r.get("error") or "ok")
-    if want("runtime_answers"):
-        b, f = run_noting("runtime_answers"), run_noting("runtime_answers", "", pre)
+    for check, name in (("runtime_answers", "preload: the runtime's answers and last errors "
+                                             "unchanged"),
+                        ("host_func_answers", "preload: answers inside a runtime's host function "
+                                              "and after it unchanged")):
+        if not want(check):
+            continue
+        b, f = run_noting(check), run_noting(check, "", pre)
         diff = [f"    without: {x}\n    with:    {y}"
                 for x, y in zip(b.get("answers", []), f.get("answers", [])) if x != y]
-        print("  runtime answers without the preload:\n    " +
+        print(f"  {check} without the preload:\n    " +
               "\n    ".join(b.get("answers", [b.get("error", "?")])), flush=True)
         if diff:
             print("  answers that differ:\n" + "\n".join(diff), flush=True)
         ok = "error" not in b and "error" not in f and not diff and \
             len(b.get("answers", [])) == len(f.get("answers", []))
-        row("preload: the runtime's answers and last errors unchanged", ok,
-            f.get("error") or b.get("error") or f"{len(diff)} of {len(b.get('answers', []))} differ"
+        row(name, ok, f.get("error") or b.get("error") or
+            f"{len(diff)} of {len(b.get('answers', []))} differ"
             f"; served by pinmem: {sum(f.get('served', {}).values())} calls")
 
     print("== pinmem.torch.install()", flush=True)

@@ -312,11 +312,18 @@ PM_API pm_result pm_stream_synchronize(pm_stream_t stream);
  * fn must not be NULL. Inside fn, as inside the driver's host functions,
  * every call that allocates, frees, registers, asks about or copies memory,
  * makes or destroys a stream, event or pool (or sets or reads its
- * attributes), or uses the legacy or the per-thread default stream returns
- * PM_ERROR_NOT_PERMITTED and changes nothing; waiting for, recording on and
- * launching host functions on other streams, and event queries, go through.
+ * attributes or statistics), asks for the default pool or about devices,
+ * or uses the legacy or the per-thread default stream returns
+ * PM_ERROR_NOT_PERMITTED and changes nothing; so do pm_copy_get_config,
+ * pm_copy_set_config, pm_copy_get_stats and pm_get_setting, which may wait
+ * behind copies that wait for fn. Waiting for, recording on and launching
+ * host functions on other streams, event queries, pm_init,
+ * pm_get_capabilities, the pinned budget and pm_mem_check_access go through.
  * A wait for fn's own stream, or for an event recorded behind fn, never
- * returns, as with the driver. */
+ * returns, as with the driver. On CUDA the same holds inside a host function
+ * another library queued (cuLaunchHostFunc, cudaLaunchHostFunc); there, a
+ * process's first pinmem call is refused and starts nothing, and the next
+ * one outside starts pinmem. */
 PM_API pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), void *arg);
 
 /* ------------------------------------------------------------------- events */

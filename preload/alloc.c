@@ -121,6 +121,10 @@ static bool try_give_back(pm__attempt *a, void *p, pm__owned_kind kind)
         return false;
     pm_result r = kind == PM__OWNED_ALLOC ? pm->pm_mem_free_host(p) : pm->pm_mem_host_unregister(p);
     if (r != PM_SUCCESS) {
+        /* Refused inside a host function, pinmem freed nothing: the
+         * program's free after it must find the memory still pinmem's. */
+        if (r == PM_ERROR_NOT_PERMITTED)
+            pm__owned_add(p, bytes, kind);
         pm__attempt_failed(a, pm, r);
         return false;
     }

@@ -2,11 +2,13 @@
 #include <string.h>
 
 #include "errors.h"
+#include "host_func.h"
 #include "instance.h"
 #include "versioned.h"
 
 pm_result pm_device_count(int *count)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_device_count");
     PM__INSTANCE_OR_RETURN(inst);
     if (!count)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_device_count: count is NULL");
@@ -16,6 +18,7 @@ pm_result pm_device_count(int *count)
 
 pm_result pm_device_get_info(int ordinal, pm_device_info *info)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_device_get_info");
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_device_get_info", info);
     if (r != PM_SUCCESS)

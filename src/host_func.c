@@ -4,7 +4,7 @@
 
 #include "errors.h"
 
-_Thread_local bool pm__in_host_func __attribute__((tls_model("initial-exec")));
+_Thread_local unsigned char pm__thread_calls __attribute__((tls_model("initial-exec")));
 
 typedef struct pm__host_func {
     void (*fn)(void *arg);
@@ -25,16 +25,17 @@ void pm__host_func_run(void *wrapped)
     free(wrapped);
     /* A host function that launches another runs the inner one later, on
      * its own; the flag is the thread's, for the length of this one. */
-    bool outer = pm__in_host_func;
-    pm__in_host_func = true;
+    unsigned char outer = pm__thread_calls;
+    pm__thread_calls = PM__THREAD_IN_HOST_FUNC;
     h.fn(h.arg);
-    pm__in_host_func = outer;
+    pm__thread_calls = outer;
 }
 
 __attribute__((cold, noinline)) pm_result pm__host_func_refusal(const char *call)
 {
     return pm__fail(PM_ERROR_NOT_PERMITTED,
-                    "%s: called inside a host function (pm_stream_launch_host_func), where the "
+                    "%s: called inside a host function (pm_stream_launch_host_func or "
+                    "cuLaunchHostFunc), where the "
                     "driver permits no call that allocates, frees, registers, asks about or "
                     "copies memory, makes or destroys streams, events or pools, or uses the "
                     "legacy or per-thread default stream",

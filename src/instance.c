@@ -10,6 +10,7 @@
 
 #include "budget.h"
 #include "errors.h"
+#include "host_func.h"
 #include "no_cancel.h"
 #include "options.h"
 #include "proc_maps.h"
@@ -144,6 +145,16 @@ pm__instance *pm__instance_get(pm_result *r)
                       (int)init_pid, (int)getpid());
         return NULL;
     }
+    if (!atomic_load_explicit(&init_begun, memory_order_acquire) &&
+        pm__backend_cuda_in_host_func()) {
+        /* The driver refuses what opening its backend takes; it is not
+         * tried, so that a later call outside the function can succeed. */
+        *r = pm__fail(PM_ERROR_NOT_PERMITTED,
+                      "pinmem cannot start inside a host function (cuLaunchHostFunc), where the "
+                      "driver refuses the calls that start it: make a first pinmem call outside "
+                      "one");
+        return NULL;
+    }
     pthread_once(&once, initialise);
     if (init_result != PM_SUCCESS) {
         /* Every thread that asks learns why, not just the one that initialised. */
@@ -151,6 +162,20 @@ pm__instance *pm__instance_get(pm_result *r)
         return NULL;
     }
     return &instance;
+}
+
+bool pm__host_func_thread_check(void)
+{
+    if (pm__thread_calls == PM__THREAD_IN_HOST_FUNC)
+        return true;
+    pm_result ignored;
+    pm__instance *inst = pm__instance_get(&ignored);
+    if (!inst)
+        return false; /* the call's preamble gives the reason */
+    if (inst->backend.thread_runs_host_funcs && inst->backend.thread_runs_host_funcs())
+        return true;
+    pm__thread_calls = PM__THREAD_FREE;
+    return false;
 }
 
 pm_result pm_init(unsigned flags)

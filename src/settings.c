@@ -3,12 +3,14 @@
 #include <string.h>
 
 #include "copy/copy.h"
+#include "host_func.h"
 #include "instance.h"
 #include "options.h"
 #include "versioned.h"
 
 pm_result pm_get_setting(unsigned index, pm_setting *setting)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_get_setting"); /* it reads the copy settings, as pm_copy_get_config */
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_get_setting", setting);

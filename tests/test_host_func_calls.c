@@ -7,7 +7,10 @@
  * streams, event queries and further host functions go through. The
  * function runs on a stream of its own and on the legacy stream; after it,
  * every call works again on that thread and the objects it was handed are
- * whole. */
+ * whole. On CUDA the same calls answer alike inside a host function another
+ * library launched with the driver's cuLaunchHostFunc, which pinmem cannot
+ * mark; a process whose first pinmem call is made there is refused, and
+ * starts at its next call outside. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -15,7 +18,44 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "child.h"
 #include "copy_util.h"
+
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+#include <cuda.h>
+#include <dlfcn.h>
+
+/* The driver's calls another library would make, loaded from libcuda. */
+typedef struct driver_api {
+    CUresult (*init)(unsigned);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*primary_retain)(CUcontext *, CUdevice);
+    CUresult (*push)(CUcontext);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
+    CUresult (*stream_synchronize)(CUstream);
+    CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
+} driver_api;
+
+static driver_api drv;
+
+/* false without a driver (or one that lacks a call). */
+static bool driver_api_load(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib)
+        return false;
+    static const char *const names[] = {
+        "cuInit",         "cuDeviceGet",        "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent_v2",
+        "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",      "cuLaunchHostFunc"};
+    void **slots = (void **)&drv;
+    _Static_assert(sizeof drv == sizeof names / sizeof names[0] * sizeof(void *), "one name a slot");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(slots[i] = dlsym(lib, names[i])))
+            return false;
+    return true;
+}
+#endif
 
 enum { BYTES = 64 << 10 };
 
@@ -32,6 +72,7 @@ typedef struct setting {
     pm_deviceptr device;
     uint8_t *pageable;
     unsigned pinned_flags;
+    pm_copy_config config; /* the engine's, as the function starts */
     atomic_int nested_ran;
 } setting;
 
@@ -132,6 +173,36 @@ static void stream_and_event_calls(setting *s, bool on_legacy)
         CHECK_RESULT(pm_event_record(s->done, s->stream), PM_SUCCESS);
 }
 
+/* Queries the driver refuses there (its default pool, devices), and
+ * pinmem's own that may wait behind work waiting for the function; pinmem's
+ * answers from what it holds still go through. */
+static void query_calls(setting *s)
+{
+    pm_mem_pool_t pool = NULL;
+    int count = 0;
+    pm_device_info info = {.struct_size = sizeof info};
+    pm_copy_config config = s->config;
+    pm_copy_stats copies = {.struct_size = sizeof copies};
+    pm_pool_stats pooled = {.struct_size = sizeof pooled};
+    char json[512];
+    size_t needed = 0;
+    REFUSED(pm_mem_get_default_pool(&pool));
+    REFUSED(pm_device_count(&count));
+    REFUSED(pm_device_get_info(0, &info));
+    REFUSED(pm_copy_get_config(&config));
+    REFUSED(pm_copy_set_config(&config));
+    REFUSED(pm_copy_get_stats(&copies));
+    REFUSED(pm_mem_pool_get_stats(s->pool, &pooled));
+    REFUSED(pm_mem_pool_stats_json(NULL, json, sizeof json, &needed));
+    pm_setting setting = {.struct_size = sizeof setting};
+    REFUSED(pm_get_setting(0, &setting));
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    unsigned long long budget = 0;
+    CHECK_RESULT(pm_init(0), PM_SUCCESS);
+    CHECK_RESULT(pm_get_capabilities(&caps), PM_SUCCESS);
+    CHECK_RESULT(pm_get_pinned_budget(&budget), PM_SUCCESS);
+}
+
 static bool legacy_case;
 static atomic_int behind_recorded, calls_ran;
 
@@ -143,6 +214,7 @@ static void make_calls(void *arg)
     memory_calls(s);
     pool_calls(s);
     copy_calls(s);
+    query_calls(s);
     stream_and_event_calls(s, legacy_case);
     atomic_store(&calls_ran, 1);
 }
@@ -170,7 +242,22 @@ static void check_after(setting *s)
     CHECK_RESULT(pm_device_free(s->device), PM_SUCCESS);
 }
 
-static void in_host_function(bool on_legacy)
+/* How the function is queued: pinmem's call, or the driver's as another
+ * library would call it (CUDA only; pinmem's streams are the driver's). */
+typedef enum launcher { BY_PINMEM, BY_DRIVER } launcher;
+
+static pm_result launch(launcher by, pm_stream_t stream, void (*fn)(void *), void *arg)
+{
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+    if (by == BY_DRIVER)
+        return drv.launch_host_func((CUstream)stream, fn, arg) == CUDA_SUCCESS ? PM_SUCCESS
+                                                                               : PM_ERROR_UNKNOWN;
+#endif
+    (void)by;
+    return pm_stream_launch_host_func(stream, fn, arg);
+}
+
+static void in_host_function(bool on_legacy, launcher by)
 {
     setting s = {0};
     SCOPED_MALLOC void *registered = aligned_alloc(4096, BYTES);
@@ -192,13 +279,15 @@ static void in_host_function(bool on_legacy)
     s.pageable = pageable;
     fill(s.pinned, BYTES, 5);
     REQUIRE_RESULT(pm_mem_host_get_flags(&s.pinned_flags, s.pinned), PM_SUCCESS);
+    s.config.struct_size = sizeof s.config;
+    REQUIRE_RESULT(pm_copy_get_config(&s.config), PM_SUCCESS);
     REQUIRE_RESULT(pm_event_record(s.done, s.stream), PM_SUCCESS);
     REQUIRE_RESULT(pm_event_synchronize(s.done), PM_SUCCESS);
 
     legacy_case = on_legacy;
     atomic_store(&calls_ran, 0);
     atomic_store(&behind_recorded, 0);
-    REQUIRE_RESULT(pm_stream_launch_host_func(s.stream, make_calls, &s), PM_SUCCESS);
+    REQUIRE_RESULT(launch(by, s.stream, make_calls, &s), PM_SUCCESS);
     pm_result recorded = pm_event_record(s.behind, s.stream);
     atomic_store(&behind_recorded, 1); /* the function goes on however the record went */
     REQUIRE_RESULT(recorded, PM_SUCCESS);
@@ -207,10 +296,109 @@ static void in_host_function(bool on_legacy)
     check_after(&s);
 }
 
+/* A change of the copy engine's shape, asked inside a host function while
+ * a copy on the function's stream waits for it: the change would wait for
+ * the copy, and the copy for the function, for ever. */
+static pm_result change_inside;
+
+static void change_engine(void *arg)
+{
+    pm_copy_config c = *(pm_copy_config *)arg;
+    usleep(50 * 1000); /* the copy below is under way by then */
+    c.buffers = c.buffers == 8 ? 6 : 8;
+    change_inside = pm_copy_set_config(&c);
+}
+
+static void engine_change_while_copy_waits(void)
+{
+    enum { COPY = 16 << 20 };
+    pm_stream_t stream = NULL;
+    pm_copy_config config = {.struct_size = sizeof config};
+    SCOPED_MALLOC uint8_t *pageable = malloc(COPY);
+    pm_deviceptr device = device_alloc(COPY);
+    REQUIRE(pageable && device);
+    REQUIRE_RESULT(pm_copy_get_config(&config), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&stream), PM_SUCCESS);
+    fill(pageable, COPY, 9);
+    REQUIRE_RESULT(pm_stream_launch_host_func(stream, change_engine, &config), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod_async(device, pageable, COPY, stream), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(stream), PM_SUCCESS);
+    CHECK_RESULT(change_inside, PM_ERROR_NOT_PERMITTED);
+    memset(pageable, 0, COPY);
+    CHECK_RESULT(pm_memcpy_dtoh(pageable, device, COPY), PM_SUCCESS);
+    CHECK(first_mismatch(pageable, COPY, 9) == COPY);
+    CHECK_RESULT(pm_stream_destroy(stream), PM_SUCCESS);
+    CHECK_RESULT(pm_device_free(device), PM_SUCCESS);
+}
+
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+static pm_result first_init, first_alloc;
+
+static void CUDA_CB first_calls(void *unused)
+{
+    (void)unused;
+    void *p = NULL;
+    first_init = pm_init(0);
+    if (first_init != PM_SUCCESS && !strstr(pm_last_error_detail(), "inside a host function") &&
+        check_failed_())
+        fprintf(stderr, "pm_init refused with the detail: %s\n", pm_last_error_detail());
+    first_alloc = pm_mem_host_alloc(&p, BYTES, 0);
+}
+
+/* In a process that has not called pinmem: its first call, made inside a
+ * host function the driver runs, is refused without starting pinmem; the
+ * next, outside, starts it on the backend asked for. */
+static void first_call_in_drivers_host_function(void)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;
+    if (!driver_api_load() || drv.init(0) != CUDA_SUCCESS ||
+        drv.device_get(&dev, 0) != CUDA_SUCCESS || drv.primary_retain(&ctx, dev) != CUDA_SUCCESS ||
+        drv.push(ctx) != CUDA_SUCCESS) {
+        printf("first call in a driver's host function: skipped: no CUDA driver\n");
+        return;
+    }
+    REQUIRE(drv.stream_create(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    REQUIRE(drv.launch_host_func(stream, first_calls, NULL) == CUDA_SUCCESS);
+    REQUIRE(drv.stream_synchronize(stream) == CUDA_SUCCESS);
+    CHECK_RESULT(first_init, PM_ERROR_NOT_PERMITTED);
+    CHECK_RESULT(first_alloc, PM_ERROR_NOT_PERMITTED);
+    REQUIRE_RESULT(pm_init(0), PM_SUCCESS);
+    const char *asked = getenv("PINMEM_BACKEND");
+    CHECK(on_backend(asked && strcmp(asked, "posix") == 0 ? "posix" : "cuda"));
+    void *p = NULL;
+    CHECK_RESULT(pm_mem_host_alloc(&p, BYTES, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(p), PM_SUCCESS);
+    drv.stream_destroy(stream);
+    printf("first call in a driver's host function: refused, then started outside\n");
+}
+
+static int in_fresh_process(void *unused)
+{
+    (void)unused;
+    first_call_in_drivers_host_function();
+    return check_failures != 0;
+}
+#endif
+
 int main(void)
 {
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+    /* Before this process calls pinmem: the child's first call must be its first. */
+    CHECK(in_child(in_fresh_process, NULL, 60) == 0);
+#endif
     alarm(120); /* a call that waits for its own host function fails the test */
-    in_host_function(false);
-    in_host_function(true);
+    in_host_function(false, BY_PINMEM);
+    in_host_function(true, BY_PINMEM);
+    engine_change_while_copy_waits();
+#ifdef PINMEM_HAVE_CUDA_HEADERS
+    if (on_backend("cuda") && driver_api_load()) {
+        in_host_function(false, BY_DRIVER);
+        printf("calls in a host function the driver's cuLaunchHostFunc queued: as the driver's\n");
+    } else {
+        printf("calls in a host function the driver queued: skipped: no CUDA driver\n");
+    }
+#endif
     return check_finish("host_func_calls");
 }

@@ -158,6 +158,11 @@ typedef struct pm__backend {
     bool (*legacy_is_home)(void);
     pm__place home; /* cuda: pinmem's primary context */
     pm_result (*stream_launch_host_func)(pm_stream_t s, void (*fn)(void *), void *arg);
+    /* Whether the calling thread is the driver's, running a host function
+     * another library launched (cuda: the driver refuses it cuCtxGetCurrent);
+     * NULL (posix) where only pinmem launches host functions, and marks
+     * them itself (host_func.h). */
+    bool (*thread_runs_host_funcs)(void);
     /* A number for s that no other stream of the process has had or will
      * have, even one given s's handle after s is destroyed. */
     pm_result (*stream_id)(pm_stream_t s, unsigned long long *id);
@@ -332,6 +337,9 @@ static inline bool pm__stream_varies_by_thread(const pm__backend *b, pm_stream_t
 /* Each fills *out and returns PM_SUCCESS, or says why the backend cannot run. */
 pm_result pm__backend_posix_open(pm__backend *out);
 pm_result pm__backend_cuda_open(pm__backend *out);
+/* Before any backend is open: whether the calling thread runs a host
+ * function of a CUDA driver already in the process (false without one). */
+bool pm__backend_cuda_in_host_func(void);
 
 /* System facts both backends report the same way. */
 void pm__system_fill_caps(pm_capabilities *caps);

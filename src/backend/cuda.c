@@ -658,6 +658,7 @@ pm_result pm__backend_cuda_open(pm__backend *out)
     out->foreign_get_device_pointer = cuda_foreign_get_device_pointer;
     out->foreign_get_address_range = cuda_foreign_get_address_range;
     out->legacy_is_home = pm__cuda_legacy_is_home;
+    out->thread_runs_host_funcs = pm__cuda_thread_runs_host_funcs;
     out->home.context = primary;
     pm__cuda_streams_open(cu, primary, out);
     pick_pool_chunks(out);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "../errors.h"
+#include "backend.h"
 
 /* cuGetProcAddress (driver 12.0+) is the only symbol taken with dlsym. */
 typedef CUresult (*get_proc_address_fn)(const char *, void **, int, cuuint64_t,
@@ -159,6 +160,20 @@ static void load(void)
     }
     load_result = PM_SUCCESS;
     loaded = &api;
+}
+
+bool pm__backend_cuda_in_host_func(void)
+{
+    /* Only the driver's own thread running host functions is refused
+     * cuCtxGetCurrent; before cuInit every thread gets NOT_INITIALIZED. */
+    void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!lib)
+        return false;
+    CUresult (*get_current)(CUcontext *) = (CUresult(*)(CUcontext *))dlsym(lib, "cuCtxGetCurrent");
+    CUcontext current = NULL;
+    bool refused = get_current && get_current(&current) == CUDA_ERROR_NOT_PERMITTED;
+    dlclose(lib);
+    return refused;
 }
 
 const pm__cuda_api *pm__cuda_api_load(pm_result *why)

@@ -130,13 +130,19 @@ pm_result pm__cuda_copy_place(pm_stream_t s, pm_deviceptr a, pm_deviceptr b, pm_
 }
 
 /* The driver's thread that runs host functions may neither ask for nor
- * change its context (NOT_PERMITTED). Inside pinmem's host functions the
- * calls left (host_func.h) are bound to a stream or event, so they go to the
- * driver as they are; inside another's (the runtime's), the call fails here,
- * before anything moves. */
+ * change its context (NOT_PERMITTED). Inside a host function, pinmem's or
+ * another library's, the calls that reach here (host_func.h refused the
+ * rest) are bound to a stream or event, so they go to the driver as they
+ * are. */
 static bool context_calls_refused(CUresult rc)
 {
-    return rc == CUDA_ERROR_NOT_PERMITTED && pm__in_host_func;
+    return rc == CUDA_ERROR_NOT_PERMITTED && !pm__thread_calls_free();
+}
+
+bool pm__cuda_thread_runs_host_funcs(void)
+{
+    CUcontext current = NULL;
+    return cu->ctx_get_current(&current) == CUDA_ERROR_NOT_PERMITTED;
 }
 
 pm_result pm__cuda_home_enter(pm__place_scope *scope)

@@ -20,6 +20,8 @@ bool pm__cuda_context_held(CUcontext ctx);
 /* backend.h's legacy_is_home: the calling thread has no context or pinmem's
  * primary one (a failed query answers false). */
 bool pm__cuda_legacy_is_home(void);
+/* The backend's thread_runs_host_funcs. */
+bool pm__cuda_thread_runs_host_funcs(void);
 /* backend.h's place_lasts: a context pinmem holds. */
 bool pm__cuda_place_lasts(const pm__place *p);
 /* backend.h's memory_place: the owning context where pinmem holds it. */

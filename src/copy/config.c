@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../budget.h"
+#include "../host_func.h"
 #include "../instance.h"
 #include "../no_cancel.h"
 #include "../versioned.h"
@@ -41,6 +42,9 @@ static pm_copy_config config_of(const pm__copy_settings *s)
 
 pm_result pm_copy_get_config(pm_copy_config *config)
 {
+    /* Reading the settings waits behind a change, which waits for copies
+     * that may wait for the host function. */
+    PM__REFUSED_IN_HOST_FUNC("pm_copy_get_config");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_get_config", config);
@@ -56,6 +60,7 @@ pm_result pm_copy_get_config(pm_copy_config *config)
 pm_result pm_copy_set_config(const pm_copy_config *given)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_copy_set_config");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_set_config", given);

@@ -4,12 +4,14 @@
 #include <string.h>
 
 #include "../budget.h"
+#include "../host_func.h"
 #include "../instance.h"
 #include "../versioned.h"
 #include "copy.h"
 
 pm_result pm_copy_get_stats(pm_copy_stats *stats)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_copy_get_stats");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_copy_get_stats", stats);

@@ -138,6 +138,7 @@ pm_result pm_mem_pool_create(pm_mem_pool_t *pool, const pm_mem_pool_props *props
 pm_result pm_mem_get_default_pool(pm_mem_pool_t *pool)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_get_default_pool");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pool)
         return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_get_default_pool: pool is NULL");

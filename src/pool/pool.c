@@ -105,7 +105,7 @@ static __attribute__((noinline)) pm_result alloc_general(void **pp, size_t bytes
 
 pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
 {
-    if (pp && bytesize - 1 < PM__POOL_SMALL_MAX && checked_recently(pool) && !pm__in_host_func &&
+    if (pp && bytesize - 1 < PM__POOL_SMALL_MAX && checked_recently(pool) && pm__thread_calls_free() &&
         pm__pool_try_alloc_fast((pm__pool *)pool, bytesize, pp, false, NULL))
         return PM_SUCCESS;
     return alloc_general(pp, bytesize, pool);
@@ -180,7 +180,7 @@ static inline __attribute__((always_inline)) pm__span *run_of(void *p)
 pm_result pm_mem_free(void *p)
 {
     pm__span *run;
-    if (p && !pm__in_host_func && (run = run_of(p)) &&
+    if (p && pm__thread_calls_free() && (run = run_of(p)) &&
         pm__pool_try_free_fast(p, false, NULL, run))
         return PM_SUCCESS;
     return free_general(p);
@@ -455,6 +455,7 @@ static void add_stats_once(void *handle, void *arg)
 
 pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
 {
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_get_stats");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r0 = PM__STRUCT_SIZE_CHECK("pm_mem_pool_get_stats", stats);

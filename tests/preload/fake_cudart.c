@@ -14,7 +14,10 @@
  * event's synchronization, an event's query, a host registration) from
  * another thread whose own capture mode is global is refused and
  * invalidates that capture; in relaxed or thread-local mode it runs. The
- * runtime's own copies from pageable memory are not unsafe. */
+ * runtime's own copies from pageable memory are not unsafe.
+ *
+ * Inside a host function it launched, the calls on host memory answer
+ * cudaErrorNotPermitted, as the driver refuses them there. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -110,6 +113,15 @@ EXPORT void fake_load_pinmem(void)
         cudaError_t sticky_ = sticky; \
         if (sticky_ != cudaSuccess) \
             return ret(sticky_); \
+    } while (0)
+
+/* Whether the calling thread runs a host function this runtime launched. */
+static _Thread_local bool in_host_func;
+
+#define REFUSED_IN_HOST_FUNC()                 \
+    do {                                       \
+        if (in_host_func)                      \
+            return ret(cudaErrorNotPermitted); \
     } while (0)
 
 /* A potentially unsafe call returns the runtime's refusal where another
@@ -228,18 +240,21 @@ static cudaError_t host_alloc(void **p, size_t size, unsigned flags)
 EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags)
 {
     ENTER();
+    REFUSED_IN_HOST_FUNC();
     return host_alloc(p, size, flags);
 }
 
 EXPORT cudaError_t cudaMallocHost(void **p, size_t size)
 {
     ENTER();
+    REFUSED_IN_HOST_FUNC();
     return host_alloc(p, size, 0);
 }
 
 EXPORT cudaError_t cudaFreeHost(void *p)
 {
     ENTER();
+    REFUSED_IN_HOST_FUNC();
     if (!p)
         return cudaSuccess;
     pthread_mutex_lock(&lock);
@@ -257,6 +272,7 @@ EXPORT cudaError_t cudaFreeHost(void *p)
 EXPORT cudaError_t cudaHostRegister(void *p, size_t size, unsigned flags)
 {
     ENTER();
+    REFUSED_IN_HOST_FUNC();
     UNSAFE();
     if (!p || size == 0 || (flags & ~15u))
         return ret(cudaErrorInvalidValue);
@@ -280,6 +296,7 @@ EXPORT cudaError_t cudaHostRegister(void *p, size_t size, unsigned flags)
 EXPORT cudaError_t cudaHostUnregister(void *p)
 {
     ENTER();
+    REFUSED_IN_HOST_FUNC();
     if (!p)
         return ret(cudaErrorInvalidValue);
     pthread_mutex_lock(&lock);
@@ -725,24 +742,45 @@ EXPORT cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsig
     return wait_event(s, e, true);
 }
 
+typedef struct host_func {
+    void (*fn)(void *);
+    void *arg;
+} host_func;
+
+static void run_host_func(void *arg)
+{
+    host_func h = *(host_func *)arg;
+    free(arg);
+    in_host_func = true;
+    h.fn(h.arg);
+    in_host_func = false;
+}
+
+static cudaError_t launch_host_func(cudaStream_t s, bool per_thread, void (*fn)(void *), void *arg)
+{
+    pm_stream_t ps;
+    if (!map_stream(s, per_thread, &ps))
+        return ret(cudaErrorInvalidResourceHandle);
+    host_func *h = malloc(sizeof *h);
+    if (!h)
+        return ret(cudaErrorMemoryAllocation);
+    *h = (host_func){fn, arg};
+    if (pmd()->pm_stream_launch_host_func(ps, run_host_func, h) == PM_SUCCESS)
+        return cudaSuccess;
+    free(h);
+    return ret(cudaErrorUnknown);
+}
+
 EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, void (*fn)(void *), void *arg)
 {
     ENTER();
-    pm_stream_t ps;
-    if (!map_stream(s, false, &ps))
-        return ret(cudaErrorInvalidResourceHandle);
-    return pmd()->pm_stream_launch_host_func(ps, fn, arg) == PM_SUCCESS ? cudaSuccess
-                                                                       : ret(cudaErrorUnknown);
+    return launch_host_func(s, false, fn, arg);
 }
 
 EXPORT cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t s, void (*fn)(void *), void *arg)
 {
     ENTER();
-    pm_stream_t ps;
-    if (!map_stream(s, true, &ps))
-        return ret(cudaErrorInvalidResourceHandle);
-    return pmd()->pm_stream_launch_host_func(ps, fn, arg) == PM_SUCCESS ? cudaSuccess
-                                                                       : ret(cudaErrorUnknown);
+    return launch_host_func(s, true, fn, arg);
 }
 
 /* ----------------------------------------------------------------- copies */

@@ -547,6 +547,45 @@ static bool all_bytes(const uint8_t *p, size_t n, uint8_t v)
     return true;
 }
 
+/* What a host function the runtime runs gets from the calls on host memory
+ * made before it. */
+typedef struct inside_answers {
+    void *pinned, *registered;
+    cudaError_t free_host, unregister, alloc;
+} inside_answers;
+
+static void calls_inside(void *arg)
+{
+    inside_answers *a = arg;
+    void *p = NULL;
+    a->free_host = cudaFreeHost(a->pinned);
+    a->unregister = cudaHostUnregister(a->registered);
+    a->alloc = cudaHostAlloc(&p, 4096, 0);
+}
+
+/* Inside a host function the runtime refuses every call on host memory;
+ * memory the preload pinned stays pinned, and its frees after the function
+ * succeed as the runtime's would. */
+static void case_host_func(void)
+{
+    static char buf[1 << 20] __attribute__((aligned(4096)));
+    inside_answers a = {.registered = buf};
+    cudaStream_t s = NULL;
+    REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+    REQUIRE(cudaHostAlloc(&a.pinned, 1 << 20, 0) == cudaSuccess);
+    REQUIRE(cudaHostRegister(buf, 1 << 20, 0) == cudaSuccess);
+    REQUIRE(cudaLaunchHostFunc(s, calls_inside, &a) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(a.free_host == cudaErrorNotPermitted);
+    CHECK(a.unregister == cudaErrorNotPermitted);
+    CHECK(a.alloc == cudaErrorNotPermitted);
+    CHECK(pinmem_knows(a.pinned) == alloc_on);
+    CHECK(cudaFreeHost(a.pinned) == cudaSuccess);
+    CHECK(cudaHostUnregister(buf) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaStreamDestroy(s) == cudaSuccess);
+}
+
 static void case_default_streams(void)
 {
     copy_env e;
@@ -729,6 +768,7 @@ static const struct {
     {"capture_rule", case_capture_rule},
     {"capture_elsewhere", case_capture_elsewhere},
     {"default_streams", case_default_streams},
+    {"host_func", case_host_func},
     {"threads", case_threads},
     {"fork_while_pinning", case_fork_while_pinning},
 };
