@@ -24,7 +24,7 @@ void pm__host_func_run(void *wrapped)
     pm__host_func h = *(pm__host_func *)wrapped;
     free(wrapped);
     /* A host function that launches another runs the inner one later, on
-     * its own; the flag is the thread's, for the length of this one. */
+     * its own; the mark is the thread's, for the length of this one. */
     unsigned char outer = pm__thread_calls;
     pm__thread_calls = PM__THREAD_IN_HOST_FUNC;
     h.fn(h.arg);
@@ -35,9 +35,10 @@ __attribute__((cold, noinline)) pm_result pm__host_func_refusal(const char *call
 {
     return pm__fail(PM_ERROR_NOT_PERMITTED,
                     "%s: called inside a host function (pm_stream_launch_host_func or "
-                    "cuLaunchHostFunc), where the "
-                    "driver permits no call that allocates, frees, registers, asks about or "
-                    "copies memory, makes or destroys streams, events or pools, or uses the "
-                    "legacy or per-thread default stream",
+                    "cuLaunchHostFunc), where the driver permits no call that allocates, frees, "
+                    "registers, asks about or copies memory, makes or destroys streams, events "
+                    "or pools, asks about devices or uses the legacy or per-thread default "
+                    "stream, and pinmem none that reads or changes the copy engine's settings, "
+                    "which may wait for copies waiting for the function",
                     call);
 }

@@ -2,9 +2,11 @@
  * driver's cuLaunchHostFunc called by another library) answer as
  * the driver's do there: it refuses every call that allocates, frees,
  * registers, asks about or copies memory, makes or destroys a stream, event
- * or pool, or uses the legacy or per-thread default stream, with
- * NOT_PERMITTED, and lets queries, waits and records on other streams through
- * (docs/driver-behavior.md, "Calls inside a host function"). */
+ * or pool, asks about devices, or uses the legacy or per-thread default
+ * stream, with NOT_PERMITTED, and lets queries, waits and records on other
+ * streams through (docs/driver-behavior.md, "Calls inside a host function");
+ * pinmem also refuses there the calls that read or change the copy engine's
+ * settings, which may wait for copies waiting for the function. */
 #ifndef PINMEM_HOST_FUNC_H
 #define PINMEM_HOST_FUNC_H
 
@@ -35,8 +37,8 @@ static inline bool pm__thread_calls_free(void) { return pm__thread_calls == PM__
  * program FREE. Defined by the instance, which holds the backend. */
 bool pm__host_func_thread_check(void);
 
-/* Runs the user's fn(arg) with the thread marked IN_HOST_FUNC; arg is a pm__host_func
- * from pm__host_func_wrap, which it frees. */
+/* Runs the user's fn(arg) with the thread marked IN_HOST_FUNC; arg is a
+ * pm__host_func from pm__host_func_wrap, which it frees. */
 void pm__host_func_run(void *wrapped);
 /* The user's function and argument for pm__host_func_run; NULL when out of memory. */
 void *pm__host_func_wrap(void (*fn)(void *arg), void *arg);

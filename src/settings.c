@@ -10,7 +10,8 @@
 
 pm_result pm_get_setting(unsigned index, pm_setting *setting)
 {
-    PM__REFUSED_IN_HOST_FUNC("pm_get_setting"); /* it reads the copy settings, as pm_copy_get_config */
+    /* It reads the copy settings, as pm_copy_get_config does. */
+    PM__REFUSED_IN_HOST_FUNC("pm_get_setting");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_get_setting", setting);

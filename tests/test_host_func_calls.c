@@ -49,7 +49,8 @@ static bool driver_api_load(void)
         "cuInit",         "cuDeviceGet",        "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent_v2",
         "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",      "cuLaunchHostFunc"};
     void **slots = (void **)&drv;
-    _Static_assert(sizeof drv == sizeof names / sizeof names[0] * sizeof(void *), "one name a slot");
+    _Static_assert(sizeof drv == sizeof names / sizeof names[0] * sizeof(void *),
+                   "one name a slot");
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(slots[i] = dlsym(lib, names[i])))
             return false;

@@ -105,8 +105,8 @@ static __attribute__((noinline)) pm_result alloc_general(void **pp, size_t bytes
 
 pm_result pm_mem_alloc_from_pool(void **pp, size_t bytesize, pm_mem_pool_t pool)
 {
-    if (pp && bytesize - 1 < PM__POOL_SMALL_MAX && checked_recently(pool) && pm__thread_calls_free() &&
-        pm__pool_try_alloc_fast((pm__pool *)pool, bytesize, pp, false, NULL))
+    if (pp && bytesize - 1 < PM__POOL_SMALL_MAX && checked_recently(pool) &&
+        pm__thread_calls_free() && pm__pool_try_alloc_fast((pm__pool *)pool, bytesize, pp, false, NULL))
         return PM_SUCCESS;
     return alloc_general(pp, bytesize, pool);
 }
