@@ -6,6 +6,7 @@
 
 #include "errors.h"
 #include "instance.h"
+#include "no_cancel.h"
 #include "options.h"
 
 static _Atomic unsigned long long pinned;
@@ -56,6 +57,7 @@ void pm__budget_set_cap(unsigned long long c, bool by_code)
 
 pm_result pm_set_pinned_budget(unsigned long long bytes)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     pm__budget_set_cap(bytes, true);
@@ -64,6 +66,7 @@ pm_result pm_set_pinned_budget(unsigned long long bytes)
 
 pm_result pm_get_pinned_budget(unsigned long long *bytes)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     if (!bytes)

@@ -4,10 +4,12 @@
 #include "errors.h"
 #include "host_func.h"
 #include "instance.h"
+#include "no_cancel.h"
 #include "versioned.h"
 
 pm_result pm_device_count(int *count)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_device_count");
     PM__INSTANCE_OR_RETURN(inst);
     if (!count)
@@ -18,6 +20,7 @@ pm_result pm_device_count(int *count)
 
 pm_result pm_device_get_info(int ordinal, pm_device_info *info)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_device_get_info");
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_device_get_info", info);

@@ -119,6 +119,7 @@ pm_result pm_mem_host_alloc(void **pp, size_t bytesize, unsigned flags)
 
 pm_result pm_mem_alloc_host(void **pp, size_t bytesize)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_alloc_host");
     return pm_mem_host_alloc(pp, bytesize, 0);
 }
@@ -320,6 +321,7 @@ static pm_result past_the_bytes(pm_result code, const char *call, const void *p,
 
 pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_host_get_flags");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pflags)
@@ -343,6 +345,7 @@ pm_result pm_mem_host_get_flags(unsigned *pflags, void *p)
 
 pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned flags)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_host_get_device_pointer");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pdptr)
@@ -369,6 +372,7 @@ pm_result pm_mem_host_get_device_pointer(pm_deviceptr *pdptr, void *p, unsigned 
 
 pm_result pm_mem_get_address_range(pm_deviceptr *pbase, size_t *psize, pm_deviceptr dptr)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_get_address_range");
     PM__INSTANCE_OR_RETURN(inst);
     if (!pbase && !psize)

@@ -180,6 +180,7 @@ bool pm__host_func_thread_check(void)
 
 pm_result pm_init(unsigned flags)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
     if (flags != 0)
@@ -189,6 +190,7 @@ pm_result pm_init(unsigned flags)
 
 const char *pm_backend_name(void)
 {
+    PM__NO_CANCEL;
     pm_result r;
     pm__instance *inst = pm__instance_get(&r);
     return inst ? inst->backend.name : NULL;
@@ -215,6 +217,7 @@ int pm__instance_maps_file(pm__instance *inst)
 
 pm_result pm_get_capabilities(pm_capabilities *caps)
 {
+    PM__NO_CANCEL;
     PM__INSTANCE_OR_RETURN(inst);
     pm_result r = PM__STRUCT_SIZE_CHECK("pm_get_capabilities", caps);
     if (r != PM_SUCCESS)

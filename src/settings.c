@@ -5,11 +5,13 @@
 #include "copy/copy.h"
 #include "host_func.h"
 #include "instance.h"
+#include "no_cancel.h"
 #include "options.h"
 #include "versioned.h"
 
 pm_result pm_get_setting(unsigned index, pm_setting *setting)
 {
+    PM__NO_CANCEL;
     /* It reads the copy settings, as pm_copy_get_config does. */
     PM__REFUSED_IN_HOST_FUNC("pm_get_setting");
     PM__INSTANCE_OR_RETURN(inst);

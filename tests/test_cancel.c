@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__has_include)
@@ -143,6 +144,96 @@ static int copy_cancelled_behind_stream(void *unused)
     CHECK_RESULT(pm_memcpy_dtoh(back, device, BYTES), PM_SUCCESS);
     CHECK(first_mismatch(back, BYTES, 1) == BYTES);
     return check_finish("cancel: a copy waiting for its stream");
+}
+
+/* The queries a thread may make with a cancellation request pending: each
+ * reads files or the driver on some path (the first copy statistics plan
+ * the ring, which reads the memlock limit's use from /proc), and the copy
+ * settings' gate and the pool's lock are held meanwhile. */
+typedef struct querier {
+    pm_mem_pool_t pool;
+    void *pinned;
+    atomic_int calls_returned;
+} querier;
+
+static void *query_with_cancel_pending(void *arg)
+{
+    querier *q = arg;
+    pthread_cleanup_push(unpoison_own_stack, NULL);
+    int old;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+    while (!atomic_load(&gate_open)) /* the main thread's request comes meanwhile */
+        usleep(1000);
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+    pm_capabilities caps = {.struct_size = sizeof caps};
+    pm_device_info info = {.struct_size = sizeof info};
+    pm_copy_config config = {.struct_size = sizeof config};
+    pm_setting setting = {.struct_size = sizeof setting};
+    pm_copy_stats copy_stats = {.struct_size = sizeof copy_stats};
+    pm_pool_stats pool_stats = {.struct_size = sizeof pool_stats};
+    int count;
+    unsigned flags;
+    unsigned long long budget;
+    uint64_t high;
+    pm_deviceptr base, dptr;
+    size_t size, needed;
+    char json[4096];
+    const pm_result results[] = {
+        pm_init(0),
+        pm_get_capabilities(&caps),
+        pm_device_count(&count),
+        pm_device_get_info(0, &info),
+        pm_copy_get_config(&config),
+        pm_get_setting(0, &setting),
+        pm_copy_get_stats(&copy_stats),
+        pm_mem_pool_get_stats(q->pool, &pool_stats),
+        pm_mem_pool_stats_json(q->pool, json, sizeof json, &needed),
+        pm_mem_pool_get_attribute(q->pool, PM_MEMPOOL_ATTR_USED_MEM_HIGH, &high),
+        pm_get_pinned_budget(&budget),
+        pm_mem_host_get_flags(&flags, q->pinned),
+        pm_mem_host_get_device_pointer(&dptr, q->pinned, 0),
+        pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)q->pinned),
+    };
+    int good = 0;
+    for (size_t i = 0; i < sizeof results / sizeof results[0]; i++)
+        good += results[i] == PM_SUCCESS;
+    atomic_store(&q->calls_returned, good);
+    pthread_testcancel();
+    pthread_cleanup_pop(0);
+    return NULL;
+}
+
+/* A request pending before the calls: every call returns, and what they
+ * locked stays usable (a setting change and a trim hung before). */
+static int queries_with_cancel_pending(void *unused)
+{
+    (void)unused;
+    /* The memlock limit's use is read from /proc only where the limit is finite. */
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && limit.rlim_cur == RLIM_INFINITY) {
+        limit.rlim_cur = 256 << 20;
+        setrlimit(RLIMIT_MEMLOCK, &limit);
+    }
+    querier q = {.calls_returned = -1};
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}};
+    REQUIRE_RESULT_OR(pm_mem_pool_create(&q.pool, &props), PM_SUCCESS, 1);
+    REQUIRE_RESULT_OR(pm_mem_host_alloc(&q.pinned, 4096, 0), PM_SUCCESS, 1);
+    void *block = NULL;
+    CHECK_RESULT(pm_mem_alloc_from_pool(&block, 100, q.pool), PM_SUCCESS);
+    pthread_t t;
+    REQUIRE_OR(pthread_create(&t, NULL, query_with_cancel_pending, &q) == 0, 1);
+    CHECK(pthread_cancel(t) == 0);
+    atomic_store(&gate_open, 1);
+    CHECK(joined_cancelled(t));
+    CHECK(atomic_load(&q.calls_returned) == 14);
+    pm_copy_config config = {.struct_size = sizeof config};
+    CHECK_RESULT(pm_copy_get_config(&config), PM_SUCCESS);
+    CHECK_RESULT(pm_copy_set_config(&config), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free(block), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_trim_to(q.pool, 0), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(q.pool), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_host(q.pinned), PM_SUCCESS);
+    return check_finish("cancel: queries with a request pending");
 }
 
 /* A thread that copies, allocates and registers in a loop until cancelled;
@@ -317,6 +408,7 @@ static const struct {
     {"stream_synchronize", stream_synchronize_cancelled, 30},
     {"event_synchronize", event_synchronize_cancelled, 30},
     {"copy_behind_stream", copy_cancelled_behind_stream, 30},
+    {"queries_pending", queries_with_cancel_pending, 30},
     {"at_random", cancelled_at_random, 240},
 };
 

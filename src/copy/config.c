@@ -42,6 +42,7 @@ static pm_copy_config config_of(const pm__copy_settings *s)
 
 pm_result pm_copy_get_config(pm_copy_config *config)
 {
+    PM__NO_CANCEL;
     /* Reading the settings waits behind a change, which waits for copies
      * that may wait for the host function. */
     PM__REFUSED_IN_HOST_FUNC("pm_copy_get_config");

@@ -6,11 +6,13 @@
 #include "../budget.h"
 #include "../host_func.h"
 #include "../instance.h"
+#include "../no_cancel.h"
 #include "../versioned.h"
 #include "copy.h"
 
 pm_result pm_copy_get_stats(pm_copy_stats *stats)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_copy_get_stats");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;

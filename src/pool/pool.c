@@ -69,12 +69,12 @@ pm_result pm__pool_of_handle(pm_mem_pool_t handle, pm__pool **pool)
     return r;
 }
 
-static pm_result check_alloc_args(void **pp, pm_mem_pool_t pool)
+static pm_result check_alloc_args(const char *name, void **pp, pm_mem_pool_t pool)
 {
     if (!pp)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_alloc_from_pool: pp is NULL");
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: pp is NULL", name);
     if (!pool)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_alloc_from_pool: pool is NULL");
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: pool is NULL", name);
     return check_pool(pool);
 }
 
@@ -90,10 +90,11 @@ static inline bool checked_recently(pm_mem_pool_t pool)
 static __attribute__((noinline)) pm_result alloc_general(void **pp, size_t bytesize,
                                                         pm_mem_pool_t pool)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_alloc_from_pool");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
-    pm_result r = check_alloc_args(pp, pool);
+    pm_result r = check_alloc_args("pm_mem_alloc_from_pool", pp, pool);
     if (r != PM_SUCCESS)
         return r;
     if (bytesize == 0) {
@@ -116,7 +117,7 @@ pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t
 {
     PM__REFUSED_IN_HOST_FUNC("pm_mem_alloc_from_pool_async");
     PM__INSTANCE_OR_RETURN(inst);
-    pm_result r = check_alloc_args(pp, pool);
+    pm_result r = check_alloc_args("pm_mem_alloc_from_pool_async", pp, pool);
     if (r == PM_SUCCESS)
         r = inst->backend.stream_check(stream);
     if (r != PM_SUCCESS)
@@ -133,6 +134,7 @@ pm_result pm_mem_alloc_from_pool_async(void **pp, size_t bytesize, pm_mem_pool_t
 
 static __attribute__((noinline)) pm_result free_general(void *p)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_free");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
@@ -316,6 +318,7 @@ pm_result pm_mem_pool_set_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute 
 
 pm_result pm_mem_pool_get_attribute(pm_mem_pool_t handle, pm_mem_pool_attribute attr, void *value)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_get_attribute");
     pm__pool *pool = NULL;
     pm_result r = check_attribute_call(handle, &pool, value, "pm_mem_pool_get_attribute");
@@ -455,6 +458,7 @@ static void add_stats_once(void *handle, void *arg)
 
 pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
 {
+    PM__NO_CANCEL;
     PM__REFUSED_IN_HOST_FUNC("pm_mem_pool_get_stats");
     PM__INSTANCE_OR_RETURN(inst);
     (void)inst;
@@ -485,6 +489,7 @@ pm_result pm_mem_pool_get_stats(pm_mem_pool_t handle, pm_pool_stats *stats)
 
 pm_result pm_mem_pool_stats_json(pm_mem_pool_t pool, char *buf, size_t cap, size_t *needed)
 {
+    PM__NO_CANCEL;
     pm_pool_stats st = {.struct_size = sizeof st};
     pm_result r = pm_mem_pool_get_stats(pool, &st);
     if (r != PM_SUCCESS)
