@@ -4,11 +4,14 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "child.h"
 #include "copy_util.h"
 
 static void results(void)
@@ -406,8 +409,104 @@ static void device_memory_address_range(void)
     CHECK_RESULT(pm_mem_get_address_range(&base, &size, d), PM_ERROR_NOT_FOUND);
 }
 
+/* The host-memory calls refuse device memory as the driver's do
+ * (docs/driver-behavior.md): on POSIX, where it is the process's own
+ * memory, a registration there had succeeded and lived on after
+ * pm_device_free unmapped it. */
+static void device_memory_is_no_host_memory(void)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    pm_deviceptr d = device_alloc(4 * page);
+    REQUIRE(d != 0);
+    uint8_t *p = (uint8_t *)(uintptr_t)d;
+    unsigned flags;
+    pm_deviceptr mapped;
+    CHECK_RESULT(pm_mem_host_register(p, 4 * page, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register(p + 100, 1000, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register(p, page, PM_MEMHOSTREGISTER_PORTABLE),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_register(p, page, PM_MEMHOSTREGISTER_READ_ONLY),
+                 PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_unregister(p), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_get_flags(&flags, p), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_host_get_device_pointer(&mapped, p, 0), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_mem_free_host(p), PM_ERROR_INVALID_VALUE);
+    pm_deviceptr base = 0;
+    size_t size = 0;
+    CHECK_RESULT(pm_mem_get_address_range(&base, &size, d + 200), PM_SUCCESS);
+    CHECK(base == d && size == 4 * page);
+    device_free(d);
+}
+
+/* A copy whose device range runs past its allocation's end is refused, each
+ * way, small (the driver's own path on CUDA) and staged, with the detail
+ * naming the side that wraps when one does; on POSIX htod and dtoh had
+ * written past the end. */
+static void copies_past_device_allocation(void)
+{
+    enum { ALLOC = 64 << 10, BIG = 4 << 20 };
+    pm_deviceptr d = device_alloc(ALLOC);
+    uint8_t *host = malloc(BIG);
+    REQUIRE(d != 0 && host != NULL);
+    memset(host, 1, BIG);
+    const pm_deviceptr near_end = d + ALLOC - 100;
+    CHECK_RESULT(pm_memcpy_htod(near_end, host, 1000), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_dtoh(host, near_end, 1000), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_htod(d, host, BIG), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_dtoh(host, d, BIG), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_htod_async(near_end, host, 1000, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_memcpy_dtoh_async(host, near_end, 1000, NULL), PM_ERROR_INVALID_VALUE);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod(d, host, ALLOC), PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod((pm_deviceptr)UINT64_MAX - 5, host, 10), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "device address") != NULL);
+    CHECK_RESULT(pm_memcpy_dtoh((void *)(UINTPTR_MAX - 5), d, 10), PM_ERROR_INVALID_VALUE);
+    CHECK(strstr(pm_last_error_detail(), "host address") != NULL);
+    free(host);
+    device_free(d);
+}
+
+/* A copy that succeeds leaves the thread's detail as it was, even where it
+ * took another way after a first failed (no staging ring within the pinned
+ * budget: the driver's own path, or single DMAs for a batch). In a child of
+ * its own, so that no earlier copy has made the ring. */
+static int fallbacks_leave_the_detail(void *unused)
+{
+    (void)unused;
+    enum { BYTES = 4 << 20 };
+    unsigned long long budget = 0;
+    REQUIRE_RESULT_OR(pm_get_pinned_budget(&budget), PM_SUCCESS, 1);
+    pm_deviceptr d = device_alloc(BYTES);
+    uint8_t *host = malloc(BYTES);
+    REQUIRE_OR(d != 0 && host != NULL, 1);
+    memset(host, 2, BYTES);
+    CHECK_RESULT(pm_set_pinned_budget(64 << 10), PM_SUCCESS);
+    CHECK_RESULT(pm_init(7), PM_ERROR_INVALID_VALUE); /* a known detail */
+    char before[512];
+    snprintf(before, sizeof before, "%s", pm_last_error_detail());
+    CHECK_RESULT(pm_memcpy_htod(d, host, BYTES), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), before) == 0);
+    CHECK_RESULT(pm_memcpy_dtoh(host, d, BYTES), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), before) == 0);
+    pm_deviceptr dsts[2] = {d, d + (1 << 20)};
+    pm_deviceptr srcs[2] = {(pm_deviceptr)(uintptr_t)host + (2 << 20), (pm_deviceptr)(uintptr_t)host};
+    size_t sizes[2] = {1 << 20, 1 << 20};
+    CHECK_RESULT(pm_memcpy_batch_async(dsts, srcs, sizes, 2, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(NULL), PM_SUCCESS);
+    CHECK(strcmp(pm_last_error_detail(), before) == 0);
+    pm_copy_stats stats = {.struct_size = sizeof stats};
+    CHECK_RESULT(pm_copy_get_stats(&stats), PM_SUCCESS);
+    CHECK(stats.staged_bytes == 0); /* the way this case is about was taken */
+    CHECK_RESULT(pm_set_pinned_budget(budget), PM_SUCCESS);
+    free(host);
+    device_free(d);
+    return check_finish("api: fallbacks leave the detail");
+}
+
 int main(void)
 {
+    /* Before any call here: a forked child cannot use pinmem. */
+    CHECK(in_child(fallbacks_leave_the_detail, NULL, 60) == 0);
     successes_leave_no_detail(); /* first: the thread initialises the library */
     results();
     version_and_init();
@@ -419,5 +518,7 @@ int main(void)
     failures_leave_no_trace();
     dlpack_deleter();
     device_memory_address_range();
+    device_memory_is_no_host_memory();
+    copies_past_device_allocation();
     return check_finish("api");
 }

@@ -397,52 +397,6 @@ static void many_allocations(void)
         device_free(dev[i]);
 }
 
-/* Memory pinmem pinned is host memory to a batch even inside what the
- * backend calls a device allocation (possible on POSIX only, where device
- * memory is the process's own): after an element has made the batch
- * remember that allocation, an element whose source lies in the pinned part
- * still moves as a page-locked host copy (counted as direct bytes), not as a
- * device-to-device one. */
-static void host_inside_device(void)
-{
-    if (strcmp(pm_backend_name(), "posix") != 0)
-        return; /* CUDA device memory cannot be registered as host memory */
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    pm_deviceptr dev = 0;
-    SCOPED_STREAM pm_stream_t s = NULL;
-    SCOPED_MALLOC uint8_t *src = malloc(page), *back = malloc(page);
-    REQUIRE(src && back);
-    REQUIRE_RESULT(pm_stream_create(&s), PM_SUCCESS);
-    REQUIRE_RESULT(pm_device_alloc(&dev, 4 * page), PM_SUCCESS);
-    void *pinned = (void *)(uintptr_t)(dev + 2 * page);
-    const pm_result registered = pm_mem_host_register(pinned, page, 0);
-    CHECK_RESULT(registered, PM_SUCCESS);
-    if (registered != PM_SUCCESS) {
-        device_free(dev);
-        return;
-    }
-    fill(src, page, 31);
-    fill(pinned, page, 32);
-    pm_deviceptr dsts[2] = {dev, dev + page};
-    pm_deviceptr srcs[2] = {(pm_deviceptr)(uintptr_t)src, dev + 2 * page};
-    size_t sizes[2] = {page, page};
-    const pm_copy_stats before = stats();
-    CHECK_RESULT(pm_memcpy_batch_async(dsts, srcs, sizes, 2, s), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
-    CHECK(stats().direct_bytes - before.direct_bytes == page);
-    CHECK_RESULT(pm_memcpy((pm_deviceptr)(uintptr_t)back, dev + page, page), PM_SUCCESS);
-    CHECK(first_mismatch(back, page, 32) == page);
-    /* One destination as device memory, one as the host memory inside it:
-     * the same bytes, so the batch is refused, naming both elements. */
-    pm_deviceptr overlapping[2] = {dev + page, dev + 2 * page};
-    srcs[1] = (pm_deviceptr)(uintptr_t)back;
-    sizes[0] = 2 * page;
-    CHECK_RESULT(pm_memcpy_batch_async(overlapping, srcs, sizes, 2, s), PM_ERROR_INVALID_VALUE);
-    CHECK(strstr(pm_last_error_detail(), "element 1") && strstr(pm_last_error_detail(), "element 0"));
-    CHECK_RESULT(pm_mem_host_unregister(pinned), PM_SUCCESS);
-    device_free(dev);
-}
-
 /* Pinned memory is registered in pieces and no copy may cross from one to
  * the next (test_copy.c's registration_pieces). With 64 KiB pieces, a batch
  * whose blocks lie in one piece, then straddle two, then lie in another,
@@ -1252,7 +1206,6 @@ int main(void)
     overlaps_random();
     overlaps_on_a_grid();
     many_allocations();
-    host_inside_device();
     registration_pieces();
     random_batches();
     kernel_mode();

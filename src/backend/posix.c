@@ -179,6 +179,10 @@ static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
     if (hi - 1 >= kernel_half)
         return pm__fail(PM_ERROR_NOT_SUPPORTED,
                         "pm_mem_host_register: [%p, +%zu) is kernel address space", p, bytesize);
+    if (pm__posix_device_overlaps(lo, hi))
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_register: [%p, +%zu) lies in device memory "
+                        "(pm_device_alloc), which no host registration may take", p, bytesize);
     mapping_check c = inspect_mappings(lo, hi);
     if (!c.all_mapped)
         return pm__fail(PM_ERROR_INVALID_VALUE,
@@ -229,6 +233,10 @@ static pm_result posix_foreign_free_host(void *p)
 
 static pm_result posix_foreign_unregister(void *p)
 {
+    if (pm__posix_device_overlaps((uintptr_t)p, (uintptr_t)p + 1))
+        return pm__fail(PM_ERROR_INVALID_VALUE,
+                        "pm_mem_host_unregister: %p lies in device memory, which no host "
+                        "registration takes", p);
     return pm__fail(PM_ERROR_HOST_MEMORY_NOT_REGISTERED,
                     "pm_mem_host_unregister: %p is not in a registered range", p);
 }

@@ -43,6 +43,22 @@ static pm__ranges *devices_made(void)
     return atomic_load_explicit(&device_ranges, memory_order_acquire);
 }
 
+bool pm__posix_device_overlaps(uintptr_t lo, uintptr_t hi)
+{
+    pm__ranges *set = devices_made();
+    pm__range r;
+    if (!set)
+        return false;
+    switch (pm__ranges_extent_at_or_after(set, lo, &r)) {
+    case PM__EXTENT_AT:
+        return true;
+    case PM__EXTENT_AFTER:
+        return r.pin_base < hi;
+    default:
+        return false;
+    }
+}
+
 /* Mapped rather than malloc'ed: page aligned (the driver's allocations are
  * aligned at least 256 bytes), and a size no system can give fails with
  * ENOMEM instead of tripping an allocator's limits. */

@@ -87,6 +87,8 @@ static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, 
     if (s->n == 0)
         return PM_SUCCESS;
     bool no_ring = false;
+    pm__detail_saved before; /* a batch that succeeds another way leaves it as it was */
+    pm__detail_save(&before);
     pm_result r = pm__staged_segments(set, dir, s->v, s->n, s->bytes, stream, s->kernel, &no_ring);
     if (!no_ring)
         return r;
@@ -100,6 +102,7 @@ static pm_result run_staged(const pm__copy_settings *set, const pm__backend *b, 
             return each;
         pm__count(&pm__copy_count.driver_bytes, g->bytes);
     }
+    pm__detail_restore(&before);
     return PM_SUCCESS;
 }
 
@@ -125,9 +128,11 @@ static pm_result run_blocks(const pm__copy_settings *set, const pm__backend *b,
     if (k->n == 0)
         return PM_SUCCESS;
     bool no_ring = false;
+    pm__detail_saved before;
+    pm__detail_save(&before);
     pm_result r = pm__staged_blocks(set, k->v, k->n, stream, &no_ring);
-    if (no_ring)
-        r = blocks_as_dmas(b, k, stream, one_call);
+    if (no_ring && (r = blocks_as_dmas(b, k, stream, one_call)) == PM_SUCCESS)
+        pm__detail_restore(&before);
     if (r == PM_SUCCESS)
         pm__count(&pm__copy_count.direct_bytes, k->bytes);
     return r;

@@ -4,6 +4,7 @@
  * own path (small ones) or the staging engine. A stream that is capturing a
  * graph takes page-locked memory only. */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../errors.h"
 #include "../host_func.h"
@@ -143,10 +144,15 @@ static pm_result pageable_copy(const pm__copy_settings *set, const pm__backend *
         return driver_copy(b, dir, host, dev, n, s, sync);
     bool no_ring;
     relax_once(b, mode);
+    pm__detail_saved before; /* a copy that succeeds another way leaves it as it was */
+    pm__detail_save(&before);
     r = pm__staged_copy(set, dir, host, dev, n, s, sync, &no_ring);
     *queued |= dir == PM__HTOD && !no_ring;
-    if (no_ring && driver_may) /* nothing pinned for staging (budget): slower, but works */
+    if (no_ring && driver_may) { /* nothing pinned for staging (budget): slower, but works */
         r = driver_copy(b, dir, host, dev, n, s, sync);
+        if (r == PM_SUCCESS)
+            pm__detail_restore(&before);
+    }
     return r;
 }
 
@@ -276,6 +282,23 @@ static pm_result copy_in_place(pm__instance *inst, const char *name, pm__directi
     return r;
 }
 
+/* Where device memory is the process's own (posix), nothing stops a copy
+ * that runs past its allocation's end but this; the driver refuses such a
+ * copy itself. */
+static pm_result device_range_fits(const pm__backend *b, const char *name, pm_deviceptr dev,
+                                   size_t bytes)
+{
+    if (!b->device_is_host_memory)
+        return PM_SUCCESS;
+    pm__memory_kind kind;
+    pm_result r = b->pointer_kind(dev, bytes, &kind);
+    if (r == PM_SUCCESS)
+        return r;
+    char why[512];
+    snprintf(why, sizeof why, "%s", pm_last_error_detail());
+    return pm__fail(r, "%s: %s", name, why);
+}
+
 pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_deviceptr dev,
                    size_t bytes, pm_stream_t s, bool sync, pm__capture capture)
 {
@@ -285,11 +308,17 @@ pm_result pm__copy(const char *name, pm__direction dir, uint8_t *host, pm_device
     if (!host || !dev)
         return pm__fail(PM_ERROR_INVALID_VALUE, "%s: the %s pointer is NULL", name,
                         host ? "device" : "host");
-    if (bytes > UINTPTR_MAX - (uintptr_t)host || bytes > UINT64_MAX - dev)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %zu bytes from %p wrap around", name, bytes,
-                        (void *)host);
+    if (bytes > UINTPTR_MAX - (uintptr_t)host)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %zu bytes from the host address %p wrap "
+                        "around", name, bytes, (void *)host);
+    if (bytes > UINT64_MAX - dev)
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %zu bytes from the device address 0x%llx "
+                        "wrap around", name, bytes, (unsigned long long)dev);
     const pm__backend *b = &inst->backend;
-    pm_result r = b->stream_check(s);
+    pm_result r = device_range_fits(b, name, dev, bytes);
+    if (r != PM_SUCCESS)
+        return r;
+    r = b->stream_check(s);
     pm__place place;
     pm__place_scope scope;
     if (r == PM_SUCCESS)

@@ -426,7 +426,7 @@ static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool asy
 
 /* pm_mem_free of memory outside every pool: when pinmem pinned it another
  * way, the detail names the call that gives it back. */
-static pm_result not_pool_memory(void *p)
+static pm_result not_pool_memory(const char *name, void *p)
 {
     pm_result ignored;
     pm__range r;
@@ -436,45 +436,54 @@ static pm_result not_pool_memory(void *p)
         const char *where = r.base == (uintptr_t)p ? "is" : "lies inside";
         if (r.kind == PM__RANGE_ALLOC)
             return pm__fail(PM_ERROR_INVALID_VALUE,
-                            "pm_mem_free: %p is not pool memory: it %s a host allocation "
+                            "%s: %p is not pool memory: it %s a host allocation "
                             "(pm_mem_host_alloc); free it with pm_mem_free_host(%p)",
-                            p, where, (void *)r.base);
+                            name, p, where, (void *)r.base);
         if (r.kind == PM__RANGE_REGISTERED)
             return pm__fail(PM_ERROR_INVALID_VALUE,
-                            "pm_mem_free: %p is not pool memory: it %s a registration "
+                            "%s: %p is not pool memory: it %s a registration "
                             "(pm_mem_host_register); release it with pm_mem_host_unregister(%p)",
-                            p, where, (void *)r.base);
+                            name, p, where, (void *)r.base);
     }
     return pm__fail(PM_ERROR_INVALID_VALUE,
-                    "pm_mem_free: %p is not pool memory (pm_mem_free takes only what "
+                    "%s: %p is not pool memory (%s takes only what "
                     "pm_mem_alloc_from_pool gave)",
-                    p);
+                    name, p, name);
 }
 
 pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
     PM__NO_CANCEL;
+    pm__detail_saved before; /* an allocation that succeeds on a retry leaves it as it was */
+    pm__detail_save(&before);
     pm_result r = alloc_once(pool, pp, bytesize, async, s);
+    bool retried = false;
     /* Free blocks may sit in threads' caches (this one's too): back to the
      * pool, where this allocation can take them, and try again. */
     if (r == PM_ERROR_OUT_OF_MEMORY && pool->slot < PM__MAX_CACHED_POOLS &&
-        pm__caches_flush_pool(pool, false))
+        pm__caches_flush_pool(pool, false)) {
         r = alloc_once(pool, pp, bytesize, async, s);
+        retried = true;
+    }
     /* Destroyed pools waiting for the reaper may hold the memory it needs. */
-    if (r == PM_ERROR_OUT_OF_MEMORY && pm__retire_reap_here())
+    if (r == PM_ERROR_OUT_OF_MEMORY && pm__retire_reap_here()) {
         r = alloc_once(pool, pp, bytesize, async, s);
+        retried = true;
+    }
+    if (retried && r == PM_SUCCESS)
+        pm__detail_restore(&before);
     return r;
 }
 
 /* The span and block index of a live pool allocation starting at p, with its
  * requested size taken (so a second free of p fails). */
-static pm_result claim_free(void *p, pm__span **out_span, _Atomic uint64_t **out_req,
+static pm_result claim_free(const char *name, void *p, pm__span **out_span, _Atomic uint64_t **out_req,
                             size_t *out_bytes)
 {
     pm__chunk *chunk;
     pm__span *span = pm__span_of((uintptr_t)p, &chunk);
     if (!span)
-        return not_pool_memory(p);
+        return not_pool_memory(name, p);
     uint8_t *base = chunk->base + span->first * PM__POOL_PAGE;
     size_t index = 0;
     if (span->kind == SPAN_RUN) {
@@ -482,14 +491,15 @@ static pm_result claim_free(void *p, pm__span **out_span, _Atomic uint64_t **out
         index = pm__class_index(span->cls, (size_t)((uint8_t *)p - base));
         if (index >= span->nblocks || base + index * size != (uint8_t *)p)
             return pm__fail(PM_ERROR_INVALID_VALUE,
-                            "pm_mem_free: %p is inside a pool allocation, not its start", p);
+                            "%s: %p is inside a pool allocation, not its start", name, p);
     } else if (span->kind != SPAN_LARGE || base != (uint8_t *)p) {
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not a pool allocation", p);
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %p is not a pool allocation", name, p);
     }
     _Atomic uint64_t *req = pm__requested(span, index);
     uint64_t bytes = atomic_exchange_explicit(req, 0, memory_order_acq_rel);
     if (bytes == 0)
-        return pm__fail(PM_ERROR_INVALID_VALUE, "pm_mem_free: %p is not allocated (double free?)", p);
+        return pm__fail(PM_ERROR_INVALID_VALUE, "%s: %p is not allocated (double free?)", name,
+                        p);
     *out_span = span;
     *out_req = req;
     *out_bytes = bytes;
@@ -502,7 +512,7 @@ pm_result pm__pool_free(void *p, bool async, pm_stream_t s)
     pm__span *span = NULL;
     _Atomic uint64_t *req = NULL;
     size_t bytes = 0;
-    pm_result r = claim_free(p, &span, &req, &bytes);
+    pm_result r = claim_free(async ? "pm_mem_free_async" : "pm_mem_free", p, &span, &req, &bytes);
     if (r != PM_SUCCESS)
         return r;
     pm__pool *pool = span->chunk->pool;
