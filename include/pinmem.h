@@ -314,11 +314,12 @@ PM_API pm_result pm_stream_synchronize(pm_stream_t stream);
  * makes or destroys a stream, event or pool (or sets or reads its
  * attributes or statistics), asks for the default pool or about devices,
  * or uses the legacy or the per-thread default stream returns
- * PM_ERROR_NOT_PERMITTED and changes nothing; so do pm_copy_get_config,
- * pm_copy_set_config, pm_copy_get_stats and pm_get_setting, which may wait
- * behind copies that wait for fn. Waiting for, recording on and launching
- * host functions on other streams, event queries, pm_init,
- * pm_get_capabilities, the pinned budget and pm_mem_check_access go through.
+ * PM_ERROR_NOT_PERMITTED and changes nothing (pm_mem_check_access included:
+ * it asks the driver about device memory, as cuPointerGetAttribute does); so
+ * do pm_copy_get_config, pm_copy_set_config, pm_copy_get_stats and
+ * pm_get_setting, which may wait behind copies that wait for fn. Waiting
+ * for, recording on and launching host functions on other streams, event
+ * queries, pm_init, pm_get_capabilities and the pinned budget go through.
  * A wait for fn's own stream, or for an event recorded behind fn, never
  * returns, as with the driver. On CUDA the same holds inside a host function
  * another library queued (cuLaunchHostFunc, cudaLaunchHostFunc); there, a

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "host_func.h"
 #include "instance.h"
 #include "no_cancel.h"
 #include "proc_maps.h"
@@ -124,6 +125,7 @@ pm_result pm_mem_check_access(pm_deviceptr p, size_t bytes, unsigned access,
                               pm_deviceptr *span_base, size_t *span_size)
 {
     PM__NO_CANCEL;
+    PM__REFUSED_IN_HOST_FUNC("pm_mem_check_access");
     PM__INSTANCE_OR_RETURN(inst);
     if (access == 0 || (access & ~(unsigned)(PM_ACCESS_READ | PM_ACCESS_WRITE)))
         return pm__fail(PM_ERROR_INVALID_VALUE,

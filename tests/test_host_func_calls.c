@@ -107,6 +107,10 @@ static void memory_calls(setting *s)
     REFUSED(pm_mem_host_get_flags(&flags, s->pinned));
     REFUSED(pm_mem_host_get_device_pointer(&d, s->pinned, 0));
     REFUSED(pm_mem_get_address_range(&base, &size, (pm_deviceptr)(uintptr_t)s->pinned));
+    /* It asks the driver about device memory, as cuPointerGetAttribute does. */
+    REFUSED(pm_mem_check_access(s->device, BYTES, PM_ACCESS_READ, NULL, NULL));
+    REFUSED(pm_mem_check_access((pm_deviceptr)(uintptr_t)s->pageable, BYTES, PM_ACCESS_READ,
+                                NULL, NULL));
     REFUSED(pm_device_alloc(&d, BYTES));
     REFUSED(pm_device_free(s->device));
     REFUSED(pm_mem_invalidate(s->pageable, BYTES));
