@@ -8,7 +8,7 @@ from operator import add
 from . import _lib
 from ._errors import error
 from ._resolve import access_problem
-from ._stream import stream_handle
+from ._stream import stream_use
 
 _WHAT = "pinmem.copy_batch"
 _U64 = ctypes.c_uint64
@@ -113,21 +113,25 @@ def copy_batch(dsts, srcs, sizes, *, stream=None):
     Otherwise (as pinmem.copy takes) ordered on that stream: pageable
     sources may be reused when the call returns, and page-locked and device
     memory are copied in stream order. An empty batch does nothing."""
-    handle = None if stream is None else stream_handle(stream, f"{_WHAT}: stream")
-    # Arrays read in place stay alive as this call's arguments.
-    dst_array, dst_seq = _as_array(dsts, "dsts")
-    src_array, src_seq = _as_array(srcs, "srcs")
-    size_array, size_seq = _as_array(sizes, "sizes")
-    n = len(size_array)
-    if len(dst_array) != n or len(src_array) != n:
-        raise ValueError(f"{_WHAT}: dsts, srcs and sizes differ in length "
-                         f"({len(dst_array)}, {len(src_array)}, {n})")
-    if n == 0:
-        return
-    _check_access(dst_seq, size_seq, "destination", True)
-    _check_access(src_seq, size_seq, "source", False)
-    submit(dst_array, src_array, ctypes.cast(size_array, ctypes.POINTER(ctypes.c_size_t)), n,
-           handle, _WHAT)
+    handle, let_go = (None, None) if stream is None else stream_use(stream, f"{_WHAT}: stream")
+    try:
+        # Arrays read in place stay alive as this call's arguments.
+        dst_array, dst_seq = _as_array(dsts, "dsts")
+        src_array, src_seq = _as_array(srcs, "srcs")
+        size_array, size_seq = _as_array(sizes, "sizes")
+        n = len(size_array)
+        if len(dst_array) != n or len(src_array) != n:
+            raise ValueError(f"{_WHAT}: dsts, srcs and sizes differ in length "
+                             f"({len(dst_array)}, {len(src_array)}, {n})")
+        if n == 0:
+            return
+        _check_access(dst_seq, size_seq, "destination", True)
+        _check_access(src_seq, size_seq, "source", False)
+        submit(dst_array, src_array, ctypes.cast(size_array, ctypes.POINTER(ctypes.c_size_t)), n,
+               handle, _WHAT)
+    finally:
+        if let_go is not None:
+            let_go()
 
 
 def submit(dsts, srcs, sizes, n, handle, what):

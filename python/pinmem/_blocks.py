@@ -7,7 +7,7 @@ from array import array
 from ._batch import submit
 from ._copy import order_after
 from ._resolve import DEVICE, handler
-from ._stream import stream_handle
+from ._stream import stream_use
 
 _WHAT = "pinmem.copy_blocks"
 _U64P = ctypes.POINTER(ctypes.c_uint64)
@@ -127,10 +127,10 @@ def copy_blocks(dst, src, mapping, block_bytes, *, stream=None):
     ordered on that stream, pageable sources reusable on return. An empty
     mapping does nothing."""
     block = _block_bytes(block_bytes)
-    handle = None if stream is None else stream_handle(stream, f"{_WHAT}: stream")
-    mapping = _host_mapping(mapping)
-    releases = []
+    handle, let_go = (None, None) if stream is None else stream_use(stream, f"{_WHAT}: stream")
+    releases = [] if let_go is None else [let_go]
     try:
+        mapping = _host_mapping(mapping)
         sides = (_side(src, False, "source", handle, releases),
                  _side(dst, True, "destination", handle, releases))
         bases = tuple(side[0] for side in sides)

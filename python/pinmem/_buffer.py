@@ -21,7 +21,9 @@ _api.PyMemoryView_FromMemory.restype = ctypes.py_object
 _api.PyMemoryView_FromMemory.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
 _PyBUF_READ, _PyBUF_WRITE = 0x100, 0x200
 
-_close_lock = free_in_forked_child(threading.Lock())
+# Re-entrant: a garbage collection while a thread holds it may close a
+# DeviceBuffer on that thread.
+_close_lock = free_in_forked_child(threading.RLock())
 
 
 def _raw_view(address, nbytes):

@@ -1,6 +1,9 @@
-"""What every pinmem object that holds a resource does with close()."""
+"""What every pinmem object that holds a resource does with close(), with
+copies of itself, and with calls in other threads that use its handle."""
 
 import os
+import threading
+from contextlib import contextmanager
 
 
 def free_in_forked_child(lock):
@@ -15,7 +18,8 @@ def free_in_forked_child(lock):
 
 class Closing:
     """close() when a ``with`` block ends, and on garbage collection, where
-    a failure has nowhere to go and is dropped."""
+    a failure has nowhere to go and is dropped. Neither copied nor pickled:
+    two objects would each give back the one resource."""
 
     def __enter__(self):
         return self
@@ -28,3 +32,61 @@ class Closing:
             self.close()
         except Exception:
             pass
+
+    def __copy__(self):
+        raise TypeError(f"a pinmem.{type(self).__qualname__} owns what it holds and cannot be "
+                        f"copied; copy its bytes with pinmem.copy instead")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"a pinmem.{type(self).__qualname__} holds memory or a handle of this "
+                        f"process and cannot be pickled")
+
+
+# Re-entrant: a garbage collection that runs while a thread holds it may
+# close an object of the same kind on that thread.
+_users_lock = free_in_forked_child(threading.RLock())
+
+
+class Handled(Closing):
+    """An object whose handle (self._handle, None once closed) calls use
+    while other threads may close it. Each such call holds the object
+    (_hold() ... _let_go()); close() while any does raises BufferError, as a
+    Buffer's does while a copy uses it, instead of destroying the handle
+    under the call."""
+
+    _users = 0
+    _noun = "object"
+
+    def _hold(self, what):
+        """The handle, held until _let_go(); ValueError once closed."""
+        with _users_lock:
+            handle = self._handle
+            if handle is None:
+                raise ValueError(f"{what}: the {self._noun} is closed")
+            self._users += 1
+        return handle
+
+    def _let_go(self):
+        with _users_lock:
+            self._users -= 1
+
+    @contextmanager
+    def _held(self, what):
+        """``with obj._held(what) as handle:`` holds it for the block."""
+        handle = self._hold(what)
+        try:
+            yield handle
+        finally:
+            self._let_go()
+
+    def _take_handle(self):
+        """The handle for close() to destroy (None when closed already)."""
+        with _users_lock:
+            if self._handle is not None and self._users:
+                raise BufferError(f"cannot close the {self._noun}: calls in other threads "
+                                  f"still use it")
+            handle, self._handle = self._handle, None
+        return handle

@@ -3,7 +3,7 @@
 from . import _lib
 from ._errors import error
 from ._resolve import DEVICE, UNKNOWN, access_problem, handler, handlers
-from ._stream import stream_handle, wait_for
+from ._stream import stream_use, wait_for
 
 # The CUDA array interface's stream numbers 1 and 2 are the legacy and the
 # per-thread default streams, whose driver handles are those same numbers;
@@ -27,7 +27,9 @@ def order_after(theirs, handle):
 def _size(nbytes, dst_n, src_n):
     """The bytes to copy; dst_n and src_n are None for int addresses."""
     if nbytes is not None:
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        if isinstance(nbytes, bool):
+            raise TypeError("pinmem.copy: nbytes must be an int, not a bool")
+        if not isinstance(nbytes, int):
             try:
                 nbytes = nbytes.__index__()
             except AttributeError:
@@ -77,9 +79,14 @@ def copy(dst, src, nbytes=None, *, stream=None):
     """
     # Every call pays for what follows, so it reads each side once, as a
     # tuple, and asks the system only about int addresses it cannot vouch for.
-    handle = None if stream is None else stream_handle(stream, "pinmem.copy: stream")
-    d_addr, d_n, d_where, d_stream, d_release = \
-        (handlers.get(type(dst)) or handler(dst))(dst, True, _DST, handle)
+    handle, let_go = (None, None) if stream is None else stream_use(stream, "pinmem.copy: stream")
+    try:
+        d_addr, d_n, d_where, d_stream, d_release = \
+            (handlers.get(type(dst)) or handler(dst))(dst, True, _DST, handle)
+    except BaseException:
+        if let_go is not None:
+            let_go()
+        raise
     try:
         s_addr, s_n, s_where, s_stream, s_release = \
             (handlers.get(type(src)) or handler(src))(src, False, _SRC, handle)
@@ -113,4 +120,6 @@ def copy(dst, src, nbytes=None, *, stream=None):
     finally:
         if d_release is not None:
             d_release()
+        if let_go is not None:
+            let_go()
     return dst

@@ -7,6 +7,7 @@ import sys
 import threading
 
 from . import _lib
+from ._closing import free_in_forked_child
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -76,7 +77,7 @@ _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 # libpinmem's pm_dlpack_deleter, which only clears manager_ctx; collect()
 # lets go of what both show is over.
 _live = {}
-_live_lock = threading.Lock()
+_live_lock = free_in_forked_child(threading.Lock())
 _collect_at = [64]  # collect once the exports alive reach this many
 
 

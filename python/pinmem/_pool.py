@@ -2,10 +2,9 @@
 
 import ctypes
 import json
-import threading
 
 from . import _lib
-from ._closing import Closing
+from ._closing import Handled
 from ._errors import check
 
 _UNSET = object()
@@ -23,7 +22,7 @@ def _stats_json(pool_handle, what):
     return json.loads(buf.value.decode())
 
 
-class Pool(Closing):
+class Pool(Handled):
     """A pool of page-locked host memory.
 
     location: "host", or ("numa", node) for memory on one NUMA node.
@@ -32,6 +31,8 @@ class Pool(Closing):
     pinmem's default, keep everything; 0: the driver's default, give back
     all unused memory).
     """
+
+    _noun = "pool"
 
     def __init__(self, location="host", *, max_size=0, release_threshold=None):
         lib = _lib.load()
@@ -91,20 +92,23 @@ class Pool(Closing):
 
         nbytes = _check_size(nbytes, "Pool.alloc")
         p = ctypes.c_void_p()
-        check(_lib.load().pm_mem_alloc_from_pool(ctypes.byref(p), nbytes, self.handle), "Pool.alloc")
+        with self._held("Pool.alloc") as handle:
+            check(_lib.load().pm_mem_alloc_from_pool(ctypes.byref(p), nbytes, handle), "Pool.alloc")
         return make(p.value or 0, nbytes, self, 0)
 
     def trim(self, keep=0):
         """Gives back unused memory until the pool holds at most keep bytes more than it uses."""
         if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep < 1 << 64:
             raise ValueError(f"Pool.trim: keep must be a size in bytes, not {keep!r}")
-        check(_lib.load().pm_mem_pool_trim_to(self.handle, keep), "Pool.trim")
+        with self._held("Pool.trim") as handle:
+            check(_lib.load().pm_mem_pool_trim_to(handle, keep), "Pool.trim")
 
     @property
     def release_threshold(self):
         v = ctypes.c_uint64()
-        check(_lib.load().pm_mem_pool_get_attribute(self.handle, _lib.PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                                    ctypes.byref(v)), "Pool.release_threshold")
+        with self._held("Pool.release_threshold") as handle:
+            check(_lib.load().pm_mem_pool_get_attribute(handle, _lib.PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                        ctypes.byref(v)), "Pool.release_threshold")
         return v.value
 
     @release_threshold.setter
@@ -112,16 +116,19 @@ class Pool(Closing):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
             raise ValueError(f"release_threshold must be a size in bytes, not {value!r}")
         v = ctypes.c_uint64(value)
-        check(_lib.load().pm_mem_pool_set_attribute(self.handle, _lib.PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                                    ctypes.byref(v)), "Pool.release_threshold")
+        with self._held("Pool.release_threshold") as handle:
+            check(_lib.load().pm_mem_pool_set_attribute(handle, _lib.PM_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                        ctypes.byref(v)), "Pool.release_threshold")
 
     def stats(self):
         """The pool's statistics (pm_pool_stats) as a dict."""
-        return _stats_json(self.handle, "Pool.stats")
+        with self._held("Pool.stats") as handle:
+            return _stats_json(handle, "Pool.stats")
 
     def close(self):
-        """Destroys the pool; buffers still alive keep their memory until they are closed."""
-        handle, self._handle = self._handle, None
+        """Destroys the pool; buffers still alive keep their memory until they
+        are closed. BufferError while a call in another thread uses the pool."""
+        handle = self._take_handle()
         if handle is not None and self._owned:
             check(_lib.load().pm_mem_pool_destroy(handle), "Pool.close")
 

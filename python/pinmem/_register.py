@@ -10,7 +10,9 @@ from ._resolve import DEVICE, HOST, UNKNOWN, disown, own, resolve
 REGISTER_FLAGS = 0xF  # PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
 READ_ONLY = 0x8
 
-_lock = free_in_forked_child(threading.Lock())
+# Re-entrant: a garbage collection while a thread holds it may close a
+# Registration on that thread.
+_lock = free_in_forked_child(threading.RLock())
 
 
 class Registration(Closing):

@@ -2,6 +2,7 @@
 
 import bisect
 import ctypes
+import re
 import sys
 import threading
 
@@ -49,7 +50,7 @@ owned = {}
 _bases = []
 _read_only = set()
 _device = set()
-_owned_lock = free_in_forked_child(threading.Lock())
+_owned_lock = free_in_forked_child(threading.RLock())  # as _buffer._close_lock
 
 
 def own(base, nbytes, read_only=False, device=False):
@@ -183,13 +184,19 @@ def _holds_objects(descr):
     return False
 
 
+# The array interface's typestr: byte order, kind, then the size in bytes
+# (in characters of 4 bytes for kind U), and for datetimes a unit.
+_TYPESTR = re.compile(r"[<>|=]([a-zA-Z])(\d+)(\[\w+\])?")
+
+
 def _itemsize(typestr, what):
     if isinstance(typestr, str) and typestr[1:2] == "O":
         raise ValueError(f"{what}: an array of Python objects holds references, not bytes to copy")
-    try:
-        return int(typestr[2:])
-    except (TypeError, ValueError):
-        raise ValueError(f"{what}: cannot read the element size from typestr {typestr!r}") from None
+    found = _TYPESTR.fullmatch(typestr) if isinstance(typestr, str) else None
+    if found is None:
+        raise ValueError(f"{what}: cannot read the element size from typestr {typestr!r}")
+    size = int(found.group(2))
+    return 4 * size if found.group(1) == "U" else size
 
 
 def _compact(shape, strides, itemsize):
@@ -279,6 +286,16 @@ def _by_int(obj, writable, what, consumer_stream):
 
 def _by_bool(obj, writable, what, consumer_stream):
     raise TypeError(f"{what}: expected memory or an int address, not a bool")
+
+
+def _by_numpy_scalar(obj, writable, what, consumer_stream):
+    # A scalar's array interface points into a temporary array, gone once read.
+    raise TypeError(f"{what}: a numpy scalar ({_name(obj)}) holds no memory of its own; pass an "
+                    f"array (numpy.array(x)), or an int address")
+
+
+def _by_numpy_int(obj, writable, what, consumer_stream):
+    return _by_int(int(obj), writable, what, consumer_stream)
 
 
 def _torch_handler(cls):
@@ -409,8 +426,10 @@ def _by_buffer(obj, writable, what, consumer_stream):
 
 # How each type's memory is found, learnt from its first object: every
 # interface consulted is an attribute of the type, so the choice holds for
-# all its objects.
+# all its objects. Bounded: before Python 3.12 each size of Buffer is a type
+# of its own, and programs may make types without end.
 handlers = {int: _by_int, bool: _by_bool}
+_HANDLERS_MAX = 1024
 
 
 def _pick(cls):
@@ -423,10 +442,13 @@ def _pick(cls):
         return _by_int
     if issubclass(cls, (Buffer, DeviceBuffer, Registration)):
         return cls._copy_side  # called unbound: (obj, writable, what, consumer_stream)
-    mod = cls.__module__ or ""
-    if (mod == "torch" or mod.startswith("torch.")) and hasattr(cls, "data_ptr") \
-            and hasattr(cls, "element_size"):
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(cls, torch.Tensor):  # subclasses too
         return _torch_handler(cls)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and issubclass(cls, numpy.generic):
+        return _by_numpy_int if issubclass(cls, numpy.integer) else _by_numpy_scalar
+    mod = cls.__module__ or ""
     if mod.split(".")[0] == "numpy" and hasattr(cls, "flags") and hasattr(cls, "__array_interface__"):
         return _numpy_handler(cls)
     if hasattr(cls, "__cuda_array_interface__"):
@@ -446,7 +468,11 @@ def handler(obj):
     if found is None:
         if isinstance(obj, type):
             return _by_buffer
-        found = handlers[cls] = _pick(cls)
+        found = _pick(cls)
+        if len(handlers) >= _HANDLERS_MAX:
+            handlers.clear()  # learnt again as used; copy() may read it meanwhile
+            handlers.update({int: _by_int, bool: _by_bool})
+        handlers[cls] = found
     return found
 
 

@@ -3,7 +3,7 @@
 import ctypes
 
 from . import _lib
-from ._closing import Closing
+from ._closing import Handled
 from ._errors import check
 
 # The driver's named stream handles (PM_STREAM_LEGACY, PM_STREAM_PER_THREAD):
@@ -12,10 +12,12 @@ STREAM_LEGACY = 0x1
 STREAM_PER_THREAD = 0x2
 
 
-class Stream(Closing):
+class Stream(Handled):
     """A pinmem stream (pm_stream_create): a CUDA stream on the cuda backend,
     an ordered queue run by a thread of its own on the posix backend. Pass it,
     or any framework's stream, as ``stream=`` to :func:`pinmem.copy`."""
+
+    _noun = "stream"
 
     def __init__(self):
         lib = _lib.load()
@@ -36,14 +38,16 @@ class Stream(Closing):
 
     def synchronize(self):
         """Waits for the work queued on the stream."""
-        check(_lib.load().pm_stream_synchronize(self.handle), "Stream.synchronize")
+        with self._held("Stream.synchronize") as handle:
+            check(_lib.load().pm_stream_synchronize(handle), "Stream.synchronize")
 
     def __cuda_stream__(self):
         return (0, self.handle)
 
     def close(self):
-        """Waits for the stream's work, then destroys it."""
-        handle, self._handle = self._handle, None
+        """Waits for the stream's work, then destroys it. BufferError while a
+        call in another thread (a copy on it, say) uses the stream."""
+        handle = self._take_handle()
         if handle is not None:
             check(_lib.load().pm_stream_destroy(handle), "Stream.close")
 
@@ -63,6 +67,15 @@ def _as_int(value, what):
         return int(value)
     except (TypeError, ValueError):
         raise TypeError(f"{what}: cannot read a stream handle from {type(value).__name__}") from None
+
+
+def stream_use(stream, what="stream"):
+    """(handle, let_go): stream's handle as stream_handle() gives it, and
+    for a pinmem.Stream, held against close() from another thread until
+    the caller calls let_go (None for other streams)."""
+    if type(stream) is Stream:
+        return stream._hold(what), stream._let_go
+    return stream_handle(stream, what), None
 
 
 def stream_handle(stream, what="stream"):

@@ -380,3 +380,67 @@ def test_dlpack_outlives_the_module(keep):
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(pinmem.__file__))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and "kept" in run.stdout, (run.returncode, run.stderr[-2000:])
+
+
+def test_numpy_scalars():
+    """A numpy scalar's array interface points into a temporary array: it is
+    refused as memory, and an integer scalar is taken as an int address."""
+    np = optional("numpy")
+    dst = bytearray(8)
+    with pytest.raises(TypeError, match="numpy scalar"):
+        pinmem.copy(dst, np.float64(1.5))
+    with pytest.raises(TypeError, match="numpy scalar"):
+        pinmem.register(np.float64(2.5), flags=pinmem.HOSTREGISTER_READ_ONLY)
+    with pinmem.empty(8) as b:
+        b[:] = b"ABCDEFGH"
+        pinmem.copy(dst, np.uint64(b.ptr), 8)
+    assert dst == b"ABCDEFGH"
+
+
+def test_element_sizes_from_typestr():
+    """Sizes from __array_interface__: kind U counts 4 bytes a character,
+    datetimes carry a unit after their size."""
+    np = optional("numpy")
+
+    class Exported:
+        def __init__(self, array):
+            self.array = array
+
+        @property
+        def __array_interface__(self):
+            return self.array.__array_interface__
+
+    for array in (np.array(["ab", "cd"], dtype="<U3"),
+                  np.array([1, 2], dtype="datetime64[ns]")):
+        dst = bytearray(array.nbytes)
+        pinmem.copy(dst, Exported(array))
+        assert bytes(dst) == array.tobytes()
+
+
+def test_tensor_subclasses():
+    torch = optional("torch")
+
+    class Tagged(torch.Tensor):
+        pass
+
+    src = torch.arange(4, dtype=torch.uint8).as_subclass(Tagged)
+    dst = bytearray(4)
+    pinmem.copy(dst, src)
+    assert dst == bytes([0, 1, 2, 3])
+
+
+def test_bool_sizes():
+    with pytest.raises(TypeError, match="bool"):
+        pinmem.copy(bytearray(4), bytearray(4), True)
+
+
+def test_types_learnt_stay_bounded():
+    """Each new type's handler is remembered, up to a bound."""
+    from pinmem import _resolve
+
+    dst = bytearray(4)
+    for i in range(2 * _resolve._HANDLERS_MAX):
+        kind = type(f"Bytes{i}", (bytearray,), {})
+        pinmem.copy(dst, kind(b"abcd"))
+    assert len(_resolve.handlers) <= _resolve._HANDLERS_MAX
+    assert dst == b"abcd"
