@@ -6,6 +6,7 @@ import copy
 import gc
 import pickle
 import threading
+import time
 
 import pytest
 
@@ -78,7 +79,10 @@ def test_close_races_calls(kind):
         threads = [threading.Thread(target=use) for _ in range(4)]
         for t in threads:
             t.start()
-        while not obj.closed:
+        # Four threads may keep it in use for good: closes are tried a while,
+        # then the threads stop and the close must succeed.
+        deadline = time.monotonic() + 0.05
+        while not obj.closed and time.monotonic() < deadline:
             try:
                 obj.close()
             except BufferError:
@@ -86,6 +90,8 @@ def test_close_races_calls(kind):
         stop.set()
         for t in threads:
             t.join()
+        obj.close()
+        assert obj.closed
         assert not unexpected, unexpected
 
 
