@@ -336,6 +336,81 @@ static void engine_change_while_copy_waits(void)
     CHECK_RESULT(pm_device_free(device), PM_SUCCESS);
 }
 
+/* Two threads copy pageable memory on their own streams, which the driver
+ * keeps apart: a host function on the first one's stream, queued before its
+ * copy, waits for an event the second records after its own copy. The
+ * second copy must not run on the lane the first one left still waiting
+ * for that function (the test hung: its alarm ends it). */
+typedef struct apart {
+    pm_event_t second_done;
+    pm_deviceptr device[2];
+    uint8_t *pageable[2];
+    atomic_int recorded, first_copied;
+    pm_result waited;
+} apart;
+
+enum { APART_BYTES = 2 << 20 };
+
+static void wait_for_second(void *arg)
+{
+    apart *a = arg;
+    while (!atomic_load(&a->recorded))
+        usleep(1000);
+    a->waited = pm_event_synchronize(a->second_done); /* permitted here */
+}
+
+static void *first_thread(void *arg)
+{
+    apart *a = arg;
+    CHECK_RESULT(pm_stream_launch_host_func(PM_STREAM_PER_THREAD, wait_for_second, a),
+                 PM_SUCCESS);
+    CHECK_RESULT(pm_memcpy_htod_async(a->device[0], a->pageable[0], APART_BYTES,
+                                      PM_STREAM_PER_THREAD), PM_SUCCESS);
+    atomic_store(&a->first_copied, 1);
+    CHECK_RESULT(pm_stream_synchronize(PM_STREAM_PER_THREAD), PM_SUCCESS);
+    return NULL;
+}
+
+static void *second_thread(void *arg)
+{
+    apart *a = arg;
+    CHECK_RESULT(pm_memcpy_htod_async(a->device[1], a->pageable[1], APART_BYTES,
+                                      PM_STREAM_PER_THREAD), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(a->second_done, PM_STREAM_PER_THREAD), PM_SUCCESS);
+    atomic_store(&a->recorded, 1);
+    CHECK_RESULT(pm_event_synchronize(a->second_done), PM_SUCCESS);
+    return NULL;
+}
+
+static void own_streams_stay_apart(void)
+{
+    apart a = {.waited = PM_ERROR_UNKNOWN};
+    SCOPED_MALLOC uint8_t *first = malloc(APART_BYTES), *second = malloc(APART_BYTES);
+    a.device[0] = device_alloc(APART_BYTES);
+    a.device[1] = device_alloc(APART_BYTES);
+    REQUIRE(first && second && a.device[0] && a.device[1]);
+    fill(first, APART_BYTES, 21);
+    fill(second, APART_BYTES, 22);
+    a.pageable[0] = first;
+    a.pageable[1] = second;
+    REQUIRE_RESULT(pm_event_create(&a.second_done), PM_SUCCESS);
+    pthread_t t1, t2;
+    REQUIRE(pthread_create(&t1, NULL, first_thread, &a) == 0);
+    while (!atomic_load(&a.first_copied))
+        usleep(1000);
+    REQUIRE(pthread_create(&t2, NULL, second_thread, &a) == 0);
+    pthread_join(t2, NULL);
+    pthread_join(t1, NULL);
+    CHECK_RESULT(a.waited, PM_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        memset(a.pageable[i], 0, APART_BYTES);
+        CHECK_RESULT(pm_memcpy_dtoh(a.pageable[i], a.device[i], APART_BYTES), PM_SUCCESS);
+        CHECK(first_mismatch(a.pageable[i], APART_BYTES, (unsigned)(21 + i)) == APART_BYTES);
+        CHECK_RESULT(pm_device_free(a.device[i]), PM_SUCCESS);
+    }
+    CHECK_RESULT(pm_event_destroy(a.second_done), PM_SUCCESS);
+}
+
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 static pm_result first_init, first_alloc;
 
@@ -397,6 +472,7 @@ int main(void)
     in_host_function(false, BY_PINMEM);
     in_host_function(true, BY_PINMEM);
     engine_change_while_copy_waits();
+    own_streams_stay_apart();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     if (on_backend("cuda") && driver_api_load()) {
         in_host_function(false, BY_DRIVER);

@@ -88,6 +88,9 @@ typedef struct job {
 typedef struct pm__lane {
     pm_stream_t stream;
     void *context;
+    pm__marker end; /* kept lanes: the end of the last copy's work (handle NULL: none) */
+    pthread_t last_thread; /* and the thread and stream that copy followed */
+    pm_stream_t last_own;
     bool busy, one_off;
 } pm__lane;
 

@@ -18,9 +18,11 @@
 
 /* Work queued on waiter (named in waiter_at) from now on follows the work
  * queued on s (named in s_at) so far; each side's handle is read in its own
- * place, where the legacy and per-thread handles mean that place's. */
+ * place, where the legacy and per-thread handles mean that place's. keep,
+ * where not NULL, gets the marker of s's work (the caller releases it). */
 static pm_result follow_across(const pm__backend *be, const pm__place *waiter_at,
-                               pm_stream_t waiter, const pm__place *s_at, pm_stream_t s)
+                               pm_stream_t waiter, const pm__place *s_at, pm_stream_t s,
+                               pm__marker *keep)
 {
     pm__marker m = {0};
     pm__place_scope scope;
@@ -33,7 +35,9 @@ static pm_result follow_across(const pm__backend *be, const pm__place *waiter_at
         r = be->marker_wait(waiter, &m);
         be->place_leave(&scope);
     }
-    if (m.handle)
+    if (r == PM_SUCCESS && keep)
+        *keep = m;
+    else if (m.handle)
         be->marker_release(&m);
     return r;
 }
@@ -41,18 +45,28 @@ static pm_result follow_across(const pm__backend *be, const pm__place *waiter_at
 pm_result pm__staging_follow(const pm__backend *be, pm_stream_t waiter, pm_stream_t s)
 {
     static const pm__place current = {0}; /* entering it changes nothing */
-    return follow_across(be, &current, waiter, &current, s);
+    return follow_across(be, &current, waiter, &current, s, NULL);
 }
 
-/* lock held: a lane of place that no copy uses, now marked used; NULL where
- * there is none. */
-static pm__lane *take_idle_locked(engine *eng, const pm__place *place)
+/* lock held: a lane of place that no copy uses, now marked used, whose
+ * last copy followed the same stream of the same thread, or whose last
+ * copy's work is done; NULL where there is none. Another stream's lane
+ * still at work would tie own to that stream: the lane's first wait follows
+ * it, and it may wait for anything (a host function waiting for own, say). */
+static pm__lane *take_idle_locked(engine *eng, const pm__backend *be, const pm__place *place,
+                                  pm_stream_t own)
 {
-    for (unsigned i = 0; i < eng->n_lanes; i++)
-        if (!eng->lanes[i].busy && eng->lanes[i].context == place->context) {
-            eng->lanes[i].busy = true;
-            return &eng->lanes[i];
+    for (unsigned i = 0; i < eng->n_lanes; i++) {
+        pm__lane *lane = &eng->lanes[i];
+        if (lane->busy || lane->context != place->context)
+            continue;
+        const bool same_stream =
+            lane->last_own == own && pthread_equal(lane->last_thread, pthread_self());
+        if (same_stream || !lane->end.handle || be->marker_done(&lane->end)) {
+            lane->busy = true;
+            return lane;
         }
+    }
     return NULL;
 }
 
@@ -100,19 +114,33 @@ static pm__lane *make_one_off(const pm__backend *be, const pm__place *place, pm_
     return spare->stream ? spare : NULL;
 }
 
-/* A one-off lane is released (place entered), its work left to finish. */
-static void give_back(engine *eng, const pm__backend *be, pm__lane *lane)
+/* A one-off lane is released (place entered), its work left to finish; a
+ * kept one is free again, end (where not NULL) the end of its work, which
+ * own of the calling thread follows. */
+static void give_back(engine *eng, const pm__backend *be, pm__lane *lane, pm__marker *end,
+                      pm_stream_t own)
 {
     if (lane->one_off) {
         pm__detail_saved saved;
         pm__detail_save(&saved);
         be->stream_release(lane->stream);
         pm__detail_restore(&saved);
+        if (end && end->handle)
+            be->marker_release(end);
         return;
     }
+    pm__marker old = {0};
     pthread_mutex_lock(&eng->lock);
+    if (end) {
+        old = lane->end;
+        lane->end = *end;
+        lane->last_thread = pthread_self();
+        lane->last_own = own;
+    }
     lane->busy = false;
     pthread_mutex_unlock(&eng->lock);
+    if (old.handle)
+        be->marker_release(&old);
 }
 
 pm__lane *pm__staging_lane_enter(engine *eng, const pm__lane_places *at, pm_stream_t own,
@@ -126,13 +154,13 @@ pm__lane *pm__staging_lane_enter(engine *eng, const pm__lane_places *at, pm_stre
     pm__lane *lane = NULL;
     if (kept) {
         pthread_mutex_lock(&eng->lock);
-        lane = take_idle_locked(eng, place);
+        lane = take_idle_locked(eng, be, place, own);
         pthread_mutex_unlock(&eng->lock);
     }
     pm__place_scope scope;
     if (be->place_enter(place, &scope) != PM_SUCCESS) {
         if (lane)
-            give_back(eng, be, lane);
+            give_back(eng, be, lane, NULL, own);
         return NULL;
     }
     if (!lane && kept)
@@ -142,10 +170,10 @@ pm__lane *pm__staging_lane_enter(engine *eng, const pm__lane_places *at, pm_stre
     pm__detail_saved saved;
     pm__detail_save(&saved);
     const bool following =
-        lane && follow_across(be, place, lane->stream, &at->own, own) == PM_SUCCESS;
+        lane && follow_across(be, place, lane->stream, &at->own, own, NULL) == PM_SUCCESS;
     pm__detail_restore(&saved);
     if (lane && !following)
-        give_back(eng, be, lane);
+        give_back(eng, be, lane, NULL, own);
     be->place_leave(&scope);
     return following ? lane : NULL;
 }
@@ -159,17 +187,18 @@ pm_result pm__staging_lane_leave(engine *eng, const pm__lane_places *at, pm_stre
     pm__place_scope scope;
     pm_result r = be->place_enter(&at->lane, &scope);
     const bool entered = r == PM_SUCCESS;
+    pm__marker end = {0};
     if (entered)
         r = PM__TEST_FAULT(pm__fault_lane)
                 ? pm__fail(PM_ERROR_UNKNOWN, "a lane's exit failed (injected fault)")
-                : follow_across(be, &at->own, own, &at->lane, lane->stream);
+                : follow_across(be, &at->own, own, &at->lane, lane->stream, &end);
     /* Unordered, the caller's stream could run ahead of the copy: it is
      * done before the copy returns instead. */
     if (r != PM_SUCCESS && be->stream_synchronize(lane->stream) == PM_SUCCESS) {
         pm__detail_restore(&saved);
         r = PM_SUCCESS;
     }
-    give_back(eng, be, lane);
+    give_back(eng, be, lane, &end, own);
     if (entered)
         be->place_leave(&scope);
     return r;
@@ -182,6 +211,8 @@ void pm__staging_release_lanes(engine *eng)
         pm__place place = {.context = eng->lanes[i].context};
         pm__place_scope scope;
         const bool entered = be->place_enter(&place, &scope) == PM_SUCCESS;
+        if (eng->lanes[i].end.handle)
+            be->marker_release(&eng->lanes[i].end);
         be->stream_destroy(eng->lanes[i].stream); /* waits for its last work */
         if (entered)
             be->place_leave(&scope);
