@@ -3,7 +3,6 @@ copies of itself, and with calls in other threads that use its handle."""
 
 import os
 import threading
-from contextlib import contextmanager
 
 
 def free_in_forked_child(lock):
@@ -73,14 +72,9 @@ class Handled(Closing):
         with _users_lock:
             self._users -= 1
 
-    @contextmanager
     def _held(self, what):
         """``with obj._held(what) as handle:`` holds it for the block."""
-        handle = self._hold(what)
-        try:
-            yield handle
-        finally:
-            self._let_go()
+        return _Holding(self, what)
 
     def _take_handle(self):
         """The handle for close() to destroy (None when closed already)."""
@@ -90,3 +84,20 @@ class Handled(Closing):
                                   f"still use it")
             handle, self._handle = self._handle, None
         return handle
+
+
+class _Holding:
+    """Handled._held's context (a class: a generator's costs a microsecond
+    more a call)."""
+
+    __slots__ = ("_obj", "_handle")
+
+    def __init__(self, obj, what):
+        self._handle = obj._hold(what)
+        self._obj = obj
+
+    def __enter__(self):
+        return self._handle
+
+    def __exit__(self, *exc):
+        self._obj._let_go()

@@ -104,7 +104,10 @@ def register(obj, *, flags=0):
                          "memory)")
     side = resolve(obj, writable=not flags & READ_ONLY, what="pinmem.register")
     try:
-        if side.where == DEVICE or side.where == UNKNOWN:
+        if side.where == UNKNOWN:  # an integer of another type (a numpy integer, say)
+            raise TypeError("pinmem.register takes an object that owns memory (an array, tensor "
+                            "or buffer), not an address or a registration")
+        if side.where == DEVICE:
             raise ValueError("pinmem.register pins host memory; this object's memory is on the "
                              "device")
         if side.nbytes == 0:

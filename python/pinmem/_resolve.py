@@ -288,12 +288,6 @@ def _by_bool(obj, writable, what, consumer_stream):
     raise TypeError(f"{what}: expected memory or an int address, not a bool")
 
 
-def _by_numpy_scalar(obj, writable, what, consumer_stream):
-    # A scalar's array interface points into a temporary array, gone once read.
-    raise TypeError(f"{what}: a numpy scalar ({_name(obj)}) holds no memory of its own; pass an "
-                    f"array (numpy.array(x)), or an int address")
-
-
 def _by_numpy_int(obj, writable, what, consumer_stream):
     return _by_int(int(obj), writable, what, consumer_stream)
 
@@ -447,7 +441,9 @@ def _pick(cls):
         return _torch_handler(cls)
     numpy = sys.modules.get("numpy")
     if numpy is not None and issubclass(cls, numpy.generic):
-        return _by_numpy_int if issubclass(cls, numpy.integer) else _by_numpy_scalar
+        # A scalar's array interface points into a temporary array, gone once
+        # read; its buffer is its own (read-only). Integers are addresses.
+        return _by_numpy_int if issubclass(cls, numpy.integer) else _by_buffer
     mod = cls.__module__ or ""
     if mod.split(".")[0] == "numpy" and hasattr(cls, "flags") and hasattr(cls, "__array_interface__"):
         return _numpy_handler(cls)

@@ -73,7 +73,7 @@ def stream_use(stream, what="stream"):
     """(handle, let_go): stream's handle as stream_handle() gives it, and
     for a pinmem.Stream, held against close() from another thread until
     the caller calls let_go (None for other streams)."""
-    if type(stream) is Stream:
+    if isinstance(stream, Stream):
         return stream._hold(what), stream._let_go
     return stream_handle(stream, what), None
 

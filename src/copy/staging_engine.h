@@ -6,6 +6,7 @@
 #define PINMEM_STAGING_ENGINE_H
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #include "../clock.h"
 #include "copy.h"
@@ -89,7 +90,7 @@ typedef struct pm__lane {
     pm_stream_t stream;
     void *context;
     pm__marker end; /* kept lanes: the end of the last copy's work (handle NULL: none) */
-    pthread_t last_thread; /* and the thread and stream that copy followed */
+    pid_t last_thread; /* and the thread (its id, slow to recur) and stream that copy followed */
     pm_stream_t last_own;
     bool busy, one_off;
 } pm__lane;

@@ -11,6 +11,8 @@
  * a copy elsewhere, or one that finds every lane busy, makes a one-off lane
  * and releases it at its end, and one that cannot is staged by its caller
  * alone. */
+#include <unistd.h>
+
 #include "../errors.h"
 #include "../instance.h"
 #include "../test_hooks.h"
@@ -60,8 +62,7 @@ static pm__lane *take_idle_locked(engine *eng, const pm__backend *be, const pm__
         pm__lane *lane = &eng->lanes[i];
         if (lane->busy || lane->context != place->context)
             continue;
-        const bool same_stream =
-            lane->last_own == own && pthread_equal(lane->last_thread, pthread_self());
+        const bool same_stream = lane->last_own == own && lane->last_thread == gettid();
         if (same_stream || !lane->end.handle || be->marker_done(&lane->end)) {
             lane->busy = true;
             return lane;
@@ -134,7 +135,7 @@ static void give_back(engine *eng, const pm__backend *be, pm__lane *lane, pm__ma
     if (end) {
         old = lane->end;
         lane->end = *end;
-        lane->last_thread = pthread_self();
+        lane->last_thread = gettid();
         lane->last_own = own;
     }
     lane->busy = false;

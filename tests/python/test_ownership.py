@@ -53,6 +53,21 @@ def test_close_while_another_thread_uses_it(kind):
         obj._hold("test")
 
 
+def test_a_stream_subclass_is_held_by_copies():
+    from pinmem._stream import stream_use
+
+    class Tagged(pinmem.Stream):
+        pass
+
+    s = Tagged()
+    handle, let_go = stream_use(s, "test")
+    assert handle == s.handle and let_go is not None
+    with pytest.raises(BufferError):
+        s.close()
+    let_go()
+    s.close()
+
+
 @pytest.mark.parametrize("kind", ["pool", "stream"])
 def test_close_races_calls(kind):
     """Threads use the object while the main thread closes it: each call
