@@ -20,7 +20,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 from . import _lib
 from ._errors import check
-from ._stream import STREAM_LEGACY, STREAM_PER_THREAD, stream_handle, wait_for
+from ._stream import STREAM_LEGACY, STREAM_PER_THREAD, stream_use, wait_for
 
 __all__ = ["to_device", "to_host", "install", "uninstall", "installed"]
 
@@ -120,8 +120,17 @@ def to_device(t, device=None, *, stream=None):
     if device is not None:
         device = _cuda_device(device, what)
     torch_stream = stream if isinstance(stream, _torch.cuda.Stream) else None
+    handle, let_go = None, None
     if stream is not None and torch_stream is None:
-        handle = stream_handle(stream, f"{what}: stream")
+        handle, let_go = stream_use(stream, f"{what}: stream")
+    try:
+        return _to_device(t, device, stream, torch_stream, handle, what)
+    finally:
+        if let_go is not None:
+            let_go()
+
+
+def _to_device(t, device, stream, torch_stream, handle, what):
     if not _torch.cuda.is_available():
         raise RuntimeError(f"{what} needs CUDA, and torch.cuda is not available here")
     _release_done()

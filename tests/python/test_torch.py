@@ -70,6 +70,19 @@ def test_to_device_checks_its_arguments_before_cuda():
         pt.to_device(torch.empty(4, device="meta"))
 
 
+def test_to_device_lets_go_of_a_pinmem_stream():
+    # Held against close() during the call, let go after it, failed or not.
+    t = torch.ones(4)
+    with pinmem.Stream() as s:
+        if torch.cuda.is_available():
+            pt.to_device(t, stream=s)
+            s.synchronize()
+        else:
+            with pytest.raises(RuntimeError, match="CUDA"):
+                pt.to_device(t, stream=s)
+    assert s.closed
+
+
 requires_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                          reason="needs a CUDA build of PyTorch and a GPU")
 requires_two_gpus = pytest.mark.skipif(not torch.cuda.is_available()
@@ -94,6 +107,31 @@ def test_to_device_on_a_side_stream():
     d = pt.to_device(t, stream=s)
     s.synchronize()
     assert torch.equal(d.cpu(), t)
+
+
+@requires_cuda
+def test_to_device_holds_a_pinmem_stream(monkeypatch):
+    # A close() from elsewhere while the copy is being queued is refused:
+    # the stream would be destroyed under the copy.
+    s = pinmem.Stream()
+    refused = []
+    allocate = torch.empty
+
+    def allocate_then_close(*args, **kwargs):
+        try:
+            s.close()
+        except BufferError:
+            refused.append(True)
+        return allocate(*args, **kwargs)
+
+    t = torch.randn(1 << 20)
+    monkeypatch.setattr(torch, "empty", allocate_then_close)
+    d = pt.to_device(t, stream=s)
+    monkeypatch.undo()
+    s.synchronize()
+    assert refused and not s.closed
+    assert torch.equal(d.cpu(), t)
+    s.close()
 
 
 @requires_cuda
