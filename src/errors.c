@@ -59,13 +59,18 @@ pm_result pm__fail_driver(pm_result r, int driver_code, const char *fmt, ...)
 void pm__detail_save(pm__detail_saved *s)
 {
     _Static_assert(sizeof s->text == sizeof last_detail, "a saved detail holds a whole one");
-    memcpy(s->text, last_detail, sizeof last_detail);
+    /* Only the text: pool allocations save it on every slow path, and it is mostly empty. */
+    size_t used = strnlen(last_detail, sizeof last_detail - 1);
+    memcpy(s->text, last_detail, used);
+    s->text[used] = '\0';
     s->driver_code = last_driver_code;
 }
 
 void pm__detail_restore(const pm__detail_saved *s)
 {
-    memcpy(last_detail, s->text, sizeof last_detail);
+    size_t used = strnlen(s->text, sizeof s->text - 1);
+    memcpy(last_detail, s->text, used);
+    last_detail[used] = '\0';
     last_driver_code = s->driver_code;
 }
 
