@@ -353,9 +353,10 @@ PM_API pm_result pm_event_record(pm_event_t event, pm_stream_t stream);
  * illegal address), that error, as cuEventQuery answers, and so does
  * pm_event_synchronize. */
 PM_API pm_result pm_event_query(pm_event_t event);
-/* Waits for the captured work. Meanwhile queries of and waits on the same
- * event from other threads answer at once; a record of it from another
- * thread waits until this returns. */
+/* Waits for the captured work. Meanwhile queries of, waits on and records
+ * of the same event from other threads (or host functions) answer at once;
+ * after such a record this still waits for the work captured when it began
+ * (cuda: as the driver's cuEventSynchronize does then). */
 PM_API pm_result pm_event_synchronize(pm_event_t event);
 /* Work enqueued on stream after this call waits for the event's captured work. */
 PM_API pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event);

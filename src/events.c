@@ -2,7 +2,9 @@
  * order pools learn from them (stream_order.h). Handles are checked against
  * the live events, so a stale or made-up one is refused, not followed; a call
  * that found its event live holds it, so that a destroy from another thread
- * meanwhile leaves the freeing to the last holder. */
+ * meanwhile leaves the freeing to the last holder. A synchronization holds
+ * the marker it waits on, not the event's lock, so that a record meanwhile
+ * (from a host function the wait is behind, say) goes ahead. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -17,12 +19,17 @@
 #include "stream_order.h"
 #include "test_hooks.h"
 
+/* A recorded point, shared by its event and the synchronizations waiting on it. */
+typedef struct held_marker {
+    pm__marker marker;
+    _Atomic unsigned refs; /* the event's (while it is the event's point) and each waiter's */
+} held_marker;
+
 struct pm_event_s {
-    /* The marker and the order point change together, under the write lock
-     * (a record); queries, waits and synchronizations share the read lock,
-     * so that none blocks another (a synchronization holds it while it waits). */
+    /* The point and the order change together, under the write lock (a
+     * record); queries, waits and synchronizations read them under the read lock. */
     pthread_rwlock_t lock;
-    pm__marker marker;    /* handle NULL until first recorded */
+    held_marker *point;   /* NULL until first recorded */
     pm__order_set order;  /* what the recorded point's stream had waited for, and the point */
     _Atomic unsigned holds; /* calls in progress, and one for being live */
 };
@@ -43,12 +50,26 @@ static pm_result hold_event(const char *name, pm_event_t e)
     return PM_SUCCESS;
 }
 
+/* e's point where it holds a recorded marker (a failed record may leave it empty). */
+static held_marker *recorded_point(pm_event_t e)
+{
+    return e->point && e->point->marker.handle ? e->point : NULL;
+}
+
+static void drop_point(const pm__backend *b, held_marker *p)
+{
+    if (!p || atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    b->marker_release(&p->marker);
+    free(p);
+}
+
 /* Lets go of a hold; the last one, once e is destroyed, frees it. */
 static void let_go(const pm__backend *b, pm_event_t e)
 {
     if (atomic_fetch_sub_explicit(&e->holds, 1, memory_order_acq_rel) != 1)
         return;
-    b->marker_release(&e->marker);
+    drop_point(b, e->point);
     pm__order_set_free(&e->order);
     pthread_rwlock_destroy(&e->lock);
     free(e);
@@ -107,6 +128,32 @@ static pm_result hold_pair(const char *name, const pm__backend *b, pm_event_t ev
 
 static void forget_at_thread_exit(unsigned long long id);
 
+/* Records e's point on stream, under e's write lock: in place where no
+ * synchronization waits on it (or the backend keeps its handle), else as a
+ * new point, the old one in *replaced for its last waiter to free. */
+static pm_result record_point(const pm__backend *b, pm_event_t e, pm_stream_t stream,
+                              held_marker **replaced)
+{
+    held_marker *p = e->point;
+    bool waited = p && atomic_load_explicit(&p->refs, memory_order_acquire) > 1;
+    bool in_place = p && (!waited || (b->marker_rerecord_in_place &&
+                                      b->marker_rerecord_in_place(stream, &p->marker)));
+    if (in_place)
+        return b->marker_rerecord(stream, &p->marker);
+    held_marker *fresh = calloc(1, sizeof *fresh);
+    if (!fresh)
+        return pm__fail(PM_ERROR_OUT_OF_MEMORY, "pm_event_record: out of memory");
+    atomic_init(&fresh->refs, 1);
+    pm_result r = b->marker_record(stream, &fresh->marker);
+    if (r != PM_SUCCESS) {
+        free(fresh);
+        return r;
+    }
+    *replaced = p;
+    e->point = fresh;
+    return PM_SUCCESS;
+}
+
 pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
 {
     PM__NO_CANCEL;
@@ -124,17 +171,19 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
     /* Taken before the marker, so that a free or a wait another thread
      * queues on the stream meanwhile is never claimed as before the event. */
     pm__order_set order = {0};
+    held_marker *replaced = NULL;
     pthread_rwlock_wrlock(&event->lock);
     if (!pm__order_snapshot(id, pm__order_next(), &order))
         order.n = 0; /* out of memory: waits on it teach nothing, which is safe */
     PM__TEST_RECORD_MIDWAY();
-    r = b->marker_rerecord(stream, &event->marker);
+    r = record_point(b, event, stream, &replaced);
     if (r == PM_SUCCESS) {
         pm__order_set old = event->order;
         event->order = order;
         order = old;
     }
     pthread_rwlock_unlock(&event->lock);
+    drop_point(b, replaced);
     let_go(b, event);
     pm__order_set_free(&order);
     if (r == PM_SUCCESS && pm__stream_is_threads_own(stream))
@@ -150,8 +199,9 @@ pm_result pm_event_query(pm_event_t event)
     if (r != PM_SUCCESS)
         return r;
     pthread_rwlock_rdlock(&event->lock);
-    if (event->marker.handle)
-        r = inst->backend.marker_query(&event->marker);
+    held_marker *p = recorded_point(event);
+    if (p)
+        r = inst->backend.marker_query(&p->marker);
     pthread_rwlock_unlock(&event->lock);
     let_go(&inst->backend, event);
     return r;
@@ -164,12 +214,20 @@ pm_result pm_event_synchronize(pm_event_t event)
     pm_result r = hold_event("pm_event_synchronize", event);
     if (r != PM_SUCCESS)
         return r;
-    /* Held while waiting: a record from another thread would release the
-     * marker this waits on. Such a record waits until this wait is over. */
+    /* The point is held, not the lock: a record meanwhile replaces the
+     * event's point (or records it in place, as the driver's event) and
+     * frees the old one only after this wait. */
     pthread_rwlock_rdlock(&event->lock);
-    if (event->marker.handle)
-        r = inst->backend.marker_synchronize(&event->marker);
+    held_marker *p = recorded_point(event);
+    pm__marker waited_on = {0};
+    if (p) {
+        atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+        waited_on = p->marker;
+    }
     pthread_rwlock_unlock(&event->lock);
+    if (p)
+        r = inst->backend.marker_synchronize(&waited_on);
+    drop_point(&inst->backend, p);
     let_go(&inst->backend, event);
     return r;
 }
@@ -220,8 +278,9 @@ pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
     if (r != PM_SUCCESS)
         return r;
     pthread_rwlock_rdlock(&event->lock);
-    if (event->marker.handle)
-        r = b->marker_wait(stream, &event->marker);
+    held_marker *p = recorded_point(event);
+    if (p)
+        r = b->marker_wait(stream, &p->marker);
     if (r == PM_SUCCESS)
         pm__order_learn(id, &event->order); /* out of memory: nothing learned, which is safe */
     pthread_rwlock_unlock(&event->lock);

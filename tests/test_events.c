@@ -371,6 +371,29 @@ static void destroy_while_synchronizing(void)
     CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
 }
 
+/* A record while another thread synchronizes the event returns at once, as
+ * the driver's does (it had waited for the synchronization, which a host
+ * function behind the event could never let end); the event then stands
+ * for the new point, and the synchronization still ends. */
+static void record_while_synchronizing(void)
+{
+    pm_stream_t a = NULL, b = NULL;
+    pm_event_t e = NULL;
+    pthread_t syncer, opener;
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE(start_synchronizing(&a, &e, &syncer, &opener));
+    CHECK_RESULT(pm_event_record(e, b), PM_SUCCESS);
+    CHECK(atomic_load(&gate_open) == 0); /* the record did not wait for the work */
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK_RESULT(pm_event_query(e), PM_SUCCESS); /* b's point, done */
+    atomic_store(&gate_open, 1);
+    pthread_join(syncer, NULL);
+    pthread_join(opener, NULL);
+    CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+}
+
 /* Threads record, query, wait for and synchronize whichever event is current
  * while another replaces it and destroys the old one: each call answers
  * SUCCESS (or NOT_READY) or INVALID_HANDLE, and none touches freed memory
@@ -623,6 +646,7 @@ int main(void)
     follow_scenarios();
     query_while_synchronizing();
     destroy_while_synchronizing();
+    record_while_synchronizing();
     destroy_while_used();
     own_streams_forgotten();
     own_streams_forgotten_by_waiters();

@@ -422,6 +422,55 @@ static void own_streams_stay_apart(void)
     CHECK_RESULT(pm_event_destroy(a.second_done), PM_SUCCESS);
 }
 
+/* A host function records the event another thread synchronizes with
+ * behind it, which the driver lets through: the record must not wait for
+ * that synchronization (the test hung: its alarm ends it), and the wait
+ * ends once the function has returned. */
+typedef struct rerecord {
+    pm_event_t event;
+    pm_stream_t other;
+    atomic_int waiting;
+    pm_result recorded, waited;
+} rerecord;
+
+static void record_while_waited(void *arg)
+{
+    rerecord *r = arg;
+    while (!atomic_load(&r->waiting))
+        usleep(1000);
+    usleep(20000); /* the waiter into its synchronization */
+    r->recorded = pm_event_record(r->event, r->other);
+}
+
+static void *synchronize_event(void *arg)
+{
+    rerecord *r = arg;
+    atomic_store(&r->waiting, 1);
+    r->waited = pm_event_synchronize(r->event);
+    return NULL;
+}
+
+static void record_of_a_waited_event(void)
+{
+    rerecord r = {.recorded = PM_ERROR_UNKNOWN, .waited = PM_ERROR_UNKNOWN};
+    pm_stream_t stream;
+    REQUIRE_RESULT(pm_stream_create(&stream), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&r.other), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&r.event), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_launch_host_func(stream, record_while_waited, &r), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_record(r.event, stream), PM_SUCCESS);
+    pthread_t waiter;
+    REQUIRE(pthread_create(&waiter, NULL, synchronize_event, &r) == 0);
+    pthread_join(waiter, NULL);
+    CHECK_RESULT(pm_stream_synchronize(stream), PM_SUCCESS);
+    CHECK_RESULT(r.recorded, PM_SUCCESS);
+    CHECK_RESULT(r.waited, PM_SUCCESS);
+    CHECK_RESULT(pm_event_synchronize(r.event), PM_SUCCESS); /* the point recorded inside */
+    CHECK_RESULT(pm_event_destroy(r.event), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(r.other), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(stream), PM_SUCCESS);
+}
+
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 static pm_result first_init, first_alloc;
 
@@ -484,6 +533,7 @@ int main(void)
     in_host_function(true, BY_PINMEM);
     engine_change_while_copy_waits();
     own_streams_stay_apart();
+    record_of_a_waited_event();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     if (on_backend("cuda") && driver_api_load()) {
         in_host_function(false, BY_DRIVER);

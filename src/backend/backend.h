@@ -177,6 +177,11 @@ typedef struct pm__backend {
     /* Records m again at the end of s's work, reusing what it holds (cuda:
      * the event); m is done, or empty (handle NULL). */
     pm_result (*marker_rerecord)(pm_stream_t s, pm__marker *m);
+    /* Whether marker_rerecord(s, m) records m in place, its handle kept, so
+     * that a thread in marker_synchronize on m meanwhile is left as the
+     * driver leaves one (cuda: an event of s's context); NULL where a record
+     * always takes something new (posix). */
+    bool (*marker_rerecord_in_place)(pm_stream_t s, const pm__marker *m);
     /* Blocks the calling thread until m is done. */
     pm_result (*marker_synchronize)(const pm__marker *m);
     /* Stores value into the 32-bit flag at device address flag (in memory

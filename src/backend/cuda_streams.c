@@ -120,6 +120,11 @@ static pm_result cuda_marker_rerecord(pm_stream_t s, pm__marker *m)
     PM__CUDA_CALL("cuEventRecord", cu->event_record((CUevent)m->handle, (CUstream)s));
 }
 
+static bool cuda_marker_rerecord_in_place(pm_stream_t s, const pm__marker *m)
+{
+    return m->handle && !m->flag && m->context == pm__cuda_stream_context(s);
+}
+
 static pm_result cuda_marker_synchronize(const pm__marker *m)
 {
     if (m->flag)
@@ -197,6 +202,7 @@ void pm__cuda_streams_open(const pm__cuda_api *api, CUcontext in_use, pm__backen
     out->marker_synchronize = cuda_marker_synchronize;
     out->stream_write_flag = cu->stream_write_value32 ? cuda_stream_write_flag : NULL;
     out->marker_rerecord = cuda_marker_rerecord;
+    out->marker_rerecord_in_place = cuda_marker_rerecord_in_place;
     out->stream_capture_status = cuda_stream_capture_status;
     out->own_thread_start = cuda_own_thread_start;
     out->captures_relax = cuda_captures_relax;
