@@ -24,6 +24,8 @@ def _bad_item(values, role):
     """The error for the first item of values that is not an int from 0 to
     2**64 - 1."""
     for i, v in enumerate(values):
+        if isinstance(v, bool):
+            return TypeError(f"{_WHAT}: {role}[{i}] must be an int, not a bool")
         if not hasattr(v, "__index__"):
             return TypeError(f"{_WHAT}: {role}[{i}] must be an int, not {type(v).__name__}")
         if not 0 <= v.__index__() < _TOP:
@@ -62,6 +64,9 @@ def _as_array(values, role):
         packed = array("Q", items)
     except (TypeError, OverflowError):
         raise _bad_item(items, role) from None
+    # array() takes bools as 0 and 1; only then is each item looked at
+    if (0 in packed or 1 in packed) and any(isinstance(v, bool) for v in items):
+        raise _bad_item(items, role)
     return (_U64 * len(packed)).from_buffer(packed) if packed else (_U64 * 0)(), packed
 
 

@@ -56,6 +56,19 @@ def _host_mapping(mapping):
     return mapping
 
 
+# _addresses_numpy's answer for a sequence whose items the Python pass must
+# look at: numpy reads bools as 0 and 1, and ints past int64 as objects.
+_BY_PYTHON = object()
+
+
+def _holds_bool(mapping, m):
+    """Whether a sequence of pairs read as m holds a bool (looked for only
+    where m holds a 0 or a 1)."""
+    if m.shape[1:] != (2,) or m.dtype.kind not in "iu" or not ((m == 0) | (m == 1)).any():
+        return False
+    return any(type(a) is bool or type(b) is bool for a, b in mapping)
+
+
 def _addresses_numpy(np, mapping, bases, limits, block):
     try:
         m = np.asarray(mapping)
@@ -64,6 +77,8 @@ def _addresses_numpy(np, mapping, bases, limits, block):
                          f"{e}") from None
     if m.size == 0:
         return None
+    if isinstance(mapping, (list, tuple)) and (m.dtype.kind == "O" or _holds_bool(mapping, m)):
+        return _BY_PYTHON
     if m.ndim != 2 or m.shape[1] != 2:
         raise ValueError(f"{_WHAT}: mapping must have shape (n, 2), pairs (source block, "
                          f"destination block), not {m.shape}")
@@ -142,7 +157,9 @@ def copy_blocks(dst, src, mapping, block_bytes, *, stream=None):
             except ImportError:
                 np = None
         made = (_addresses_numpy(np, mapping, bases, limits, block) if np is not None
-                else _addresses_python(mapping, bases, limits, block))
+                else None)
+        if made is _BY_PYTHON or np is None:
+            made = _addresses_python(mapping, bases, limits, block)
         if made is None:
             return dst
         keep, (dsts, srcs, sizes) = made

@@ -3,7 +3,8 @@ PyTorch's pinned memory served by pinmem.
 
 to_device(t) is t.to("cuda") and to_host(t) is t.cpu(), with pageable
 memory moved by pinmem's staging engine instead of the driver's own
-pageable path; dtype and shape are kept.
+pageable path; dtype and shape are kept, and the result is detached from
+autograd (as t.detach().cpu()).
 
 install() replaces PyTorch's CUDA host allocator (PyTorch 2.11 and later) with
 one served by a pinmem pool (pinmem.torch_host); uninstall() puts PyTorch's
@@ -20,6 +21,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 from . import _lib
 from ._errors import check
+from ._resolve import access_problem
 from ._stream import STREAM_LEGACY, STREAM_PER_THREAD, stream_use, wait_for
 
 __all__ = ["to_device", "to_host", "install", "uninstall", "installed"]
@@ -51,6 +53,9 @@ def _tensor(t, what):
         raise TypeError(f"{what}: expected a torch.Tensor, not {type(t).__name__}")
     if t.layout != _torch.strided:
         raise ValueError(f"{what}: only strided (dense) tensors can be copied")
+    if t.is_quantized or getattr(t, "is_nested", False):
+        kind = "quantized" if t.is_quantized else "nested"
+        raise ValueError(f"{what}: {kind} tensors cannot be copied as bytes")
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
@@ -183,9 +188,12 @@ def to_host(t, *, out=None):
     of t's shape and dtype, page-locked or not), else into a new pageable
     tensor. As t.cpu() does, t is read on its device's current stream, after
     the work queued there, and the copy is done when this returns, so
-    neither side needs to be recorded with any stream."""
+    neither side needs to be recorded with any stream. The copy into out
+    counts as an in-place change of it for autograd; out must not require
+    grad, and must be writable memory."""
     what = "pinmem.torch.to_host"
     t = _tensor(t, what)
+    given = out is not None
     if out is None:
         out = _torch.empty(t.shape, dtype=t.dtype, device="cpu")
     else:
@@ -198,13 +206,44 @@ def to_host(t, *, out=None):
                              f"{tuple(out.shape)}, the tensor {t.dtype} and {tuple(t.shape)}")
         if not out.is_contiguous():
             raise ValueError(f"{what}: out is not contiguous")
+        # as torch's out= arguments: autograd cannot follow a raw write
+        if out.requires_grad:
+            raise ValueError(f"{what}: out requires grad; autograd cannot follow a copy into it")
+        for bit in ("conj", "neg"):
+            if getattr(out, f"is_{bit}", lambda: False)():
+                raise ValueError(f"{what}: out has a lazy {bit} bit; its bytes would read "
+                                 f"{'conjugated' if bit == 'conj' else 'negated'}")
     n = _nbytes(t)
     if n == 0:
         return out
+    if given:
+        # PyTorch lets a tensor view read-only memory (from_numpy of a read-only
+        # memmap): the copy would fault instead of raising.
+        problem = access_problem(out.data_ptr(), n, True, what=what)
+        if problem is not None:
+            raise ValueError(f"{what}: out cannot be written: {problem}")
+    _to_host(t, out, n, what)
+    if given:
+        _mark_written(out)
+    return out
+
+
+def _mark_written(t):
+    """Bumps t's version counter, as an in-place op does, so that autograd
+    refuses a backward through values saved before the copy changed them."""
+    increment = getattr(getattr(_torch.autograd, "graph", None), "increment_version", None)
+    if increment is not None:
+        increment(t)
+        return
+    with _torch.no_grad():  # PyTorch before 2.1: an in-place op on no element bumps it
+        t.view(-1)[:0].zero_()
+
+
+def _to_host(t, out, n, what):
     lib = _lib.load()
     if t.device.type == "cpu":
         check(lib.pm_memcpy(out.data_ptr(), t.data_ptr(), n), what)
-        return out
+        return
     if t.device.type != "cuda":
         raise ValueError(f"{what}: tensors on {t.device.type} are not supported")
     _release_done()
@@ -215,4 +254,3 @@ def to_host(t, *, out=None):
         check(lib.pm_memcpy_async(out.data_ptr(), t.data_ptr(), n, handle or None), what)
         # into page-locked memory the copy runs in stream order: wait, as t.cpu() does
         check(lib.pm_stream_synchronize(handle or None), what)
-    return out

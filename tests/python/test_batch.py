@@ -117,6 +117,8 @@ def test_bad_input_is_refused():
             pinmem.copy_batch([dev.ptr, dev.ptr + 64], [s, s + 64], [64, 1.5])
         with pytest.raises(ValueError, match="outside 0 to"):
             pinmem.copy_batch([dev.ptr], [s], [-1])
+        with pytest.raises(TypeError, match=r"sizes\[1\] must be an int, not a bool"):
+            pinmem.copy_batch([dev.ptr, dev.ptr + 64], [s, s + 64], [64, True])
         with pytest.raises(TypeError, match="sequence of ints or an array"):
             pinmem.copy_batch(dev.ptr, [s], [BLOCK])
         with pytest.raises(TypeError, match="contiguous one-dimensional"):

@@ -144,6 +144,11 @@ def test_bad_input_is_refused(mapping_path):
             pinmem.copy_blocks(dev, src, [(0, 1, 2)], BLOCK)
         with pytest.raises(TypeError, match="ints"):
             pinmem.copy_blocks(dev, src, [(0.0, 1)], BLOCK)
+        with pytest.raises(TypeError, match=r"mapping\[1\] must hold ints, not bool"):
+            pinmem.copy_blocks(dev, src, [(0, 0), (True, 1)], BLOCK)
+        with pytest.raises(ValueError, match=r"mapping\[0\] names destination block "
+                                             r"1180591620717411303424"):
+            pinmem.copy_blocks(dev, src, [(0, 1 << 70)], BLOCK)
         with pytest.raises(TypeError, match="pairs"):
             pinmem.copy_blocks(dev, src, 7, BLOCK)
         with pytest.raises(TypeError, match="knows its size"):

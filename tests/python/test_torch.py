@@ -51,6 +51,42 @@ def test_bad_arguments():
             pt.to_device(t)
 
 
+def test_to_host_refuses_an_out_it_cannot_fill_truly():
+    t = torch.tensor([1 + 2j, 3 + 4j])
+    with pytest.raises(ValueError, match="conj"):
+        pt.to_host(t, out=torch.zeros(2, dtype=torch.complex64).conj())
+    with pytest.raises(ValueError, match="neg"):
+        pt.to_host(torch.ones(3), out=torch.zeros(3)._neg_view())
+    with pytest.raises(ValueError, match="requires grad"):
+        pt.to_host(torch.ones(3), out=torch.zeros(3, requires_grad=True))
+    with pytest.raises(ValueError, match="quantized"):
+        pt.to_host(torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8))
+
+
+def test_to_host_into_read_only_memory_raises(tmp_path):
+    np = pytest.importorskip("numpy")
+    path = tmp_path / "zeros"
+    path.write_bytes(bytes(4096))
+    read_only = np.memmap(path, dtype=np.uint8, mode="r")
+    with pytest.warns(UserWarning):  # PyTorch's: it does not support non-writable tensors
+        out = torch.from_numpy(read_only)
+    with pytest.raises(ValueError, match="cannot be written"):
+        pt.to_host(torch.ones(4096, dtype=torch.uint8), out=out)
+    del out, read_only
+
+
+def test_to_host_counts_as_an_in_place_change():
+    # A value saved for backward and then overwritten must make backward
+    # refuse, as torch's own in-place copy does, not give a wrong gradient.
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = x.exp()
+    version = y._version
+    pt.to_host(torch.zeros(3), out=y.detach())
+    assert y._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 def test_to_device_checks_its_arguments_before_cuda():
     # These raise the same with or without CUDA: nothing is allocated first.
     t = torch.ones(4)
