@@ -29,10 +29,30 @@ MiB = 1 << 20
 
 def _size(text):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+    word = text.strip().upper().rstrip("B").rstrip("I")
+    try:
+        n = (int(float(word[:-1]) * units[word[-1]]) if word and word[-1] in units
+             else int(word))
+    except (ValueError, OverflowError):
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (a positive count of bytes, "
+                                         f"as 4096, 64K, 16M or 1G)")
+    return n
+
+
+def _sizes(text):
+    return [_size(word) for word in text.split(",")]
+
+
+def _repetitions(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive count")
+    return n
 
 
 def _label(n):
@@ -333,25 +353,26 @@ def main(argv):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", default=["pin", "copy", "batch", "overhead"],
                         help="pin, copy, batch, overhead (default: all)")
-    parser.add_argument("--pin-sizes", default="64M,1G", help="sizes to pin cold (default 64M,1G)")
-    parser.add_argument("--sizes", default="1M,4M,16M,64M,256M,1G",
+    parser.add_argument("--pin-sizes", type=_sizes, default="64M,1G",
+                        help="sizes to pin cold (default 64M,1G)")
+    parser.add_argument("--sizes", type=_sizes, default="1M,4M,16M,64M,256M,1G",
                         help="copy sizes (default 1M,4M,16M,64M,256M,1G)")
-    parser.add_argument("--reps", type=int, default=5,
+    parser.add_argument("--reps", type=_repetitions, default=5,
                         help="repetitions per figure (default 5; copies below 64 MiB repeat "
                              "proportionally more, at most 200)")
     parser.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions")
     args = parser.parse_args(argv)
     if args.quick:
-        args.pin_sizes, args.sizes, args.reps = "16M", "1M,16M", 3
+        args.pin_sizes, args.sizes, args.reps = [16 * MiB], [MiB, 16 * MiB], 3
     unknown = set(args.what) - {"pin", "copy", "batch", "overhead"}
     if unknown:
         parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
     print(f"pinmem {pinmem.version()} ({pinmem.library_path()}), backend {pinmem.backend()}, "
           f"{pinmem.capabilities()['device_name']}")
     if "pin" in args.what:
-        bench_pinning([_size(s) for s in args.pin_sizes.split(",")], args.reps)
+        bench_pinning(args.pin_sizes, args.reps)
     if "copy" in args.what:
-        bench_copies([_size(s) for s in args.sizes.split(",")], args.reps)
+        bench_copies(args.sizes, args.reps)
     if "batch" in args.what:
         bench_batch(args.reps)
     if "overhead" in args.what:

@@ -58,6 +58,7 @@ class Handled(Closing):
 
     _users = 0
     _noun = "object"
+    _kept_by = None
 
     def _hold(self, what):
         """The handle, held until _let_go(); ValueError once closed."""
@@ -72,6 +73,13 @@ class Handled(Closing):
         with _users_lock:
             self._users -= 1
 
+    def _keep(self, who):
+        """Holds the object for good: who (named in close()'s error) keeps
+        using its handle where Python cannot see it."""
+        with _users_lock:
+            self._hold(who)
+            self._kept_by = who
+
     def _held(self, what):
         """``with obj._held(what) as handle:`` holds it for the block."""
         return _Holding(self, what)
@@ -79,6 +87,9 @@ class Handled(Closing):
     def _take_handle(self):
         """The handle for close() to destroy (None when closed already)."""
         with _users_lock:
+            if self._handle is not None and self._kept_by is not None:
+                raise BufferError(f"cannot close the {self._noun}: {self._kept_by} uses it "
+                                  f"for the rest of the process")
             if self._handle is not None and self._users:
                 raise BufferError(f"cannot close the {self._noun}: calls in other threads "
                                   f"still use it")

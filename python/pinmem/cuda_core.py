@@ -12,7 +12,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 from . import _lib
 from ._errors import check
 from ._pool import Pool
-from ._stream import stream_handle
+from ._stream import stream_use
 
 __all__ = ["PinmemMemoryResource"]
 
@@ -38,17 +38,22 @@ class PinmemMemoryResource(_MemoryResource):
     def allocate(self, size, stream=None):
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ValueError(f"PinmemMemoryResource.allocate: size must be a size in bytes, not {size!r}")
+        what = "PinmemMemoryResource.allocate"
         lib = _lib.load()
         p = ctypes.c_void_p()
-        handle = stream_handle(stream, "PinmemMemoryResource.allocate: stream")
-        if size == 0:
-            pass
-        elif handle is None:
-            check(lib.pm_mem_alloc_from_pool(ctypes.byref(p), size, self._pool.handle),
-                  "PinmemMemoryResource.allocate")
-        else:
-            check(lib.pm_mem_alloc_from_pool_async(ctypes.byref(p), size, self._pool.handle,
-                                                   handle or None), "PinmemMemoryResource.allocate")
+        handle, let_go = (None, None) if stream is None else stream_use(stream, f"{what}: stream")
+        try:
+            if size:
+                # held: a close() from another thread meanwhile is refused
+                with self._pool._held(what) as pool:
+                    if handle is None:
+                        check(lib.pm_mem_alloc_from_pool(ctypes.byref(p), size, pool), what)
+                    else:
+                        check(lib.pm_mem_alloc_from_pool_async(ctypes.byref(p), size, pool,
+                                                               handle or None), what)
+        finally:
+            if let_go is not None:
+                let_go()
         ptr = p.value or 0
         try:
             return _Buffer.from_handle(ptr, size, mr=self)
@@ -60,12 +65,17 @@ class PinmemMemoryResource(_MemoryResource):
         ptr = int(ptr)
         if not ptr:
             return
+        what = "PinmemMemoryResource.deallocate"
         lib = _lib.load()
-        handle = stream_handle(stream, "PinmemMemoryResource.deallocate: stream")
-        if handle is None:
-            check(lib.pm_mem_free(ptr), "PinmemMemoryResource.deallocate")
-        else:
-            check(lib.pm_mem_free_async(ptr, handle or None), "PinmemMemoryResource.deallocate")
+        handle, let_go = (None, None) if stream is None else stream_use(stream, f"{what}: stream")
+        try:
+            if handle is None:
+                check(lib.pm_mem_free(ptr), what)
+            else:
+                check(lib.pm_mem_free_async(ptr, handle or None), what)
+        finally:
+            if let_go is not None:
+                let_go()
 
     @property
     def is_device_accessible(self):

@@ -76,7 +76,9 @@ def _build():
 def install(pool=None):
     """Makes pinmem serve PyTorch's CUDA host allocator, from pool (a
     pinmem.Pool; default: a new pool of its own, which keeps what it pins).
-    Returns the pool. Calling it again changes nothing. Raises RuntimeError,
+    Returns the pool, which can no longer be closed (BufferError): tensors
+    pinned from it go back to it, even after uninstall(). Calling it again
+    changes nothing. Raises RuntimeError,
     saying what is needed, on a PyTorch older than NEEDED_TORCH, a
     build without CUDA, or no CUDA backend for pinmem."""
     global _extension, _pool
@@ -87,13 +89,17 @@ def install(pool=None):
                             f"{type(pool).__name__}")
         if _extension is None:
             _extension = _build()
-        if _pool is None:
-            _pool = pool if pool is not None else Pool()
-        elif pool is not None and pool is not _pool:
+        if _pool is not None and pool is not None and pool is not _pool:
             raise ValueError("pinmem.torch.install: already installed with another pool")
+        chosen = _pool if _pool is not None else pool if pool is not None else Pool()
         lib = _lib.load()
         addresses = {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
                      for name in _FUNCTIONS}
+        if _pool is None:
+            # Tensors pinned from it go back to it whenever they die, even
+            # after uninstall(): the pool may never be closed.
+            chosen._keep("PyTorch's host allocator (pinmem.torch.install)")
+            _pool = chosen
         _extension.install(_pool.handle, addresses)
         return _pool
 

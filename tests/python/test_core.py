@@ -330,6 +330,16 @@ def test_info_runs():
     assert "PINMEM_THREAD_CPUS" in run.stdout
 
 
+@pytest.mark.parametrize("bad", ["--reps=0", "--pin-sizes=-1M", "--sizes=1.5", "--sizes=1M,x"])
+def test_bench_refuses_bad_options(bad):
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "pinmem", "bench", "pin", bad],
+                         capture_output=True, text=True, env=_env())
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "error: argument" in run.stderr
+
+
 def test_settings_name_every_variable():
     s = pinmem.settings()
     assert {"PINMEM_BACKEND", "PINMEM_THREAD_CPUS", "PINMEM_COPY_WORKERS"} <= set(s)

@@ -41,3 +41,11 @@ def test_resource_hands_out_pinmem_memory():
         positional.close(stream)
         stream.sync()
         assert pool.stats()["live"] == 0
+
+
+def test_resource_of_a_closed_pool_raises():
+    pool = pinmem.Pool()
+    mr = pinmem.cuda_core.PinmemMemoryResource(pool)
+    pool.close()
+    with pytest.raises(ValueError, match="PinmemMemoryResource.allocate: the pool is closed"):
+        mr.allocate(4096)

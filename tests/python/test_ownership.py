@@ -53,6 +53,20 @@ def test_close_while_another_thread_uses_it(kind):
         obj._hold("test")
 
 
+def test_a_kept_pool_cannot_be_closed():
+    # as pinmem.torch.install() keeps the pool PyTorch's frees go back to
+    pool = pinmem.Pool()
+    pool._keep("the test's allocator")
+    with pytest.raises(BufferError, match="the test's allocator uses it"):
+        pool.close()
+    assert not pool.closed
+    pool.alloc(64).close()
+    closed = pinmem.Pool()
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        closed._keep("the test's allocator")
+
+
 def test_a_stream_subclass_is_held_by_copies():
     from pinmem._stream import stream_use
 

@@ -46,6 +46,11 @@ import torch, pinmem, pinmem.torch as pt
 from pinmem import torch_host
 pool = pt.install()
 assert pt.installed()
+try:  # PyTorch's frees reach the pool for good
+    pool.close()
+    raise AssertionError("the installed pool closed")
+except BufferError as e:
+    assert "PyTorch's host allocator" in str(e), e
 n = (9 << 20) + 1
 x = torch.empty(n, dtype=torch.uint8, pin_memory=True)
 assert x.is_pinned()
