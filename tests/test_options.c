@@ -83,6 +83,7 @@ static const env_case env_cases[] = {
     {"PINMEM_COPY_WORKERS", "256", GOOD, FIELD(workers), 256},
     {"PINMEM_COPY_WORKERS", "257", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_HTOD_WORKERS", "100000", BAD, NO_FIELD, 0},
+    {"PINMEM_COPY_HTOD_WORKERS", "200", GOOD, NO_FIELD, 0}, /* more than all: all */
     {"PINMEM_COPY_BUFFERS", "100000", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_BUFFERS", "1025", BAD, NO_FIELD, 0},
     {"PINMEM_COPY_BUFFERS", "7", GOOD, FIELD(buffers), 7},
@@ -238,6 +239,12 @@ static int run_env_case(const env_case *k)
     bool zero = strcmp(k->value, "0") == 0;
     CHECK(strcmp(st.source, zero ? "default" : "environment") == 0);
     check_setting_reads(k, &st);
+    if (strcmp(k->name, "PINMEM_COPY_HTOD_WORKERS") == 0) {
+        /* read as the engine takes it: at most every worker */
+        pm_setting all;
+        CHECK(setting("PINMEM_COPY_WORKERS", &all));
+        CHECK(strtoull(st.value, NULL, 10) <= strtoull(all.value, NULL, 10));
+    }
     return check_failures;
 }
 
@@ -304,6 +311,9 @@ static void code(void)
     EXPECT_REFUSED(chunk_bytes, 3 * GIB);
     EXPECT_REFUSED(chunk_bytes, 1);
     EXPECT_REFUSED(chunk_bytes, (size_t)-1);
+    CHECK(strstr(pm_last_error_detail(), "chunk_bytes = 18446744073709551615") != NULL);
+    EXPECT_REFUSED(cache_max_bytes, (size_t)1 << 63);
+    CHECK(strstr(pm_last_error_detail(), "= 9223372036854775808") != NULL);
     EXPECT_REFUSED(slice_bytes, 2 * GIB);
     EXPECT_REFUSED(dtoh_slice_bytes, 512 * MIB);
     EXPECT_REFUSED(dtoh_slice_bytes, (size_t)-1);

@@ -183,6 +183,25 @@ static void fill_config(const unsigned long long v[F_COUNT], pm_copy_config *out
     out->batch = (pm_copy_batch)pick(v[F_BATCH], e->batch, PM_COPY_BATCH_KERNEL);
 }
 
+/* Whether a field's value reads right as signed in a detail: enums, and the
+ * -1 that means "none"; a size is shown unsigned, however large. */
+static bool shown_signed(int field, long long shown)
+{
+    switch (field) {
+    case F_STORES:
+    case F_CACHE:
+    case F_RING:
+    case F_BATCH:
+        return true;
+    case F_DIRECT:
+    case F_DTOH_DIRECT:
+    case F_SPIN:
+        return shown >= -1;
+    default:
+        return shown >= 0;
+    }
+}
+
 pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_config *out,
                            pm__copy_settings *s)
 {
@@ -223,7 +242,12 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     unsigned long long checked[F_COUNT];
     for (int i = 0; i < F_COUNT; i++) {
         char name[128];
-        snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id), f[i].shown);
+        if (shown_signed(i, f[i].shown))
+            snprintf(name, sizeof name, "%s: %s = %lld", who, pm__option_field(f[i].id),
+                     f[i].shown);
+        else
+            snprintf(name, sizeof name, "%s: %s = %llu", who, pm__option_field(f[i].id),
+                     f[i].given);
         pm_result r = pm__option_check(f[i].id, f[i].given, name, &checked[i]);
         if (r != PM_SUCCESS)
             return r;
@@ -233,14 +257,19 @@ pm_result pm__copy_resolve(const pm_copy_config *c, const char *who, pm_copy_con
     return PM_SUCCESS;
 }
 
+/* The workers copies to the device take, as the engine counts them (at most all). */
+static unsigned htod_workers_of(const pm_copy_config *c)
+{
+    return c->htod_workers && c->htod_workers < c->workers ? c->htod_workers : c->workers;
+}
+
 /* For pm_get_setting: the values in effect, set by code where they differ
  * from the defaults. */
 void pm__copy_publish(const pm_copy_config *c, bool by_code)
 {
     const pm_copy_config *d = &defaults;
     pm__option_publish(PM__OPT_COPY_WORKERS, c->workers, d->workers, by_code);
-    pm__option_publish(PM__OPT_COPY_HTOD_WORKERS, c->htod_workers ? c->htod_workers : c->workers,
-                       d->htod_workers ? d->htod_workers : d->workers, by_code);
+    pm__option_publish(PM__OPT_COPY_HTOD_WORKERS, htod_workers_of(c), htod_workers_of(d), by_code);
     pm__option_publish(PM__OPT_COPY_CHUNK, c->chunk_bytes, d->chunk_bytes, by_code);
     pm__option_publish(PM__OPT_COPY_SLICE, c->slice_bytes, d->slice_bytes, by_code);
     pm__option_publish(PM__OPT_COPY_DTOH_SLICE, c->dtoh_slice_bytes, d->dtoh_slice_bytes, by_code);
