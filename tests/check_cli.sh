@@ -51,6 +51,7 @@ expect 2 err "--plot" bench --quick --plot "$dir/host.png"
 expect 2 err "--plot" bench copy --plot
 expect 2 err "--plot" bench copy --plot "$dir/no/such/dir/copy.png"
 expect 2 err "quotes" bench copy --plot "$dir/x';touch $dir/INJECTED;'.png"
+expect 2 err "longer than" bench copy --plot "$dir/$(printf '%05000d' 0).png"
 [ ! -e "$dir/INJECTED" ] || fail "bench copy --plot" "ran a command from the file name"
 export PINMEM_BENCH_COPY="sizes sizez"
 expect 2 err "'sizez'" bench copy

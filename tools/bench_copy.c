@@ -166,7 +166,7 @@ static bool unknown_section(const char *list, char *out, size_t cap)
 static sections sections_asked(void)
 {
     const char *v = getenv("PINMEM_BENCH_COPY");
-    if (!v || !*v)
+    if (!v || v[strspn(v, " ,")] == '\0') /* unset, or no word in it: the default */
         return (sections){.sizes = true, .cache = true, .both = true, .batch = true};
     return (sections){.sizes = names(v, "sizes"), .mid = names(v, "mid"), .small = names(v, "small"),
                       .cache = names(v, "cache"), .both = names(v, "both"),
@@ -330,7 +330,7 @@ static void plot_batches(FILE *f, const char *base, int index)
  * names relative to it), its messages on stdout; true when it drew. */
 static bool run_gnuplot(const char *file, const char *script)
 {
-    char dir[1024];
+    char dir[PLOT_NAME_MAX + sizeof ".dat"];
     snprintf(dir, sizeof dir, "%s", file);
     fflush(stdout);
     pid_t pid = fork();
@@ -358,7 +358,7 @@ static void plot(const char *file, const char *subtitle, const size_row *to, con
         printf("plot: nothing to draw (neither sizes nor batches ran)\n");
         return;
     }
-    char path[1024];
+    char path[PLOT_NAME_MAX + sizeof ".dat"];
     snprintf(path, sizeof path, "%s.dat", file);
     FILE *f = fopen(path, "w");
     if (!f) {

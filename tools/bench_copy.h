@@ -12,6 +12,9 @@
 
 #include "commands.h"
 
+/* The longest --plot name: FILE.dat and FILE.gp must fit a path. */
+enum { PLOT_NAME_MAX = 4096 - sizeof ".dat" };
+
 /* "summary: key=value ...", filled as the sections run. */
 typedef struct copy_summary {
     char text[4096];

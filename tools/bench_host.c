@@ -16,7 +16,8 @@ typedef struct sample {
     double alloc_ns, free_ns;
 } sample;
 
-static bool run_pinmem(size_t bytes, sample *s)
+/* Each returns PM_SUCCESS, or the failure it printed. */
+static pm_result run_pinmem(size_t bytes, sample *s)
 {
     void *p = NULL;
     double t0 = now_ns();
@@ -25,17 +26,20 @@ static bool run_pinmem(size_t bytes, sample *s)
     if (r != PM_SUCCESS) {
         printf("    pinmem alloc of %zu failed: %s: %s\n", bytes, pm_result_name(r),
                pm_last_error_detail());
-        return false;
+        return r;
     }
     memset(p, 1, 64); /* the memory is usable, not just promised */
     r = pm_mem_free_host(p);
     double t2 = now_ns();
     s->alloc_ns = t1 - t0;
     s->free_ns = t2 - t1;
-    return r == PM_SUCCESS;
+    if (r != PM_SUCCESS)
+        printf("    pinmem free of %zu failed: %s: %s\n", bytes, pm_result_name(r),
+               pm_last_error_detail());
+    return r;
 }
 
-static bool run_baseline(const baseline *b, size_t bytes, sample *s)
+static pm_result run_baseline(const baseline *b, size_t bytes, sample *s)
 {
     void *p = NULL;
     double t0 = now_ns();
@@ -43,14 +47,16 @@ static bool run_baseline(const baseline *b, size_t bytes, sample *s)
     double t1 = now_ns();
     if (r != PM_SUCCESS) {
         printf("    %s of %zu failed: %s\n", b->pin_name, bytes, baseline_detail());
-        return false;
+        return r;
     }
     memset(p, 1, 64);
     r = b->unpin(p, bytes);
     double t2 = now_ns();
     s->alloc_ns = t1 - t0;
     s->free_ns = t2 - t1;
-    return r == PM_SUCCESS;
+    if (r != PM_SUCCESS)
+        printf("    its unpinning of %zu failed: %s\n", bytes, baseline_detail());
+    return r;
 }
 
 static unsigned long long anon_huge_kib(void)
@@ -150,23 +156,29 @@ int bench_host(bool quick)
            "baseline alloc", "free", "alloc, x faster", "free, x faster");
     printf("%-9s %4s | %12s %11s | %14s %11s | %17s %17s\n", "", "", "", "", "", "",
            "higher is better", "higher is better");
+    bool failed = false;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         size_t bytes = sizes[i];
         int reps = bytes >= (256u << 20) ? (quick ? 3 : 7) : bytes >= (16u << 20) ? 11 : (quick ? 21 : max_reps);
         double pa[max_reps], pf[max_reps], ba[max_reps], bf[max_reps];
-        bool ok = true;
         sample warm;
-        ok = run_pinmem(bytes, &warm) && run_baseline(b, bytes, &warm);
-        for (int k = 0; ok && k < reps; k++) {
+        pm_result r = run_pinmem(bytes, &warm);
+        if (r == PM_SUCCESS)
+            r = run_baseline(b, bytes, &warm);
+        for (int k = 0; r == PM_SUCCESS && k < reps; k++) {
             sample sp = {0}, sb = {0};
-            ok = run_pinmem(bytes, &sp) && run_baseline(b, bytes, &sb);
+            r = run_pinmem(bytes, &sp);
+            if (r == PM_SUCCESS)
+                r = run_baseline(b, bytes, &sb);
             pa[k] = sp.alloc_ns;
             pf[k] = sp.free_ns;
             ba[k] = sb.alloc_ns;
             bf[k] = sb.free_ns;
         }
         char sz[32], t1[32], t2[32], t3[32], t4[32];
-        if (!ok) {
+        if (r != PM_SUCCESS) {
+            /* what may be pinned (a memlock limit, the budget) skips a size; else it failed */
+            failed = failed || r != PM_ERROR_OUT_OF_MEMORY;
             printf("%-9s  skipped (see the line above)\n", human_size(bytes, sz, sizeof sz));
             continue;
         }
@@ -180,5 +192,5 @@ int bench_host(bool quick)
             print_pages_share(bytes, reps);
     }
     printf("(x faster: the baseline's time over pinmem's; above 1, pinmem is faster)\n");
-    return 0;
+    return failed ? 1 : 0;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_copy.h"
 #include "commands.h"
 #include "preload_path.h"
 
@@ -164,11 +165,15 @@ static int bench(int argc, char **argv)
                       "pinmem bench: --plot draws copy bandwidth, which 'bench %s' does not "
                       "measure: only 'copy' and 'all' take it",
                       what->name);
-    char dir[4096];
+    if (plot && strlen(plot) > PLOT_NAME_MAX)
+        return refuse(bench_usage_text, "pinmem bench: --plot: the name is longer than %d bytes",
+                      (int)PLOT_NAME_MAX);
+    char dir[PLOT_NAME_MAX + 1];
     snprintf(dir, sizeof dir, "%s", plot ? plot : ".");
-    if (plot && access(dirname(dir), W_OK) != 0) /* before a run, not after it */
+    const char *where = dirname(dir); /* "." for a bare name, which dir does not say */
+    if (plot && access(where, W_OK) != 0) /* before a run, not after it */
         return refuse(bench_usage_text, "pinmem bench: --plot %s: cannot write in %s: %s", plot,
-                      dir, strerror(errno));
+                      where, strerror(errno));
     if (quick && !what->takes_quick)
         return refuse(bench_usage_text, "pinmem bench: 'bench %s' has no --quick form", what->name);
     if (devices && (strcmp(what->name, "copy") != 0 || plot))
