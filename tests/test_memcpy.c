@@ -688,6 +688,15 @@ static void read_only_destinations(void)
     CHECK(detail_says("element 1") && detail_says("READ_ONLY"));
     srcs[1] = AT(other);
     CHECK_RESULT(pm_memcpy_batch_async(dsts + 1, srcs + 1, sizes, 1, s), PM_ERROR_INVALID_VALUE);
+    /* Both name the first read-only byte of a destination that runs into it. */
+    char where[32];
+    snprintf(where, sizeof where, "%p", (void *)ro);
+    dsts[0] = AT(base + page - 64);
+    sizes[0] = 128;
+    CHECK_RESULT(pm_memcpy_batch_async(dsts, srcs, sizes, 1, s), PM_ERROR_INVALID_VALUE);
+    CHECK(detail_says("element 0") && detail_says(where));
+    CHECK_RESULT(pm_memcpy_async(dsts[0], srcs[0], 128, s), PM_ERROR_INVALID_VALUE);
+    CHECK(detail_says(where));
     CHECK_RESULT(pm_stream_synchronize(s), PM_SUCCESS);
     CHECK(all_bytes(base, 4 * page, 0xAB));
     CHECK(all_bytes(other, page, 0x77));

@@ -271,13 +271,13 @@ static pm__piece piece_at(batch *c, uintptr_t at, uintptr_t end)
     return pm__copy_next_piece(c->inst->ranges, per, at, end);
 }
 
-/* Whether a byte of host memory [at, end) lies in a READ_ONLY registration. */
-static bool read_only_in(batch *c, uintptr_t at, uintptr_t end)
+/* The first byte of host memory [at, end) in a READ_ONLY registration, or 0. */
+static uintptr_t read_only_in(batch *c, uintptr_t at, uintptr_t end)
 {
     for (pm__piece p; at < end; at = p.end)
         if ((p = piece_at(c, at, end)).read_only)
-            return true;
-    return false;
+            return at;
+    return 0;
 }
 
 /* An element between host and device memory into the plan, cut where
@@ -387,9 +387,11 @@ static pm_result take_element(batch *c, size_t i, pm_deviceptr dst, pm_deviceptr
         return name_element(r, i);
     const way w = way_of(to, from);
     /* As the driver: nothing is written into a READ_ONLY registration. */
-    if ((w == WAY_DTOH || w == WAY_HTOH) && to == PM__MEMORY_HOST &&
-        read_only_in(c, (uintptr_t)dst, (uintptr_t)dst + bytes))
-        return name_element(pm__copy_read_only_fail(name, "destination", (uintptr_t)dst), i);
+    const uintptr_t read_only = (w == WAY_DTOH || w == WAY_HTOH) && to == PM__MEMORY_HOST
+                                    ? read_only_in(c, (uintptr_t)dst, (uintptr_t)dst + bytes)
+                                    : 0;
+    if (read_only)
+        return name_element(pm__copy_read_only_fail(name, "destination", read_only), i);
     pm__spans_add(to == PM__MEMORY_DEVICE ? &c->device : &c->host, dst, dst + bytes, i, true);
     pm__spans_add(from == PM__MEMORY_DEVICE ? &c->device : &c->host, src, src + bytes, i, false);
     pm__batch_plan *p = &c->plan;
