@@ -444,6 +444,7 @@ int bench_pool(bool quick)
         return 1;
     }
     static const size_t sizes[] = {64, 4096, 65536, 1u << 20};
+    bool any_failed = false;
     printf("pool alloc + free pair, warm, one thread, median of %d x %d (backend %s; baseline %s)\n",
            batches, pairs_per_batch, pm_backend_name(), b->pool_name);
     /* "async, legacy": on the default stream, where each call asks the
@@ -462,10 +463,11 @@ int bench_pool(bool quick)
         double ns = pair_ns(&sync), ans = pair_ns(&async), lns = pair_ns(&legacy),
                bns = pair_ns(&base);
         char sz[32];
+        bool failed = sync.failed || async.failed || legacy.failed || base.failed;
         printf("%-9s | %9.1f ns %11.1f ns %12.1f ns | %9.1f ns | %15.1fx%s\n",
                human_size(sizes[i], sz, sizeof sz), ns, ans, lns, bns, bns / ns,
-               sync.failed || async.failed || legacy.failed || base.failed ? "  (a call failed)"
-                                                                           : "");
+               failed ? "  (a call failed)" : "");
+        any_failed = any_failed || failed;
     }
     pair_job proto = {PINMEM_SYNC, b, pool, baseline_pool, NULL, 4096, 0, false, NULL, NULL};
     double pinmem_rate[5], glibc_rate[5], base_one, base_sixteen;
@@ -497,5 +499,5 @@ int bench_pool(bool quick)
     pm_stream_destroy(stream);
     b->pool_close(baseline_pool);
     pm_mem_pool_destroy(pool);
-    return 0;
+    return any_failed ? 1 : 0;
 }
