@@ -177,9 +177,13 @@ pm_result pm_event_record(pm_event_t event, pm_stream_t stream)
         order.n = 0; /* out of memory: waits on it teach nothing, which is safe */
     PM__TEST_RECORD_MIDWAY();
     r = record_point(b, event, stream, &replaced);
-    if (r == PM_SUCCESS) {
+    if (r == PM_SUCCESS || !recorded_point(event)) {
+        /* A failure that emptied the point (cuda: released, then not made
+         * anew) leaves no point whose order a wait could learn. */
         pm__order_set old = event->order;
-        event->order = order;
+        event->order = r == PM_SUCCESS ? order : (pm__order_set){0};
+        if (r != PM_SUCCESS)
+            pm__order_set_free(&order);
         order = old;
     }
     pthread_rwlock_unlock(&event->lock);
@@ -277,6 +281,8 @@ pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event)
     pm_result r = hold_pair("pm_stream_wait_event", b, event, stream, &id);
     if (r != PM_SUCCESS)
         return r;
+    /* Blocks freed on the stream before the wait are reusable without it. */
+    pm__pools_flush_frees_on(stream);
     pthread_rwlock_rdlock(&event->lock);
     held_marker *p = recorded_point(event);
     if (p)

@@ -66,6 +66,9 @@ pm_result pm_stream_launch_host_func(pm_stream_t stream, void (*fn)(void *arg), 
     pm_result r = inst->backend.stream_check(stream);
     if (r != PM_SUCCESS)
         return r;
+    /* fn may wait for another stream: blocks freed on this one before it
+     * must be reusable without waiting for fn, as the driver's are. */
+    pm__pools_flush_frees_on(stream);
     /* Run through a wrapper that marks the thread, so that the calls fn makes
      * answer as the driver's do inside a host function. */
     void *wrapped = pm__host_func_wrap(fn, arg);

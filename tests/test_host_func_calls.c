@@ -471,6 +471,50 @@ static void record_of_a_waited_event(void)
     CHECK_RESULT(pm_stream_destroy(stream), PM_SUCCESS);
 }
 
+/* A block freed on stream a before a host function that waits for stream
+ * b is reusable on b without waiting for that function, as the driver's
+ * pools make it: the pool (room for one block) hands it to b, and the work
+ * b then runs lets the function end (the test hung: its alarm ends it). */
+static atomic_int b_reached;
+
+static void wait_for_b(void *unused)
+{
+    (void)unused;
+    while (!atomic_load(&b_reached))
+        usleep(1000);
+}
+
+static void b_reaches(void *unused)
+{
+    (void)unused;
+    atomic_store(&b_reached, 1);
+}
+
+static void free_before_a_waiting_function(void)
+{
+    enum { BLOCK = 1 << 20 };
+    pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}, .max_size = BLOCK};
+    pm_mem_pool_t pool = NULL;
+    pm_stream_t a = NULL, b = NULL;
+    REQUIRE_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    void *first = NULL, *second = NULL;
+    REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&first, BLOCK, pool, a), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(first, a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_for_b, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool_async(&second, BLOCK, pool, b), PM_SUCCESS);
+    CHECK(second == first); /* the one block there is */
+    CHECK_RESULT(pm_stream_launch_host_func(b, b_reaches, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    if (second)
+        CHECK_RESULT(pm_mem_free(second), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 static pm_result first_init, first_alloc;
 
@@ -534,6 +578,7 @@ int main(void)
     engine_change_while_copy_waits();
     own_streams_stay_apart();
     record_of_a_waited_event();
+    free_before_a_waiting_function();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     if (on_backend("cuda") && driver_api_load()) {
         in_host_function(false, BY_DRIVER);

@@ -454,23 +454,20 @@ static pm_result not_pool_memory(const char *name, void *p)
 pm_result pm__pool_alloc(pm__pool *pool, void **pp, size_t bytesize, bool async, pm_stream_t s)
 {
     PM__NO_CANCEL;
-    pm__detail_saved before; /* an allocation that succeeds on a retry leaves it as it was */
+    pm__detail_saved before; /* an allocation that succeeds leaves it as it was */
     pm__detail_save(&before);
     pm_result r = alloc_once(pool, pp, bytesize, async, s);
-    bool retried = false;
     /* Free blocks may sit in threads' caches (this one's too): back to the
      * pool, where this allocation can take them, and try again. */
     if (r == PM_ERROR_OUT_OF_MEMORY && pool->slot < PM__MAX_CACHED_POOLS &&
-        pm__caches_flush_pool(pool, false)) {
+        pm__caches_flush_pool(pool, false))
         r = alloc_once(pool, pp, bytesize, async, s);
-        retried = true;
-    }
     /* Destroyed pools waiting for the reaper may hold the memory it needs. */
-    if (r == PM_ERROR_OUT_OF_MEMORY && pm__retire_reap_here()) {
+    if (r == PM_ERROR_OUT_OF_MEMORY && pm__retire_reap_here())
         r = alloc_once(pool, pp, bytesize, async, s);
-        retried = true;
-    }
-    if (retried && r == PM_SUCCESS)
+    /* A way that failed before one succeeded (the max_size, then a block
+     * another stream freed) may have written the detail. */
+    if (r == PM_SUCCESS)
         pm__detail_restore(&before);
     return r;
 }

@@ -373,6 +373,16 @@ void pm__pools_flush_stream(pm_stream_t s)
     pm__pools_for_each(flush_stream_of, (void *)s); /* as below */
 }
 
+static void flush_frees_on(void *handle, void *stream)
+{
+    pm__caches_flush_stream(handle, (pm_stream_t)stream);
+}
+
+void pm__pools_flush_frees_on(pm_stream_t s)
+{
+    pm__pools_for_each(flush_frees_on, (void *)s);
+}
+
 static void settle_after_sync(void *handle, void *stream)
 {
     pm__pool *pool = handle;

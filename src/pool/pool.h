@@ -19,5 +19,9 @@ void pm__pools_after_sync(pm_stream_t s);
 /* Before an event is recorded on s: blocks freed on s so far go to their
  * pools' pending batches, so that the event follows them (stream_order.h). */
 void pm__pools_flush_stream(pm_stream_t s);
+/* Every pool's blocks freed on s and still in threads' caches join their
+ * pools, their marker recorded now, before work that may wait for another
+ * stream is queued on s: a reuse of them must not wait for that work. */
+void pm__pools_flush_frees_on(pm_stream_t s);
 
 #endif
