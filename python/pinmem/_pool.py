@@ -97,7 +97,8 @@ class Pool(Handled):
         return make(p.value or 0, nbytes, self, 0)
 
     def trim(self, keep=0):
-        """Gives back unused memory until the pool holds at most keep bytes more than it uses."""
+        """Gives back unused memory until at most keep bytes stay reserved,
+        never what is in use (cuMemPoolTrimTo)."""
         if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep < 1 << 64:
             raise ValueError(f"Pool.trim: keep must be a size in bytes, not {keep!r}")
         with self._held("Pool.trim") as handle:

@@ -1,8 +1,9 @@
 """pinmem.torch.install(): PyTorch's CUDA host allocator served by pinmem.
 
-PyTorch 2.8 and later let an extension replace the allocator behind
-pin_memory(), pin_memory=True, the DataLoader's pinning thread and
-non-blocking copies to the host (at::setHostAllocator). install() builds
+PyTorch lets an extension replace the allocator behind pin_memory(),
+pin_memory=True, the DataLoader's pinning thread and non-blocking copies to
+the host (at::setHostAllocator); install() needs PyTorch 2.11 or later
+(NEEDED_TORCH), the versions it was built and tested with. It builds
 that extension on first use (torch.utils.cpp_extension, cached like any
 other extension; see pinmem.torch_build) and registers it, backed by a pinmem pool: pinned tensors
 take the pool's size classes (at most 1/8 over) instead of the next power of
