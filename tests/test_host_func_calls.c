@@ -473,21 +473,22 @@ static void record_of_a_waited_event(void)
 
 /* A block freed on stream a before a host function that waits for stream
  * b is reusable on b without waiting for that function, as the driver's
- * pools make it: the pool (room for one block) hands it to b, and the work
- * b then runs lets the function end (the test hung: its alarm ends it). */
-static atomic_int b_reached;
+ * pools make it: the pool (room for one block) hands it to b, and the event
+ * the function waits for, recorded on b after that allocation, completes
+ * (the test hung: its alarm ends it). The function waits for an event, not
+ * for another host function: the driver may run them on one thread. */
+typedef struct reuse_apart {
+    pm_event_t b_done;
+    atomic_int recorded;
+    pm_result waited;
+} reuse_apart;
 
-static void wait_for_b(void *unused)
+static void wait_for_b(void *arg)
 {
-    (void)unused;
-    while (!atomic_load(&b_reached))
+    reuse_apart *r = arg;
+    while (!atomic_load(&r->recorded))
         usleep(1000);
-}
-
-static void b_reaches(void *unused)
-{
-    (void)unused;
-    atomic_store(&b_reached, 1);
+    r->waited = pm_event_synchronize(r->b_done); /* permitted here */
 }
 
 static void free_before_a_waiting_function(void)
@@ -496,20 +497,25 @@ static void free_before_a_waiting_function(void)
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}, .max_size = BLOCK};
     pm_mem_pool_t pool = NULL;
     pm_stream_t a = NULL, b = NULL;
+    reuse_apart r = {.waited = PM_ERROR_UNKNOWN};
     REQUIRE_RESULT(pm_mem_pool_create(&pool, &props), PM_SUCCESS);
     REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
     REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&r.b_done), PM_SUCCESS);
     void *first = NULL, *second = NULL;
     REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&first, BLOCK, pool, a), PM_SUCCESS);
     CHECK_RESULT(pm_mem_free_async(first, a), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_launch_host_func(a, wait_for_b, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_for_b, &r), PM_SUCCESS);
     CHECK_RESULT(pm_mem_alloc_from_pool_async(&second, BLOCK, pool, b), PM_SUCCESS);
     CHECK(second == first); /* the one block there is */
-    CHECK_RESULT(pm_stream_launch_host_func(b, b_reaches, NULL), PM_SUCCESS);
+    CHECK_RESULT(pm_event_record(r.b_done, b), PM_SUCCESS);
+    atomic_store(&r.recorded, 1);
     CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
     CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK_RESULT(r.waited, PM_SUCCESS);
     if (second)
         CHECK_RESULT(pm_mem_free(second), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(r.b_done), PM_SUCCESS);
     CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
     CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
