@@ -355,9 +355,8 @@ PM_API pm_result pm_event_record(pm_event_t event, pm_stream_t stream);
 PM_API pm_result pm_event_query(pm_event_t event);
 /* Waits for the captured work. Meanwhile queries of, waits on and records
  * of the same event from other threads (or host functions) answer at once;
- * after such a record this waits for the work captured when it began
- * (posix), or as the driver's cuEventSynchronize does when its event is
- * recorded again (cuda: bench/probe/event_rerecord_wait.c). */
+ * after such a record this still waits for the work captured when it
+ * began, as the driver's cuEventSynchronize does (docs/driver-behavior.md). */
 PM_API pm_result pm_event_synchronize(pm_event_t event);
 /* Work enqueued on stream after this call waits for the event's captured work. */
 PM_API pm_result pm_stream_wait_event(pm_stream_t stream, pm_event_t event);
