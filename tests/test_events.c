@@ -333,6 +333,14 @@ static bool start_synchronizing(pm_stream_t *a, pm_event_t *e, pthread_t *syncer
     return true;
 }
 
+/* Lets the work start_synchronizing held up run, and the synchronization end. */
+static void stop_synchronizing(pthread_t syncer, pthread_t opener)
+{
+    atomic_store(&gate_open, 1);
+    pthread_join(syncer, NULL);
+    pthread_join(opener, NULL);
+}
+
 static void query_while_synchronizing(void)
 {
     pm_stream_t a = NULL, b = NULL;
@@ -343,9 +351,7 @@ static void query_while_synchronizing(void)
     CHECK_RESULT(pm_event_query(e), PM_ERROR_NOT_READY);
     CHECK_RESULT(pm_stream_wait_event(b, e), PM_SUCCESS);
     CHECK(atomic_load(&gate_open) == 0); /* neither waited for the work */
-    atomic_store(&gate_open, 1);
-    pthread_join(syncer, NULL);
-    pthread_join(opener, NULL);
+    stop_synchronizing(syncer, opener);
     CHECK_RESULT(pm_event_query(e), PM_SUCCESS);
     CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
     CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
@@ -365,9 +371,7 @@ static void destroy_while_synchronizing(void)
     CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
     CHECK(atomic_load(&gate_open) == 0); /* the destroy did not wait for the work */
     CHECK_RESULT(pm_event_query(e), PM_ERROR_INVALID_HANDLE);
-    atomic_store(&gate_open, 1);
-    pthread_join(syncer, NULL);
-    pthread_join(opener, NULL);
+    stop_synchronizing(syncer, opener);
     CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
 }
 
@@ -386,9 +390,7 @@ static void record_while_synchronizing(void)
     CHECK(atomic_load(&gate_open) == 0); /* the record did not wait for the work */
     CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
     CHECK_RESULT(pm_event_query(e), PM_SUCCESS); /* b's point, done */
-    atomic_store(&gate_open, 1);
-    pthread_join(syncer, NULL);
-    pthread_join(opener, NULL);
+    stop_synchronizing(syncer, opener);
     CHECK_RESULT(pm_event_destroy(e), PM_SUCCESS);
     CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
     CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);

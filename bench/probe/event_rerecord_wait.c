@@ -73,13 +73,8 @@ static void run(const char *what, CUcontext ctx, CUstream s, bool record_inside)
 
 int main(void)
 {
-    CUdevice dev;
-    CUcontext ctx;
+    CUcontext ctx = probe_context();
     CUstream s;
-    TRY(cuInit(0));
-    TRY(cuDeviceGet(&dev, 0));
-    TRY(cuDevicePrimaryCtxRetain(&ctx, dev));
-    TRY(cuCtxSetCurrent(ctx));
     TRY(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     TRY(cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING));
     TRY(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
