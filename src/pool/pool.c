@@ -368,9 +368,18 @@ static void flush_stream_of(void *handle, void *stream)
         pm__caches_flush_stream(pool, (pm_stream_t)stream);
 }
 
+/* Inside a host function no marker may be made (cuda: the driver refuses to
+ * make events there), and a flush that cannot record one waits for the
+ * stream instead, which may be the function's own: such blocks stay cached. */
+static bool may_record_here(void)
+{
+    return pm__thread_calls_free() || !pm__host_func_thread_check();
+}
+
 void pm__pools_flush_stream(pm_stream_t s)
 {
-    pm__pools_for_each(flush_stream_of, (void *)s); /* as below */
+    if (may_record_here())
+        pm__pools_for_each(flush_stream_of, (void *)s); /* as below */
 }
 
 static void flush_frees_on(void *handle, void *stream)
@@ -380,7 +389,8 @@ static void flush_frees_on(void *handle, void *stream)
 
 void pm__pools_flush_frees_on(pm_stream_t s)
 {
-    pm__pools_for_each(flush_frees_on, (void *)s);
+    if (may_record_here())
+        pm__pools_for_each(flush_frees_on, (void *)s);
 }
 
 static void settle_after_sync(void *handle, void *stream)

@@ -17,7 +17,8 @@ const pm__chunk_ops *pm__pool_chunk_ops_at(uintptr_t addr);
 /* After a stream synchronized: hand its frees back, release above thresholds. */
 void pm__pools_after_sync(pm_stream_t s);
 /* Before an event is recorded on s: blocks freed on s so far go to their
- * pools' pending batches, so that the event follows them (stream_order.h). */
+ * pools' pending batches, so that the event follows them (stream_order.h).
+ * This and the next do nothing inside a host function. */
 void pm__pools_flush_stream(pm_stream_t s);
 /* Every pool's blocks freed on s and still in threads' caches join their
  * pools, their marker recorded now, before work that may wait for another
