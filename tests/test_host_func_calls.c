@@ -20,6 +20,7 @@
 #include "check.h"
 #include "child.h"
 #include "copy_util.h"
+#include "pool_util.h"
 
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 #include <cuda.h>
@@ -521,6 +522,49 @@ static void free_before_a_waiting_function(void)
     CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
 }
 
+/* A block freed on a behind a host function that waits for b: the driver
+ * makes an allocation on b wait for that free only once it cannot pin
+ * more (REUSE_ALLOW_INTERNAL_DEPENDENCIES), so where it can, b's allocation
+ * gets other memory and the event the function waits for completes (the
+ * test hung: its alarm ends it). */
+static void free_behind_a_waiting_function(void)
+{
+    enum { BLOCK = 2 << 20 };
+    NEED_PINNABLE((size_t)64 << 20); /* a whole chunk, then more */
+    pm_mem_pool_t pool = make_pool(0);
+    REQUIRE(pool != NULL);
+    pm_stream_t a = NULL, b = NULL;
+    reuse_apart r = {.waited = PM_ERROR_UNKNOWN};
+    REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
+    REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
+    REQUIRE_RESULT(pm_event_create(&r.b_done), PM_SUCCESS);
+    void *first = NULL, *rest = NULL, *second = NULL;
+    REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&first, BLOCK, pool, a), PM_SUCCESS);
+    pm_pool_stats st = {.struct_size = sizeof st};
+    CHECK_RESULT(pm_mem_pool_get_stats(pool, &st), PM_SUCCESS);
+    if (st.reserved > BLOCK) /* the rest of the chunk: b's block must come from a new one */
+        REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&rest, st.reserved - BLOCK, pool, a),
+                       PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(a, wait_for_b, &r), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(first, a), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_alloc_from_pool_async(&second, BLOCK, pool, b), PM_SUCCESS);
+    CHECK(second != first);
+    CHECK_RESULT(pm_event_record(r.b_done, b), PM_SUCCESS);
+    atomic_store(&r.recorded, 1);
+    CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK_RESULT(r.waited, PM_SUCCESS);
+    if (second)
+        CHECK_RESULT(pm_mem_free(second), PM_SUCCESS);
+    if (rest)
+        CHECK_RESULT(pm_mem_free(rest), PM_SUCCESS);
+    CHECK_RESULT(pm_event_destroy(r.b_done), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_destroy(b), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_pool_destroy(pool), PM_SUCCESS);
+}
+
 #ifdef PINMEM_HAVE_CUDA_HEADERS
 static pm_result first_init, first_alloc;
 
@@ -585,6 +629,7 @@ int main(void)
     own_streams_stay_apart();
     record_of_a_waited_event();
     free_before_a_waiting_function();
+    free_behind_a_waiting_function();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     if (on_backend("cuda") && driver_api_load()) {
         in_host_function(false, BY_DRIVER);

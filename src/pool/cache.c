@@ -314,21 +314,27 @@ static void note_allocated(pm__span *span, size_t index, size_t bytesize)
     atomic_store_explicit(pm__requested(span, index), bytesize, memory_order_release);
 }
 
-/* pool->lock held. An asynchronous allocation on s that the pool could
- * serve only by pinning more memory may take a block freed on another stream
- * whose work may still run: with REUSE_FOLLOW_EVENT_DEPENDENCIES one freed
- * before an event s already waits for, at no cost; else, with
- * REUSE_ALLOW_INTERNAL_DEPENDENCIES, any, after making s wait for its free. */
-static void *take_ordered(pm__pool *pool, size_t bytesize, unsigned cls, bool async, pm_stream_t s)
+/* pool->lock held. An asynchronous allocation on s may take a block freed on
+ * another stream whose work may still run, in the driver's order: before
+ * pinning more, with REUSE_FOLLOW_EVENT_DEPENDENCIES, one freed before an
+ * event s already waits for, at no cost (followed); only once pinning more
+ * failed, with REUSE_ALLOW_INTERNAL_DEPENDENCIES, any, after making s wait
+ * for its free: s then waits for work the driver would leave apart. */
+static void *take_followed(pm__pool *pool, size_t bytesize, unsigned cls, bool async,
+                           pm_stream_t s)
 {
-    if (!async || !pool->pending || pm__central_fits(pool, bytesize, cls))
+    if (!async || !pool->pending || !pool->reuse_follow_event_deps ||
+        pm__central_fits(pool, bytesize, cls))
         return NULL;
-    void *block = NULL;
-    if (pool->reuse_follow_event_deps)
-        block = pm__pending_take_followed(pool, s, bytesize, cls);
-    if (!block && pool->reuse_internal_deps)
-        block = pm__pending_take_ordered(pool, s, bytesize, cls);
-    return block;
+    return pm__pending_take_followed(pool, s, bytesize, cls);
+}
+
+static void *take_with_dependency(pm__pool *pool, size_t bytesize, unsigned cls, bool async,
+                                  pm_stream_t s)
+{
+    if (!async || !pool->pending || !pool->reuse_internal_deps)
+        return NULL;
+    return pm__pending_take_ordered(pool, s, bytesize, cls);
 }
 
 /* Refills a bin of c from the pool: completed stream frees first, then runs. */
@@ -339,7 +345,13 @@ static pm_result refill(pm__pool *pool, pm__cache *c, pm__bin *bin, unsigned cls
     pthread_mutex_lock(&pool->lock);
     if (pool->pending)
         pm__pending_reclaim(pool, s, async);
-    void *ordered = take_ordered(pool, pm__class_size(cls), cls, async, s);
+    void *ordered = take_followed(pool, pm__class_size(cls), cls, async, s);
+    if (!ordered) {
+        bin->n = (uint32_t)pm__central_take(pool, cls, bin->slots, bin->req,
+                                            pm__class_cache_cap(cls) / 2 + 1, &why);
+        if (bin->n == 0 && why == PM_ERROR_OUT_OF_MEMORY)
+            ordered = take_with_dependency(pool, pm__class_size(cls), cls, async, s);
+    }
     if (ordered) { /* for this allocation only: popped at once */
         pm__chunk *chunk;
         pm__span *run = pm__span_of((uintptr_t)ordered, &chunk);
@@ -352,8 +364,6 @@ static pm_result refill(pm__pool *pool, pm__cache *c, pm__bin *bin, unsigned cls
         pthread_mutex_unlock(&pool->lock);
         return PM_SUCCESS;
     }
-    bin->n = (uint32_t)pm__central_take(pool, cls, bin->slots, bin->req,
-                                        pm__class_cache_cap(cls) / 2 + 1, &why);
     add(&c->held, (long long)(bin->n * pm__class_size(cls)));
     pthread_mutex_unlock(&pool->lock);
     return bin->n ? PM_SUCCESS : why;
@@ -399,9 +409,11 @@ static pm_result alloc_once(pm__pool *pool, void **pp, size_t bytesize, bool asy
     pthread_mutex_lock(&pool->lock);
     if (pool->pending)
         pm__pending_reclaim(pool, s, async);
-    void *block = take_ordered(pool, bytesize, cls, async, s);
+    void *block = take_followed(pool, bytesize, cls, async, s);
     if (!block)
         block = pm__central_alloc(pool, bytesize, cls, &why);
+    if (!block && why == PM_ERROR_OUT_OF_MEMORY)
+        block = take_with_dependency(pool, bytesize, cls, async, s);
     if (block) {
         pm__chunk *chunk = NULL;
         pm__span *span = pm__span_of((uintptr_t)block, &chunk);
