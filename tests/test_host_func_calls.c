@@ -492,7 +492,10 @@ static void wait_for_b(void *arg)
     r->waited = pm_event_synchronize(r->b_done); /* permitted here */
 }
 
-static void free_before_a_waiting_function(void)
+/* legacy: the free on the legacy stream and the function on the thread's
+ * own, which the driver orders behind the legacy stream's work; else both
+ * on one stream of their own. */
+static void free_before_a_waiting_function(bool legacy)
 {
     enum { BLOCK = 1 << 20 };
     pm_mem_pool_props props = {.location = {PM_MEM_LOCATION_TYPE_HOST, 0}, .max_size = BLOCK};
@@ -503,16 +506,18 @@ static void free_before_a_waiting_function(void)
     REQUIRE_RESULT(pm_stream_create(&a), PM_SUCCESS);
     REQUIRE_RESULT(pm_stream_create(&b), PM_SUCCESS);
     REQUIRE_RESULT(pm_event_create(&r.b_done), PM_SUCCESS);
+    pm_stream_t freed_on = legacy ? PM_STREAM_LEGACY : a;
+    pm_stream_t function_on = legacy ? PM_STREAM_PER_THREAD : a;
     void *first = NULL, *second = NULL;
-    REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&first, BLOCK, pool, a), PM_SUCCESS);
-    CHECK_RESULT(pm_mem_free_async(first, a), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_launch_host_func(a, wait_for_b, &r), PM_SUCCESS);
+    REQUIRE_RESULT(pm_mem_alloc_from_pool_async(&first, BLOCK, pool, freed_on), PM_SUCCESS);
+    CHECK_RESULT(pm_mem_free_async(first, freed_on), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_launch_host_func(function_on, wait_for_b, &r), PM_SUCCESS);
     CHECK_RESULT(pm_mem_alloc_from_pool_async(&second, BLOCK, pool, b), PM_SUCCESS);
     CHECK(second == first); /* the one block there is */
     CHECK_RESULT(pm_event_record(r.b_done, b), PM_SUCCESS);
     atomic_store(&r.recorded, 1);
     CHECK_RESULT(pm_stream_synchronize(b), PM_SUCCESS);
-    CHECK_RESULT(pm_stream_synchronize(a), PM_SUCCESS);
+    CHECK_RESULT(pm_stream_synchronize(function_on), PM_SUCCESS);
     CHECK_RESULT(r.waited, PM_SUCCESS);
     if (second)
         CHECK_RESULT(pm_mem_free(second), PM_SUCCESS);
@@ -628,7 +633,8 @@ int main(void)
     engine_change_while_copy_waits();
     own_streams_stay_apart();
     record_of_a_waited_event();
-    free_before_a_waiting_function();
+    free_before_a_waiting_function(false);
+    free_before_a_waiting_function(true);
     free_behind_a_waiting_function();
 #ifdef PINMEM_HAVE_CUDA_HEADERS
     if (on_backend("cuda") && driver_api_load()) {

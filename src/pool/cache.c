@@ -290,16 +290,23 @@ void pm__caches_reset_peaks(pm__pool *pool)
     free(all);
 }
 
+/* Whether c holds frees on s (the legacy stream by either of its handles). */
+static bool holds_frees_on(pm__cache *c, pm_stream_t s)
+{
+    return is_tagged(c) &&
+           (tag_of(c) == s || (pm__stream_is_legacy(tag_of(c)) && pm__stream_is_legacy(s)));
+}
+
 void pm__caches_flush_stream(pm__pool *pool, pm_stream_t s)
 {
     size_t n;
     pm__cache **all = snapshot_caches(pool, &n);
     for (size_t i = 0; all && i < n; i++) {
         pm__cache *c = all[i];
-        if (!is_tagged(c) || tag_of(c) != s)
+        if (!holds_frees_on(c, s))
             continue; /* nothing of s: the owner's own frees on s are already seen here */
         lock_cache(c);
-        if (c->pool == pool && is_tagged(c) && tag_of(c) == s) {
+        if (c->pool == pool && holds_frees_on(c, s)) {
             pthread_mutex_lock(&pool->lock);
             flush_tagged_locked(pool, c);
             pthread_mutex_unlock(&pool->lock);

@@ -384,7 +384,12 @@ void pm__pools_flush_stream(pm_stream_t s)
 
 static void flush_frees_on(void *handle, void *stream)
 {
-    pm__caches_flush_stream(handle, (pm_stream_t)stream);
+    pm_stream_t s = stream;
+    pm__caches_flush_stream(handle, s);
+    /* Work on a thread's own stream waits for the legacy stream's first, as
+     * the driver orders them: frees cached on the legacy stream too. */
+    if (pm__stream_is_threads_own(s))
+        pm__caches_flush_stream(handle, PM_STREAM_LEGACY);
 }
 
 void pm__pools_flush_frees_on(pm_stream_t s)
@@ -412,6 +417,8 @@ static void settle_after_sync(void *handle, void *stream)
 
 void pm__pools_after_sync(pm_stream_t s)
 {
+    if (!may_record_here()) /* its flushes would record markers: later, outside */
+        return;
     /* The walk holds the set's lock throughout, so no pool in it can be
      * destroyed and torn down under it. That lock is the outermost: nothing
      * takes it while holding a cache's or a pool's lock. */
