@@ -2,6 +2,7 @@
 __array_interface__ and DLPack; pinmem.DeviceBuffer: device memory."""
 
 import ctypes
+import operator
 import sys
 import threading
 from collections import OrderedDict
@@ -29,7 +30,7 @@ _close_lock = free_in_forked_child(threading.RLock())
 def _raw_view(address, nbytes):
     """A writable 'B' memoryview over [address, address + nbytes) that owns nothing."""
     if nbytes == 0:
-        return memoryview(b"")
+        return memoryview(bytearray())
     return _api.PyMemoryView_FromMemory(address, nbytes, _PyBUF_WRITE)
 
 
@@ -139,10 +140,23 @@ class Buffer(Closing):
             # A slice is a view that must hold the buffer (and, from 3.12,
             # count as an export): the raw view holds nothing.
             return memoryview(self).cast("B")[index]
-        return self._view()[index]
+        index = operator.index(index)  # before the hold: __index__ may close the buffer
+        ptr, nbytes, _, _, done = self._copy_side(False, "pinmem.Buffer[]")
+        try:
+            return _raw_view(ptr, nbytes)[index]
+        finally:
+            done()
 
     def __setitem__(self, index, value):
-        self._view()[index] = value
+        # Held while it writes: a close from another thread waits; an index
+        # or value whose conversion closes the buffer finds it closed.
+        if not isinstance(index, slice):
+            index = operator.index(index)
+        ptr, nbytes, _, _, done = self._copy_side(True, "pinmem.Buffer[]")
+        try:
+            _raw_view(ptr, nbytes)[index] = value
+        finally:
+            done()
 
     if _NATIVE_BUFFER:
 
@@ -200,9 +214,13 @@ class Buffer(Closing):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = 1
         for s in shape:
-            if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+            try:
+                size = operator.index(s)
+            except TypeError:
+                size = -1
+            if isinstance(s, bool) or size < 0:
                 raise ValueError(f"shape {shape} is not a tuple of sizes")
-            count *= s
+            count *= size
         if count * itemsize > self._nbytes:
             raise ValueError(f"shape {shape} of {itemsize}-byte elements needs {count * itemsize} "
                              f"bytes; the buffer has {self._nbytes}")

@@ -77,7 +77,9 @@ _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 # libpinmem's pm_dlpack_deleter, which only clears manager_ctx; collect()
 # lets go of what both show is over.
 _live = {}
-_live_lock = free_in_forked_child(threading.Lock())
+# Re-entrant: a garbage collection inside collect() may run a finalizer that
+# closes a Buffer, whose close() collects again on this thread.
+_live_lock = free_in_forked_child(threading.RLock())
 _collect_at = [64]  # collect once the exports alive reach this many
 
 
@@ -99,14 +101,16 @@ def collect(blocking=True):
     over = []  # let go of after the lock: what they keep may run code as it goes
     try:
         for key, entry in list(_live.items()):
+            if key not in _live:
+                continue  # let go of by a collect() nested in this one
             if entry[3] is not None:
                 if not _api.PyCapsule_IsValid(entry[3], _NAME):
                     entry[3] = None  # taken: the consumer's deleter says when it is done
                 elif sys.getrefcount(entry[3]) <= _UNREFERENCED:
-                    over.append(_live.pop(key))  # never taken, and gone from every other hand
+                    over.append(_live.pop(key, None))  # never taken, and gone from every other hand
                     continue
             if entry[3] is None and entry[0].manager_ctx is None:
-                over.append(_live.pop(key))
+                over.append(_live.pop(key, None))
         _collect_at[0] = max(64, 2 * len(_live))
     finally:
         _live_lock.release()

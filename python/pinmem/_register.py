@@ -5,7 +5,7 @@ import threading
 from . import _lib
 from ._closing import Closing, free_in_forked_child
 from ._errors import check
-from ._resolve import DEVICE, HOST, UNKNOWN, disown, own, resolve
+from ._resolve import DEVICE, HOST, disown, own, resolve
 
 REGISTER_FLAGS = 0xF  # PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
 READ_ONLY = 0x8
@@ -104,7 +104,7 @@ def register(obj, *, flags=0):
                          "memory)")
     side = resolve(obj, writable=not flags & READ_ONLY, what="pinmem.register")
     try:
-        if side.where == UNKNOWN:  # an integer of another type (a numpy integer, say)
+        if side.nbytes is None:  # an integer of another type (a numpy integer, say)
             raise TypeError("pinmem.register takes an object that owns memory (an array, tensor "
                             "or buffer), not an address or a registration")
         if side.where == DEVICE:

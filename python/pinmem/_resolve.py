@@ -2,6 +2,7 @@
 
 import bisect
 import ctypes
+import operator
 import re
 import sys
 import threading
@@ -221,6 +222,14 @@ def _from_interface(iface, obj, writable, what, where):
         return None
     address, readonly = data
     shape = tuple(iface.get("shape", ()))
+    try:
+        address = operator.index(address or 0) + operator.index(iface.get("offset", 0) or 0)
+        shape = tuple(operator.index(n) for n in shape)
+    except TypeError:
+        address = -1
+    if not 0 <= address < 1 << 64 or any(n < 0 for n in shape):
+        raise ValueError(f"{what}: the {_name(obj)}'s array interface gives no address and shape "
+                         f"(data {data!r}, shape {iface.get('shape')!r})")
     itemsize = _itemsize(iface.get("typestr", "|u1"), what)
     if _holds_objects(iface.get("descr", ())):
         raise ValueError(f"{what}: an array of Python objects holds references, not bytes to copy")
@@ -232,11 +241,15 @@ def _from_interface(iface, obj, writable, what, where):
     if writable and readonly:
         raise ValueError(f"{what}: the {_name(obj)} is read-only")
     count = 1
-    for s in shape:
-        count *= s
+    for n in shape:
+        count *= n
+    if count * itemsize >= 1 << 64:
+        raise ValueError(f"{what}: the {_name(obj)}'s array interface gives {count * itemsize} "
+                         f"bytes, past the address space")
     stream = iface.get("stream") if where == DEVICE else None
-    return (int(address or 0) + int(iface.get("offset", 0) or 0), count * itemsize, where,
-            stream, None)
+    # Another library's host pointer is asked about as an int address is: a
+    # wrong one must raise, not fault in the copy.
+    return (address, count * itemsize, UNKNOWN if where == HOST else where, stream, None)
 
 
 def _from_read_only(obj, what):
@@ -262,7 +275,7 @@ def _from_dlpack(obj, writable, what, consumer_stream):
         where = DEVICE
     elif device_type in (_dlpack.KDL_CPU, _dlpack.KDL_CUDA_HOST):
         capsule = obj.__dlpack__()
-        where = HOST
+        where = UNKNOWN  # checked as an int address is (_from_interface says why)
     else:
         raise ValueError(f"{what}: DLPack device type {device_type} is not CPU or CUDA memory")
     imported = _dlpack.import_capsule(capsule, what)
@@ -395,11 +408,14 @@ def _by_buffer(obj, writable, what, consumer_stream):
     try:
         view = memoryview(obj)
     except TypeError:
-        raise TypeError(
-            f"{what}: cannot take the memory of a {_name(obj)}; pass a pinmem.Buffer, a tensor or "
-            f"array (torch, CuPy, numpy or anything with __cuda_array_interface__, "
-            f"__array_interface__ or DLPack), an object with the buffer protocol, or an int "
-            f"address") from None
+        if what.startswith("pinmem.register"):  # which takes neither pinmem memory nor addresses
+            takes = ("a tensor or array (torch, numpy or anything with __array_interface__ or "
+                     "DLPack) or an object with the writable buffer protocol")
+        else:
+            takes = ("a pinmem.Buffer, a tensor or array (torch, CuPy, numpy or anything with "
+                     "__cuda_array_interface__, __array_interface__ or DLPack), an object with "
+                     "the buffer protocol, or an int address")
+        raise TypeError(f"{what}: cannot take the memory of a {_name(obj)}; pass {takes}") from None
     except BufferError as e:
         raise ValueError(f"{what}: the {_name(obj)} gives no usable buffer: {e}") from None
     if not view.c_contiguous:

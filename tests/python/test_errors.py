@@ -447,3 +447,64 @@ def test_types_learnt_stay_bounded():
         pinmem.copy(dst, kind(b"abcd"))
     assert len(_resolve.handlers) <= _resolve._HANDLERS_MAX
     assert dst == b"abcd"
+
+
+class _Interface:
+    """Another library's host array, as its __array_interface__ describes it."""
+
+    def __init__(self, address, shape, readonly=False):
+        self._face = {"data": (address, readonly), "shape": shape, "typestr": "|u1",
+                      "version": 3}
+
+    @property
+    def __array_interface__(self):
+        return self._face
+
+
+def test_another_librarys_interface_is_checked_as_an_address():
+    with pytest.raises(ValueError, match="not mapped"):
+        pinmem.copy(bytearray(16), _Interface(0x1000, (16,)))
+    with pytest.raises(ValueError, match="gives no address and shape"):
+        pinmem.copy(bytearray(16), _Interface(0x1000, (1.5,)))
+    with pytest.raises(ValueError, match="gives no address and shape"):
+        pinmem.copy(bytearray(16), _Interface(0x1000, (-1,)))
+    with pytest.raises(ValueError, match="past the address space"):
+        pinmem.copy(_Interface(0x1000, (1 << 64,)), _Interface(0x1000, (1 << 64,)))
+    with pytest.raises(ValueError, match="gives no address and shape"):
+        pinmem.copy(bytearray(16), _Interface("x", (16,)))
+
+
+def test_an_index_that_closes_its_buffer_finds_it_closed():
+    b = pinmem.empty(64)
+
+    class Closes:
+        def __index__(self):
+            b.close()
+            return 0
+
+    with pytest.raises(ValueError, match="closed"):
+        b[Closes()]
+    b = pinmem.empty(64)
+    with pytest.raises(ValueError, match="closed"):
+        b[Closes()] = 1
+    with pinmem.empty(64) as held:
+        class ClosesDuring:
+            def __index__(self):
+                return 0
+
+            def __buffer__(self, flags):  # read while the buffer is held
+                held.close()
+        with pytest.raises((BufferError, TypeError)):
+            held[0:1] = ClosesDuring()
+        assert not held.closed
+
+
+def test_small_buffer_cases():
+    with pinmem.empty(0) as empty:
+        empty[:] = b""
+    np = pytest.importorskip("numpy", reason="numpy is not installed here")
+    with pinmem.empty(64) as b:
+        assert b.numpy(np.uint8, shape=(np.int64(2), 4)).shape == (2, 4)
+    with pytest.raises(TypeError, match="writable buffer protocol"):
+        pinmem.register("abc")
+
