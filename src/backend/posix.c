@@ -184,6 +184,11 @@ static pm_result posix_host_register(void *p, size_t bytesize, unsigned flags)
                         "pm_mem_host_register: [%p, +%zu) lies in device memory "
                         "(pm_device_alloc), which no host registration may take", p, bytesize);
     mapping_check c = inspect_mappings(lo, hi);
+    /* The kernel writes /proc/self/maps a read() at a time, and a mapping
+     * that another thread's mlock splits or merges between two reads can be
+     * missed: a hole is asked about again before it is believed. */
+    for (int again = 0; !c.all_mapped && again < 3; again++)
+        c = inspect_mappings(lo, hi);
     if (!c.all_mapped)
         return pm__fail(PM_ERROR_INVALID_VALUE,
                         "pm_mem_host_register: part of [%p, +%zu) is not mapped", p, bytesize);

@@ -326,7 +326,7 @@ static void note_allocated(pm__span *span, size_t index, size_t bytesize)
  * pinning more, with REUSE_FOLLOW_EVENT_DEPENDENCIES, one freed before an
  * event s already waits for, at no cost (followed); only once pinning more
  * failed, with REUSE_ALLOW_INTERNAL_DEPENDENCIES, any, after making s wait
- * for its free: s then waits for work the driver would leave apart. */
+ * for its free (earlier, s would wait for work the driver leaves apart). */
 static void *take_followed(pm__pool *pool, size_t bytesize, unsigned cls, bool async,
                            pm_stream_t s)
 {
